@@ -1,0 +1,27 @@
+# SPDX-License-Identifier: Apache-2.0
+# Small helpers shared by every target of the build.
+
+function(strata_check_tristate var)
+  if(NOT ${var} MATCHES "^(AUTO|ON|OFF)$")
+    message(FATAL_ERROR "${var} must be AUTO, ON or OFF (got '${${var}}')")
+  endif()
+endfunction()
+
+# Sanitizers apply to everything built here (core, plugins, tests) so that a
+# plugin's memory errors show up in the host's tests too.
+macro(strata_apply_sanitizers list)
+  if(NOT "${list}" STREQUAL "")
+    if("${list}" MATCHES "thread" AND "${list}" MATCHES "address")
+      message(FATAL_ERROR "STRATA_SANITIZE: thread and address sanitizers cannot be combined")
+    endif()
+    add_compile_options(-fsanitize=${list} -fno-omit-frame-pointer -fno-sanitize-recover=all)
+    add_link_options(-fsanitize=${list})
+  endif()
+endmacro()
+
+# Warnings for our own targets (not for third-party headers).
+function(strata_set_warnings target)
+  target_compile_options(${target} PRIVATE
+    $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wno-unused-parameter>
+    $<$<COMPILE_LANGUAGE:C>:-Wall -Wextra -Wno-unused-parameter>)
+endfunction()

@@ -1,0 +1,125 @@
+// SPDX-License-Identifier: Apache-2.0
+// The plugin host: finds, loads, validates and keeps alive plugin libraries,
+// and creates instances of their components.
+//
+// Search order (DESIGN.md): an explicit "path" in the job config for a
+// component, then STRATA_PLUGIN_PATH (colon-separated directories), then
+// lib/strata/plugins next to libstrata_core (found with dladdr). Candidate
+// files are named libstrata-<kind>-<name>.so. A library that fails to load
+// or validate is recorded as rejected with the reason; when it was named
+// explicitly (config path) that is a hard error, otherwise it is skipped with
+// one log line. Libraries are never dlclose'd before the host is destroyed
+// (process exit), so no object can outlive its code.
+//
+// Thread-safety: every member is thread-safe.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "strata/c/strata.h"
+#include "strata/error.hpp"
+
+namespace strata {
+
+/// Short kind names used in file names, JSON and messages.
+/// "strategy", "cross_device_ops", "transport", "cluster_resolver", "input_pipeline".
+const char* kind_name(strata_plugin_kind kind);
+/// Inverse of kind_name; also accepts the file-name forms "resolver" and
+/// "input". Throws InvalidArgumentError for anything else.
+strata_plugin_kind kind_from_name(const std::string& name);
+
+/// One row of `strata-info`: a component of a library, or a rejected library.
+struct PluginInfo {
+  std::string path;     ///< canonical path of the library ("<builtin>" for core's own)
+  std::string kind;     ///< kind_name(), or "" when rejected before the descriptor was read
+  std::string name;     ///< component name ("" when unknown)
+  std::string version;  ///< component version ("" when unknown)
+  std::string abi;      ///< "MAJOR.MINOR" the library was built against ("" when unknown)
+  bool ok = false;      ///< loaded and validated
+  std::string error;    ///< rejection reason when !ok
+};
+
+/// A live instance of a plugin component. Move-only; destroys the instance
+/// (through the component's own destroy) when dropped.
+class PluginInstance {
+ public:
+  PluginInstance() = default;
+  PluginInstance(strata_plugin_kind kind, const void* vtable, void* handle, std::string name,
+                 std::shared_ptr<void> keep_alive);
+  PluginInstance(PluginInstance&& o) noexcept;
+  PluginInstance& operator=(PluginInstance&& o) noexcept;
+  PluginInstance(const PluginInstance&) = delete;
+  PluginInstance& operator=(const PluginInstance&) = delete;
+  ~PluginInstance();
+
+  strata_plugin_kind kind() const { return kind_; }
+  const std::string& name() const { return name_; }
+  const void* vtable() const { return vtable_; }
+  void* handle() const { return handle_; }
+  template <class V>
+  const V* vtable_as() const { return static_cast<const V*>(vtable_); }
+  explicit operator bool() const { return handle_ != nullptr; }
+  /// Give up ownership (the caller now destroys the handle) and return it.
+  void* release();
+
+ private:
+  void reset();
+  strata_plugin_kind kind_{};
+  const void* vtable_ = nullptr;
+  void* handle_ = nullptr;
+  std::string name_;
+  std::shared_ptr<void> keep_alive_;  // the library record
+};
+
+class PluginHost {
+ public:
+  /// The process-wide host (created on first use, destroyed at exit).
+  static PluginHost& global();
+
+  PluginHost();
+  ~PluginHost();
+  PluginHost(const PluginHost&) = delete;
+  PluginHost& operator=(const PluginHost&) = delete;
+
+  /// Set the job configuration (JSON text) that host services expose through
+  /// get_config and that may name explicit plugin paths:
+  /// {"strategy": {"name": "x", "path": "/p/libstrata-strategy-x.so"}, ...}.
+  /// Throws InvalidArgumentError on malformed JSON.
+  void set_config(const std::string& config_json);
+
+  /// Scan every search directory, load and validate each candidate not yet
+  /// loaded, and return one PluginInfo per component (ok) or per rejected
+  /// file. Never throws for a bad plugin file.
+  std::vector<PluginInfo> discover();
+
+  /// Load one library explicitly (as if named in the config); throws an
+  /// Error naming the path and the cause when it cannot be used.
+  void load_explicit(const std::string& path);
+
+  /// Create an instance of component `name` of `kind` with `options_json`
+  /// ("" = {}). Discovers on first use. Throws NotFoundError listing the
+  /// names available and the directories searched; throws the rejection
+  /// reason when the named component's library was rejected; throws the
+  /// component's own create error otherwise.
+  PluginInstance create(strata_plugin_kind kind, const std::string& name,
+                        const std::string& options_json);
+
+  /// Register a component compiled into the host (e.g. the Default
+  /// strategy). Shows in discover() with path "<builtin>".
+  void register_builtin(strata_plugin_kind kind, const std::string& name,
+                        const std::string& version, const void* vtable);
+
+  /// The host services table handed to plugins.
+  const strata_host_api* host_api();
+
+  /// Directories searched, in order (for messages and strata-info).
+  std::vector<std::string> search_dirs() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace strata
