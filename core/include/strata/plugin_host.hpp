@@ -20,15 +20,16 @@
 
 #include "strata/c/strata.h"
 #include "strata/error.hpp"
+#include "strata/export.hpp"
 
 namespace strata {
 
 /// Short kind names used in file names, JSON and messages.
 /// "strategy", "cross_device_ops", "transport", "cluster_resolver", "input_pipeline".
-const char* kind_name(strata_plugin_kind kind);
+STRATA_API const char* kind_name(strata_plugin_kind kind);
 /// Inverse of kind_name; also accepts the file-name forms "resolver" and
 /// "input". Throws InvalidArgumentError for anything else.
-strata_plugin_kind kind_from_name(const std::string& name);
+STRATA_API strata_plugin_kind kind_from_name(const std::string& name);
 
 /// One row of `strata-info`: a component of a library, or a rejected library.
 struct PluginInfo {
@@ -43,7 +44,7 @@ struct PluginInfo {
 
 /// A live instance of a plugin component. Move-only; destroys the instance
 /// (through the component's own destroy) when dropped.
-class PluginInstance {
+class STRATA_API PluginInstance {
  public:
   PluginInstance() = default;
   PluginInstance(strata_plugin_kind kind, const void* vtable, void* handle, std::string name,
@@ -61,7 +62,9 @@ class PluginInstance {
   template <class V>
   const V* vtable_as() const { return static_cast<const V*>(vtable_); }
   explicit operator bool() const { return handle_ != nullptr; }
-  /// Give up ownership (the caller now destroys the handle) and return it.
+  /// Give up ownership (the caller now destroys the handle through the
+  /// vtable's destroy) and return it. The library stays loaded until the
+  /// PluginHost is destroyed, not longer: keep the host alive meanwhile.
   void* release();
 
  private:
@@ -73,7 +76,7 @@ class PluginInstance {
   std::shared_ptr<void> keep_alive_;  // the library record
 };
 
-class PluginHost {
+class STRATA_API PluginHost {
  public:
   /// The process-wide host (created on first use, destroyed at exit).
   static PluginHost& global();
@@ -86,7 +89,12 @@ class PluginHost {
   /// Set the job configuration (JSON text) that host services expose through
   /// get_config and that may name explicit plugin paths:
   /// {"strategy": {"name": "x", "path": "/p/libstrata-strategy-x.so"}, ...}.
-  /// Throws InvalidArgumentError on malformed JSON.
+  /// Throws InvalidArgumentError on malformed JSON or an invalid config (see
+  /// strata::Config). Every "path" named is loaded at once, as by
+  /// load_explicit, and its failure is thrown (the config stays set). An
+  /// explicitly loaded component takes precedence over an auto-discovered
+  /// one of the same kind and name. /plugins/search_path directories are
+  /// searched after STRATA_PLUGIN_PATH.
   void set_config(const std::string& config_json);
 
   /// Scan every search directory, load and validate each candidate not yet
@@ -116,6 +124,21 @@ class PluginHost {
 
   /// Directories searched, in order (for messages and strata-info).
   std::vector<std::string> search_dirs() const;
+
+  // ---- additions beyond the first draft of this header ----
+
+  /// create() for an input pipeline with its tf.distribute InputContext
+  /// (create() of STRATA_KIND_INPUT_PIPELINE uses 1 pipeline, id 0, 1 replica).
+  PluginInstance create_input_pipeline(const std::string& name, const std::string& options_json,
+                                       const strata_input_context& ctx);
+
+  /// The last collective fingerprint recorded through the host table per
+  /// communicator, as a JSON object {communicator: {"op", "reduce_op",
+  /// "sequence", "dtype", "count", "rank", "peer"}} (for hang reports).
+  std::string last_collectives_json() const;
+
+  /// True once request_abort was called through the host table.
+  bool abort_requested() const;
 
  private:
   struct Impl;

@@ -94,7 +94,8 @@ typedef struct strata_input_vtable {
                                    strata_error* err);
 } strata_input_vtable;
 
-#define STRATA_INPUT_VTABLE_STRUCT_SIZE_1_0 ((uint32_t)sizeof(strata_input_vtable))
+/** Size of the vtable at ABI 1.0: a frozen number, never sizeof (which grows). */
+#define STRATA_INPUT_VTABLE_STRUCT_SIZE_1_0 ((uint32_t)80)
 #define STRATA_INPUT_VTABLE_STRUCT_SIZE ((uint32_t)sizeof(strata_input_vtable))
 
 #ifdef __cplusplus

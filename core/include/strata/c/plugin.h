@@ -38,6 +38,8 @@ typedef struct strata_plugin_component {
 } strata_plugin_component;
 
 #define STRATA_PLUGIN_COMPONENT_STRUCT_SIZE ((uint32_t)sizeof(strata_plugin_component))
+/** Size at ABI 1.0 (frozen). */
+#define STRATA_PLUGIN_COMPONENT_STRUCT_SIZE_1_0 ((uint32_t)48)
 
 /** What strata_plugin_entry_v1 returns. Static storage; never freed. */
 typedef struct strata_plugin_desc {
@@ -45,7 +47,10 @@ typedef struct strata_plugin_desc {
   const char* library_name;     /**< human-readable name of the library */
   const char* library_version;  /**< the library's version string */
   uint32_t num_components;
-  const strata_plugin_component* components;  /**< array of num_components */
+  /** Array of num_components. Elements are `components[0].struct_size`
+   *  bytes apart (the plugin's own size of strata_plugin_component), so a
+   *  reader steps by that, not by its own sizeof. */
+  const strata_plugin_component* components;
   /** Optional. Called once, after validation and before any instance is
    *  created, on the loading thread. A failure rejects the whole library
    *  with the error's message. `host` stays valid until shutdown. */
@@ -55,6 +60,8 @@ typedef struct strata_plugin_desc {
 } strata_plugin_desc;
 
 #define STRATA_PLUGIN_DESC_STRUCT_SIZE ((uint32_t)sizeof(strata_plugin_desc))
+/** Size at ABI 1.0 (frozen): the smallest descriptor a host accepts. */
+#define STRATA_PLUGIN_DESC_STRUCT_SIZE_1_0 ((uint32_t)64)
 
 /** Name of the entry symbol of ABI major 1. */
 #define STRATA_PLUGIN_ENTRY_V1_SYMBOL "strata_plugin_entry_v1"

@@ -50,7 +50,8 @@ typedef struct strata_resolver_vtable {
   int32_t (*detect)(const strata_host_api* host);
 } strata_resolver_vtable;
 
-#define STRATA_RESOLVER_VTABLE_STRUCT_SIZE_1_0 ((uint32_t)sizeof(strata_resolver_vtable))
+/** Size of the vtable at ABI 1.0: a frozen number, never sizeof (which grows). */
+#define STRATA_RESOLVER_VTABLE_STRUCT_SIZE_1_0 ((uint32_t)56)
 #define STRATA_RESOLVER_VTABLE_STRUCT_SIZE ((uint32_t)sizeof(strata_resolver_vtable))
 
 #ifdef __cplusplus

@@ -152,7 +152,8 @@ typedef struct strata_transport_vtable {
                             uint64_t remote_offset, strata_request_t* out, strata_error* err);
 } strata_transport_vtable;
 
-#define STRATA_TRANSPORT_VTABLE_STRUCT_SIZE_1_0 ((uint32_t)sizeof(strata_transport_vtable))
+/** Size of the vtable at ABI 1.0: a frozen number, never sizeof (which grows). */
+#define STRATA_TRANSPORT_VTABLE_STRUCT_SIZE_1_0 ((uint32_t)168)
 #define STRATA_TRANSPORT_VTABLE_STRUCT_SIZE ((uint32_t)sizeof(strata_transport_vtable))
 
 #ifdef __cplusplus

@@ -1,0 +1,11 @@
+// SPDX-License-Identifier: Apache-2.0
+// The umbrella header of the Strata C++ API: include this one.
+#pragma once
+
+#include "strata/config.hpp"
+#include "strata/distribute.hpp"
+#include "strata/error.hpp"
+#include "strata/strategy.hpp"
+#include "strata/tensor.hpp"
+#include "strata/values.hpp"
+#include "strata/variable.hpp"

@@ -1,0 +1,370 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "strata/tensor.hpp"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <new>
+#include <utility>
+
+#include "api/kernels.h"
+
+namespace strata {
+
+DLDataType to_dlpack(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return DLDataType{kDLFloat, 32, 1};
+    case DType::kFloat64: return DLDataType{kDLFloat, 64, 1};
+    case DType::kFloat16: return DLDataType{kDLFloat, 16, 1};
+    case DType::kBFloat16: return DLDataType{kDLBfloat, 16, 1};
+    case DType::kInt32: return DLDataType{kDLInt, 32, 1};
+    case DType::kInt64: return DLDataType{kDLInt, 64, 1};
+  }
+  STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "unknown DType ", static_cast<int>(dtype));
+}
+
+DType dtype_from_dlpack(DLDataType dt) {
+  if (dt.lanes == 1) {
+    if (dt.code == kDLFloat && dt.bits == 32) return DType::kFloat32;
+    if (dt.code == kDLFloat && dt.bits == 64) return DType::kFloat64;
+    if (dt.code == kDLFloat && dt.bits == 16) return DType::kFloat16;
+    if (dt.code == kDLBfloat && dt.bits == 16) return DType::kBFloat16;
+    if (dt.code == kDLInt && dt.bits == 32) return DType::kInt32;
+    if (dt.code == kDLInt && dt.bits == 64) return DType::kInt64;
+  }
+  STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "unsupported DLPack dtype (code ", int(dt.code),
+               ", bits ", int(dt.bits), ", lanes ", dt.lanes,
+               "): use float32, float64, float16, bfloat16, int32 or int64 with lanes 1");
+}
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return "float32";
+    case DType::kFloat64: return "float64";
+    case DType::kFloat16: return "float16";
+    case DType::kBFloat16: return "bfloat16";
+    case DType::kInt32: return "int32";
+    case DType::kInt64: return "int64";
+  }
+  return "unknown";
+}
+
+std::size_t dtype_size(DType dtype) { return to_dlpack(dtype).bits / 8; }
+
+bool is_floating(DType dtype) {
+  return dtype == DType::kFloat32 || dtype == DType::kFloat64 || dtype == DType::kFloat16 ||
+         dtype == DType::kBFloat16;
+}
+
+std::uint16_t float_to_half(float f) {
+  std::uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const std::uint32_t sign = (x >> 16) & 0x8000u;
+  const std::uint32_t exp = (x >> 23) & 0xffu;
+  std::uint32_t mant = x & 0x7fffffu;
+  if (exp == 0xff) {  // Inf or NaN; keep NaN quiet and non-zero
+    return static_cast<std::uint16_t>(sign | 0x7c00u | (mant ? 0x200u | (mant >> 13) : 0u));
+  }
+  const int e = static_cast<int>(exp) - 127 + 15;
+  if (e >= 0x1f) return static_cast<std::uint16_t>(sign | 0x7c00u);  // overflow -> Inf
+  if (e <= 0) {
+    if (e < -10) return static_cast<std::uint16_t>(sign);  // underflow -> signed zero
+    // Subnormal half: shift the implicit bit in, then round to nearest even.
+    mant |= 0x800000u;
+    const int shift = 14 - e;
+    std::uint32_t half_mant = mant >> shift;
+    const std::uint32_t rem = mant & ((1u << shift) - 1u);
+    const std::uint32_t halfway = 1u << (shift - 1);
+    if (rem > halfway || (rem == halfway && (half_mant & 1u))) ++half_mant;
+    return static_cast<std::uint16_t>(sign | half_mant);
+  }
+  std::uint32_t h = sign | (static_cast<std::uint32_t>(e) << 10) | (mant >> 13);
+  const std::uint32_t rem = mant & 0x1fffu;
+  // A carry out of the mantissa correctly bumps the exponent (up to Inf).
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
+  return static_cast<std::uint16_t>(h);
+}
+
+float half_to_float(std::uint16_t h) {
+  const std::uint32_t sign = (static_cast<std::uint32_t>(h) & 0x8000u) << 16;
+  const std::uint32_t exp = (h >> 10) & 0x1fu;
+  std::uint32_t mant = h & 0x3ffu;
+  std::uint32_t x;
+  if (exp == 0) {
+    if (mant == 0) {
+      x = sign;
+    } else {  // subnormal: normalise
+      int e = -1;
+      do {
+        ++e;
+        mant <<= 1;
+      } while ((mant & 0x400u) == 0);
+      x = sign | (static_cast<std::uint32_t>(127 - 15 - e) << 23) | ((mant & 0x3ffu) << 13);
+    }
+  } else if (exp == 0x1f) {
+    x = sign | 0x7f800000u | (mant << 13);
+  } else {
+    x = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &x, 4);
+  return f;
+}
+
+std::uint16_t float_to_bfloat16(float f) {
+  std::uint32_t x;
+  std::memcpy(&x, &f, 4);
+  if (std::isnan(f)) return static_cast<std::uint16_t>((x >> 16) | 0x40u);
+  const std::uint32_t rounding = 0x7fffu + ((x >> 16) & 1u);
+  return static_cast<std::uint16_t>((x + rounding) >> 16);
+}
+
+float bfloat16_to_float(std::uint16_t b) {
+  const std::uint32_t x = static_cast<std::uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &x, 4);
+  return f;
+}
+
+std::int64_t shape_numel(const std::vector<std::int64_t>& shape) {
+  std::int64_t n = 1;
+  for (std::int64_t d : shape) {
+    STRATA_ENFORCE(d >= 0, STRATA_ERR_INVALID_ARGUMENT, "negative dimension ", d,
+                   " in a tensor shape; every dimension must be >= 0");
+    n *= d;
+  }
+  return n;
+}
+
+// ---------------------------------------------------------------------------
+// TensorView
+
+TensorView::TensorView(const Tensor& t) : dl_(t.dl()) {}
+TensorView::TensorView(const DLTensor& t) : dl_(t) {}
+
+TensorView::TensorView(void* data, std::vector<std::int64_t> shape, DType dtype)
+    : shape_(std::move(shape)) {
+  shape_numel(shape_);
+  dl_.data = data;
+  dl_.device = DLDevice{kDLCPU, 0};
+  dl_.ndim = static_cast<int32_t>(shape_.size());
+  dl_.dtype = to_dlpack(dtype);
+  dl_.strides = nullptr;
+  dl_.byte_offset = 0;
+  fix_shape_pointer();
+}
+
+TensorView::TensorView(const TensorView& o) : dl_(o.dl_), shape_(o.shape_) {
+  if (!o.shape_.empty() && o.dl_.shape == o.shape_.data()) fix_shape_pointer();
+}
+
+TensorView& TensorView::operator=(const TensorView& o) {
+  if (this != &o) {
+    const bool owned = !o.shape_.empty() && o.dl_.shape == o.shape_.data();
+    dl_ = o.dl_;
+    shape_ = o.shape_;
+    if (owned) fix_shape_pointer();
+  }
+  return *this;
+}
+
+void TensorView::fix_shape_pointer() { dl_.shape = shape_.empty() ? nullptr : shape_.data(); }
+
+DType TensorView::dtype() const { return dtype_from_dlpack(dl_.dtype); }
+
+std::vector<std::int64_t> TensorView::shape() const {
+  return std::vector<std::int64_t>(dl_.shape, dl_.shape + dl_.ndim);
+}
+
+std::int64_t TensorView::numel() const { return detail::numel(dl_); }
+std::size_t TensorView::nbytes() const {
+  return static_cast<std::size_t>(numel()) * (dl_.dtype.bits / 8u) * dl_.dtype.lanes;
+}
+bool TensorView::is_contiguous() const { return detail::is_contiguous(dl_); }
+
+void* TensorView::raw_data() const {
+  STRATA_ENFORCE(dl_.device.device_type == kDLCPU || dl_.device.device_type == kDLCUDAHost,
+                 STRATA_ERR_INVALID_ARGUMENT, "tensor lives on device type ",
+                 int(dl_.device.device_type),
+                 "; element access needs host memory (kDLCPU): copy it to the host first");
+  return static_cast<char*>(dl_.data) + dl_.byte_offset;
+}
+
+void TensorView::check_element_type(DType want) const {
+  const DType have = dtype();
+  STRATA_ENFORCE(have == want, STRATA_ERR_INVALID_ARGUMENT, "tensor has dtype ", dtype_name(have),
+                 " but was accessed as ", dtype_name(want), "; use data<T>() with the matching T");
+  STRATA_ENFORCE(is_contiguous(), STRATA_ERR_INVALID_ARGUMENT,
+                 "element access needs a compact row-major tensor; make a copy with "
+                 "Tensor::copy_of(view) first");
+}
+
+// ---------------------------------------------------------------------------
+// Tensor
+
+namespace {
+
+// One allocation per tensor: the DLManagedTensor, its shape/strides and, for
+// owned tensors, a pointer to the 64-byte aligned buffer.
+struct Holder {
+  DLManagedTensor managed{};
+  std::vector<std::int64_t> shape;
+  std::vector<std::int64_t> strides;
+  void* buffer = nullptr;  // owned; NULL for borrowed tensors
+};
+
+void holder_deleter(DLManagedTensor* self) {
+  auto* h = static_cast<Holder*>(self->manager_ctx);
+  if (h->buffer) std::free(h->buffer);
+  delete h;
+}
+
+DLManagedTensor* make_managed(const std::vector<std::int64_t>& shape, DType dtype) {
+  const std::int64_t n = shape_numel(shape);
+  auto h = std::make_unique<Holder>();
+  h->shape = shape;
+  const std::size_t bytes = static_cast<std::size_t>(n) * dtype_size(dtype);
+  // aligned_alloc needs a size that is a multiple of the alignment.
+  const std::size_t alloc = ((bytes + 63) / 64) * 64;
+  h->buffer = std::aligned_alloc(64, alloc == 0 ? 64 : alloc);
+  if (h->buffer == nullptr) throw std::bad_alloc();
+  std::memset(h->buffer, 0, alloc == 0 ? 64 : alloc);
+  DLTensor& t = h->managed.dl_tensor;
+  t.data = h->buffer;
+  t.device = DLDevice{kDLCPU, 0};
+  t.ndim = static_cast<int32_t>(shape.size());
+  t.dtype = to_dlpack(dtype);
+  t.shape = h->shape.empty() ? nullptr : h->shape.data();
+  t.strides = nullptr;
+  t.byte_offset = 0;
+  h->managed.manager_ctx = h.get();
+  h->managed.deleter = &holder_deleter;
+  return &h.release()->managed;
+}
+
+}  // namespace
+
+Tensor::Tensor(Tensor&& o) noexcept : m_(std::exchange(o.m_, nullptr)) {}
+
+Tensor& Tensor::operator=(Tensor&& o) noexcept {
+  if (this != &o) {
+    if (m_ && m_->deleter) m_->deleter(m_);
+    m_ = std::exchange(o.m_, nullptr);
+  }
+  return *this;
+}
+
+Tensor::~Tensor() {
+  if (m_ && m_->deleter) m_->deleter(m_);
+}
+
+Tensor Tensor::zeros(const std::vector<std::int64_t>& shape, DType dtype) {
+  Tensor t;
+  t.m_ = make_managed(shape, dtype);
+  return t;
+}
+
+Tensor Tensor::from_bytes(const void* data, std::size_t nbytes,
+                          const std::vector<std::int64_t>& shape, DType dtype) {
+  const std::int64_t n = shape_numel(shape);
+  STRATA_ENFORCE(static_cast<std::size_t>(n) * dtype_size(dtype) == nbytes,
+                 STRATA_ERR_INVALID_ARGUMENT, "shape holds ", n, " elements of ", dtype_name(dtype),
+                 " but ", nbytes / dtype_size(dtype),
+                 " were given; make the shape's product equal the number of values");
+  Tensor t = zeros(shape, dtype);
+  if (nbytes) std::memcpy(t.m_->dl_tensor.data, data, nbytes);
+  return t;
+}
+
+Tensor Tensor::from_doubles(const std::vector<double>& values,
+                            const std::vector<std::int64_t>& shape, DType dtype) {
+  const std::int64_t n = shape_numel(shape);
+  STRATA_ENFORCE(static_cast<std::size_t>(n) == values.size(), STRATA_ERR_INVALID_ARGUMENT,
+                 "shape holds ", n, " elements but ", values.size(),
+                 " values were given; make the shape's product equal the number of values");
+  Tensor t = zeros(shape, dtype);
+  for (std::int64_t i = 0; i < n; ++i) detail::store_double(t.mutable_dl(), i, values[i]);
+  return t;
+}
+
+Tensor Tensor::adopt(DLManagedTensor* m) {
+  STRATA_ENFORCE(m != nullptr, STRATA_ERR_INVALID_ARGUMENT,
+                 "Tensor::adopt was given NULL; pass a DLManagedTensor*");
+  dtype_from_dlpack(m->dl_tensor.dtype);
+  STRATA_ENFORCE(m->dl_tensor.ndim >= 0 && (m->dl_tensor.ndim == 0 || m->dl_tensor.shape),
+                 STRATA_ERR_INVALID_ARGUMENT, "DLManagedTensor has ndim ", m->dl_tensor.ndim,
+                 " and a ", m->dl_tensor.shape ? "non-NULL" : "NULL",
+                 " shape; a tensor needs ndim >= 0 and a shape array when ndim > 0");
+  Tensor t;
+  t.m_ = m;
+  return t;
+}
+
+Tensor Tensor::borrow(const TensorView& view) {
+  const DLTensor& src = view.dl();
+  dtype_from_dlpack(src.dtype);
+  auto h = std::make_unique<Holder>();
+  h->shape.assign(src.shape, src.shape + src.ndim);
+  if (src.strides) h->strides.assign(src.strides, src.strides + src.ndim);
+  DLTensor& t = h->managed.dl_tensor;
+  t = src;
+  t.shape = h->shape.empty() ? nullptr : h->shape.data();
+  t.strides = src.strides ? h->strides.data() : nullptr;
+  h->managed.manager_ctx = h.get();
+  h->managed.deleter = &holder_deleter;
+  Tensor out;
+  out.m_ = &h.release()->managed;
+  return out;
+}
+
+Tensor Tensor::copy_of(const TensorView& view) {
+  const DLTensor& src = view.dl();
+  Tensor t = zeros(view.shape(), view.dtype());
+  detail::copy_into(t.mutable_dl(), src);
+  return t;
+}
+
+Tensor Tensor::clone() const { return copy_of(*this); }
+
+DLManagedTensor* Tensor::to_dlpack() {
+  STRATA_ENFORCE(m_ != nullptr, STRATA_ERR_FAILED_PRECONDITION,
+                 "to_dlpack() on an empty Tensor; create it with zeros/from_vector/adopt first");
+  return std::exchange(m_, nullptr);
+}
+
+bool Tensor::is_borrowed() const {
+  return m_ && m_->deleter == &holder_deleter &&
+         static_cast<Holder*>(m_->manager_ctx)->buffer == nullptr;
+}
+
+const DLTensor& Tensor::dl() const {
+  STRATA_ENFORCE(m_ != nullptr, STRATA_ERR_FAILED_PRECONDITION,
+                 "use of an empty (default-constructed or moved-from) Tensor; assign a value first");
+  return m_->dl_tensor;
+}
+
+DLTensor& Tensor::mutable_dl() {
+  STRATA_ENFORCE(m_ != nullptr, STRATA_ERR_FAILED_PRECONDITION,
+                 "use of an empty (default-constructed or moved-from) Tensor; assign a value first");
+  return m_->dl_tensor;
+}
+
+DType Tensor::dtype() const { return dtype_from_dlpack(dl().dtype); }
+std::vector<std::int64_t> Tensor::shape() const { return TensorView(*this).shape(); }
+std::int64_t Tensor::ndim() const { return dl().ndim; }
+std::int64_t Tensor::numel() const { return detail::numel(dl()); }
+std::size_t Tensor::nbytes() const { return TensorView(*this).nbytes(); }
+
+std::vector<double> Tensor::to_doubles() const {
+  const DLTensor& t = dl();
+  STRATA_ENFORCE(detail::is_contiguous(t), STRATA_ERR_INVALID_ARGUMENT,
+                 "to_doubles needs a compact tensor; make a copy with Tensor::copy_of first");
+  const std::int64_t n = numel();
+  std::vector<double> out(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) out[static_cast<std::size_t>(i)] = detail::load_double(t, i);
+  return out;
+}
+
+}  // namespace strata

@@ -1,0 +1,204 @@
+// SPDX-License-Identifier: Apache-2.0
+// strata-bench: Strata's benchmarks. Speed targets live here, never in
+// timed unit tests. Every figure is the median of --repeats runs (these
+// machines are shared and noisy).
+//
+//   strata-bench dispatch   run() overhead per step for each strategy vs a direct call
+//   strata-bench allreduce  in-process all-reduce across CPU replicas vs memcpy bandwidth
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "sizes.h"
+#include "strata/strata.hpp"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Median over `repeats` of the seconds one call of `body(iters)` takes per iteration.
+double time_per_iter(int repeats, std::int64_t iters, const std::function<void(std::int64_t)>& body) {
+  std::vector<double> samples;
+  body(std::max<std::int64_t>(1, iters / 10));  // warm-up: threads, caches, page faults
+  for (int r = 0; r < repeats; ++r) {
+    const auto t0 = Clock::now();
+    body(iters);
+    samples.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / static_cast<double>(iters));
+  }
+  return median(samples);
+}
+
+struct StrategySpec {
+  std::string label, name, options;
+};
+
+// "mirrored:4" -> mirrored over cpu:0..cpu:3; "one_device"; "default".
+StrategySpec parse_strategy(const std::string& spec) {
+  const auto colon = spec.find(':');
+  const std::string name = spec.substr(0, colon);
+  if (colon == std::string::npos) return {spec, name, "{}"};
+  const int n = std::stoi(spec.substr(colon + 1));
+  if (n < 1) STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "bad strategy spec '", spec, "': use NAME or NAME:REPLICAS, e.g. mirrored:4");
+  nlohmann::json devices = nlohmann::json::array();
+  for (int i = 0; i < n; ++i) devices.push_back("cpu:" + std::to_string(i));
+  return {spec, name, nlohmann::json{{"devices", devices}}.dump()};
+}
+
+strata::Strategy make_strategy(const StrategySpec& s) {
+  if (s.name == "default") return strata::Strategy::create("default");
+  return strata::Strategy::create(s.name, s.options);
+}
+
+// Opaque to the optimiser, so the direct call is a real call.
+__attribute__((noinline)) void empty_step(int* counter) { asm volatile("" : : "r"(counter) : "memory"); }
+
+int run_dispatch(const std::vector<std::string>& specs, std::int64_t iters, int repeats, bool json) {
+  int counter = 0;
+  const double direct = time_per_iter(repeats, iters * 100, [&](std::int64_t n) {
+    for (std::int64_t i = 0; i < n; ++i) empty_step(&counter);
+  });
+  nlohmann::json results = nlohmann::json::array();
+  if (!json) std::printf("%-22s %10s %14s %14s\n", "strategy", "replicas", "run() ns/step", "direct ns");
+  for (const std::string& spec_text : specs) {
+    const StrategySpec spec = parse_strategy(spec_text);
+    strata::Strategy strategy = make_strategy(spec);
+    const double per_run = time_per_iter(repeats, iters, [&](std::int64_t n) {
+      for (std::int64_t i = 0; i < n; ++i) strategy.run([&](strata::ReplicaContext&) { empty_step(&counter); });
+    });
+    const int replicas = strategy.num_local_replicas();
+    if (json) {
+      results.push_back({{"op", "dispatch"}, {"strategy", spec.label}, {"replicas", replicas},
+                         {"run_ns", per_run * 1e9}, {"direct_ns", direct * 1e9},
+                         {"overhead_ns", (per_run - direct) * 1e9}});
+    } else {
+      std::printf("%-22s %10d %14.1f %14.2f\n", spec.label.c_str(), replicas, per_run * 1e9, direct * 1e9);
+    }
+  }
+  if (json) std::printf("%s\n", nlohmann::json{{"results", results}}.dump(2).c_str());
+  return 0;
+}
+
+int run_allreduce(const std::vector<int>& replica_counts, const std::vector<std::uint64_t>& sizes,
+                  const std::string& strategy_name, int repeats, bool json) {
+  nlohmann::json results = nlohmann::json::array();
+  if (!json)
+    std::printf("%10s %12s %8s %12s %12s %12s %12s %10s %7s\n", "size", "count", "replicas", "time(us)",
+                "algbw(GB/s)", "busbw(GB/s)", "memcpy(GB/s)", "vs memcpy", "wrong");
+  for (int k : replica_counts) {
+    nlohmann::json devices = nlohmann::json::array();
+    for (int i = 0; i < k; ++i) devices.push_back("cpu:" + std::to_string(i));
+    strata::Strategy strategy = strata::Strategy::create(strategy_name, nlohmann::json{{"devices", devices}}.dump());
+    for (std::uint64_t bytes : sizes) {
+      const std::int64_t count = static_cast<std::int64_t>(bytes / sizeof(float));
+      std::vector<strata::Tensor> bufs;
+      for (int r = 0; r < k; ++r) bufs.push_back(strata::Tensor::zeros({count}, strata::DType::kFloat32));
+      // Correctness first: replica r contributes r + 1 everywhere, so every
+      // element must come back as k (k + 1) / 2 on every replica.
+      std::int64_t wrong = 0;
+      for (int r = 0; r < k; ++r) std::fill_n(bufs[r].data<float>(), count, static_cast<float>(r + 1));
+      strategy.run([&](strata::ReplicaContext& ctx) {
+        ctx.all_reduce_in_place(strata::ReduceOp::SUM, std::vector<strata::TensorView>{bufs[ctx.local_replica_id()]});
+      });
+      const float expect = static_cast<float>(k * (k + 1) / 2);
+      for (int r = 0; r < k; ++r) {
+        const float* p = bufs[r].data<float>();
+        for (std::int64_t j = 0; j < count; ++j) wrong += p[j] != expect;
+      }
+      for (auto& b : bufs) std::fill_n(b.data<float>(), count, 0.0f);
+      // Enough iterations for ~50 ms per sample.
+      const std::int64_t iters = std::max<std::int64_t>(3, std::min<std::int64_t>(2000, (256ll << 20) / std::max<std::uint64_t>(bytes, 1)));
+      const double secs = time_per_iter(repeats, iters, [&](std::int64_t n) {
+        strategy.run([&](strata::ReplicaContext& ctx) {
+          std::vector<strata::TensorView> mine{bufs[ctx.local_replica_id()]};
+          for (std::int64_t i = 0; i < n; ++i) ctx.all_reduce_in_place(strata::ReduceOp::SUM, mine);
+        });
+      });
+      std::vector<char> src(bytes, 1), dst(bytes, 0);
+      const double copy_secs = time_per_iter(repeats, iters, [&](std::int64_t n) {
+        for (std::int64_t i = 0; i < n; ++i) {
+          std::memcpy(dst.data(), src.data(), bytes);
+          asm volatile("" : : "r"(dst.data()) : "memory");
+        }
+      });
+      const double algbw = static_cast<double>(bytes) / secs / 1e9;
+      const double busbw = algbw * 2.0 * (k - 1) / k;
+      const double copybw = static_cast<double>(bytes) / copy_secs / 1e9;
+      if (json) {
+        results.push_back({{"op", "allreduce"}, {"transport", "in-process"}, {"strategy", strategy_name},
+                           {"ranks", k}, {"bytes", bytes}, {"time_us", secs * 1e6}, {"algbw_gbps", algbw},
+                           {"busbw_gbps", busbw}, {"memcpy_gbps", copybw}, {"ratio_vs_memcpy", algbw / copybw},
+                           {"wrong", wrong}});
+      } else {
+        std::printf("%10s %12lld %8d %12.1f %12.2f %12.2f %12.2f %10.2f %7lld\n",
+                    strata::bench::format_size(bytes).c_str(), static_cast<long long>(count), k, secs * 1e6, algbw,
+                    busbw, copybw, algbw / copybw, static_cast<long long>(wrong));
+      }
+    }
+  }
+  if (json) std::printf("%s\n", nlohmann::json{{"results", results}}.dump(2).c_str());
+  return 0;
+}
+
+std::vector<std::string> split_csv(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"strata-bench: Strata's benchmarks (medians of several runs).\n\n"
+               "Examples:\n"
+               "  strata-bench dispatch\n"
+               "  strata-bench allreduce --replicas 2,4 --sizes 4K:64M\n"
+               "  strata-bench allreduce --sizes 4096,16M --json\n"};
+  app.require_subcommand(1);
+  bool json = false;
+  int repeats = 5;
+  app.add_flag("--json", json, "Print results as one JSON document {\"results\": [...]}");
+  app.add_option("--repeats", repeats, "Samples per figure (the median is reported)")->capture_default_str()->check(CLI::Range(1, 1000));
+
+  auto* dispatch = app.add_subcommand("dispatch", "run() dispatch overhead per step for each strategy against a direct call");
+  std::string strategies = "default,one_device,mirrored:1,mirrored:2,mirrored:4,central_storage:2";
+  std::int64_t iters = 20000;
+  dispatch->add_option("--strategies", strategies, "Comma list of NAME or NAME:REPLICAS")->capture_default_str();
+  dispatch->add_option("--iters", iters, "run() calls per sample")->capture_default_str()->check(CLI::PositiveNumber);
+
+  auto* allreduce = app.add_subcommand("allreduce", "In-process all-reduce (float32 SUM) across CPU replicas vs memcpy bandwidth");
+  std::string replicas = "2,4", sizes = "4K:64M", strategy = "mirrored";
+  allreduce->add_option("--replicas", replicas, "Comma list of replica counts")->capture_default_str();
+  allreduce->add_option("--sizes", sizes, "Bytes per replica: a doubling range 4K:64M or a list 4096,16M")->capture_default_str();
+  allreduce->add_option("--strategy", strategy, "Strategy whose replicas all-reduce")->capture_default_str();
+
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (dispatch->parsed()) return run_dispatch(split_csv(strategies), iters, repeats, json);
+    std::vector<int> counts;
+    for (const std::string& c : split_csv(replicas)) {
+      const int k = std::stoi(c);
+      if (k < 1) STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "--replicas: counts must be >= 1, got ", c);
+      counts.push_back(k);
+    }
+    return run_allreduce(counts, strata::bench::parse_sizes(sizes), strategy, repeats, json);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "strata-bench: error: %s\n", e.what());
+    return 2;
+  }
+}

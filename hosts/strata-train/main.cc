@@ -1,0 +1,246 @@
+// SPDX-License-Identifier: Apache-2.0
+// strata-train: the example training program. A custom training loop
+// written once against strata::Strategy; the strategy (and so where and how
+// the replicas run) comes from --config / --strategy / --devices.
+//
+// Each step: every replica computes the gradient of its slice of the global
+// batch (the loss is averaged over the *global* batch, as
+// compute_average_loss does), the replicas all-reduce their gradients (one
+// batched collective), and each replica applies SGD to the variables; the
+// variables are ON_WRITE with ONLY_FIRST_REPLICA aggregation, so the update
+// is applied once to every copy from replica 0's (identical) value.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "mlp.h"
+#include "strata/strata.hpp"
+
+namespace {
+
+using strata::train::ModelShape;
+
+struct Args {
+  std::string config_file;
+  std::string strategy;
+  std::string devices;
+  int steps = 300;
+  std::int64_t global_batch = 512;
+  double lr = 0.5;
+  std::uint64_t seed = 42;
+  std::int64_t dataset_size = 65536;
+  ModelShape model;
+  std::string save;
+  bool quiet = false;
+  int log_every = 0;
+};
+
+std::vector<std::string> split_csv(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+// The job config: --config, then STRATA_* environment, then the flags.
+strata::Config make_config(const Args& a) {
+  strata::Config cfg = a.config_file.empty() ? strata::Config() : strata::Config::from_file(a.config_file);
+  cfg.apply_env();
+  if (!a.strategy.empty()) cfg.set("/strategy/name", nlohmann::json(a.strategy).dump());
+  if (cfg.name("strategy").empty()) cfg.set("/strategy/name", "\"one_device\"");
+  if (!a.devices.empty()) {
+    const std::vector<std::string> devices = split_csv(a.devices);
+    if (cfg.name("strategy") == "one_device") {
+      if (devices.size() != 1)
+        STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "--devices: one_device runs on exactly one device, got ", devices.size(),
+                     "; pass --devices cpu:0 or use --strategy mirrored");
+      cfg.set("/strategy/options/device", nlohmann::json(devices[0]).dump());
+    } else {
+      cfg.set("/strategy/options/devices", nlohmann::json(devices).dump());
+    }
+  }
+  return cfg;
+}
+
+class Progress {
+ public:
+  Progress(int total, bool quiet, int log_every)
+      : total_(total), quiet_(quiet), tty_(isatty(2) != 0), log_every_(log_every > 0 ? log_every : std::max(1, total / 10)),
+        start_(std::chrono::steady_clock::now()) {}
+  void update(int step, double loss) {
+    if (quiet_) return;
+    const double secs = elapsed();
+    const double rate = secs > 0 ? step / secs : 0.0;
+    if (tty_) {
+      const int width = 30, filled = total_ ? width * step / total_ : width;
+      std::fprintf(stderr, "\r[%s%s] step %d/%d  loss %.4f  %.1f steps/s ", std::string(filled, '#').c_str(),
+                   std::string(width - filled, ' ').c_str(), step, total_, loss, rate);
+      if (step == total_) std::fputc('\n', stderr);
+    } else if (step % log_every_ == 0 || step == total_) {
+      std::fprintf(stderr, "step %d/%d  loss %.4f  %.1f steps/s\n", step, total_, loss, rate);
+    }
+  }
+  double elapsed() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+
+ private:
+  int total_;
+  bool quiet_, tty_;
+  int log_every_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+void save_weights(const std::string& path, const std::vector<strata::Variable>& vars, const Args& a, double loss) {
+  nlohmann::json doc;
+  doc["format"] = "strata-train-weights-v1";
+  doc["steps"] = a.steps;
+  doc["final_loss"] = loss;
+  for (const strata::Variable& v : vars) {
+    strata::Tensor t = v.value();
+    doc["weights"][v.name()] = {{"shape", t.shape()}, {"data", t.to_vector<float>()}};
+  }
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    if (!out) STRATA_THROW(STRATA_ERR_NOT_FOUND, "--save: cannot write '", tmp, "': check the directory exists and is writable");
+    out << doc.dump() << '\n';
+    if (!out.flush()) STRATA_THROW(STRATA_ERR_DATA_LOSS, "--save: writing '", tmp, "' failed (disk full?)");
+  }
+  // Rename so that a crash never leaves a half-written weights file behind.
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    STRATA_THROW(STRATA_ERR_INTERNAL, "--save: cannot rename '", tmp, "' to '", path, "'");
+}
+
+int train(const Args& a) {
+  if (a.global_batch <= 0 || a.steps < 0 || a.dataset_size <= 0)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "--global-batch and --dataset-size must be positive and --steps non-negative");
+  strata::Strategy strategy = strata::Strategy::from_config(make_config(a));
+  const int replicas = strategy.num_replicas_in_sync();
+  if (a.global_batch < replicas)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "--global-batch ", a.global_batch, " is smaller than the ", replicas,
+                 " replicas in sync: every replica needs at least one example");
+  if (!a.quiet)
+    std::fprintf(stderr, "strata-train: strategy %s, %d replica(s) in sync, global batch %lld, %d steps\n",
+                 strategy.name().c_str(), replicas, static_cast<long long>(a.global_batch), a.steps);
+
+  const ModelShape& m = a.model;
+  const strata::train::SyntheticData data(m, a.dataset_size, a.seed);
+  std::vector<strata::Variable> vars;
+  {
+    auto scope = strategy.scope();
+    for (int i = 0; i < 4; ++i)
+      vars.emplace_back(strata::Tensor::from_vector(strata::train::initial_param(m, i, a.seed), strata::train::param_shape(m, i)),
+                        strata::VariableOptions{strata::train::param_name(i), true, strata::Synchronization::ON_WRITE,
+                                                strata::Aggregation::ONLY_FIRST_REPLICA});
+  }
+
+  // Gradient buffers per local replica (4 gradients + the loss), reused every step.
+  const int local = strategy.num_local_replicas();
+  std::vector<std::vector<strata::Tensor>> grads(static_cast<std::size_t>(local));
+  for (auto& g : grads) {
+    for (int i = 0; i < 4; ++i) g.push_back(strata::Tensor::zeros(strata::train::param_shape(m, i), strata::DType::kFloat32));
+    g.push_back(strata::Tensor::zeros({1}, strata::DType::kFloat32));
+  }
+
+  Progress progress(a.steps, a.quiet, a.log_every);
+  double loss = std::nan("");
+  const double scale = 1.0 / static_cast<double>(a.global_batch);
+  for (int step = 0; step < a.steps; ++step) {
+    std::vector<double> step_loss(static_cast<std::size_t>(local), 0.0);
+    strategy.run([&](strata::ReplicaContext& ctx) {
+      const std::int64_t r = ctx.replica_id_in_sync_group(), k = ctx.num_replicas_in_sync();
+      const std::int64_t base = static_cast<std::int64_t>(step) * a.global_batch;
+      const std::int64_t lo = a.global_batch * r / k, hi = a.global_batch * (r + 1) / k;
+      std::vector<strata::Tensor>& g = grads[ctx.local_replica_id()];
+      float* gp[4];
+      for (int i = 0; i < 4; ++i) {
+        gp[i] = g[i].data<float>();
+        std::fill(gp[i], gp[i] + g[i].numel(), 0.0f);
+      }
+      // Read this replica's copy of the weights without copying when the
+      // strategy allows it.
+      std::vector<strata::Tensor> copies;
+      const float* params[4];
+      for (int i = 0; i < 4; ++i) {
+        if (auto view = vars[i].read_view()) {
+          params[i] = view->data<float>();
+        } else {
+          copies.push_back(vars[i].value());
+          params[i] = copies.back().data<float>();
+        }
+      }
+      g[4].data<float>()[0] =
+          static_cast<float>(strata::train::forward_backward(m, params, data, base + lo, hi - lo, scale, gp));
+      ctx.all_reduce_in_place(strata::ReduceOp::SUM, g);  // one collective for all gradients and the loss
+      for (int i = 0; i < 4; ++i) {
+        float* p = gp[i];
+        for (std::int64_t j = 0; j < g[i].numel(); ++j) p[j] = static_cast<float>(a.lr * p[j]);
+        vars[i].assign_sub(g[i]);
+      }
+      step_loss[ctx.local_replica_id()] = g[4].data<float>()[0];
+    });
+    loss = step_loss[0];
+    if (!std::isfinite(loss))
+      STRATA_THROW(STRATA_ERR_DATA_LOSS, "the loss became ", loss, " at step ", step + 1, ": lower --lr");
+    progress.update(step + 1, loss);
+  }
+  const double secs = progress.elapsed();
+  std::printf("trained %d steps in %.2f s (%.1f steps/s, %.0f examples/s) with %s on %d replica(s); final loss %.6f\n",
+              a.steps, secs, secs > 0 ? a.steps / secs : 0.0, secs > 0 ? a.steps * a.global_batch / secs : 0.0,
+              strategy.name().c_str(), replicas, loss);
+  if (!a.save.empty()) {
+    auto scope = strategy.scope();
+    if (strategy.extended().is_chief()) save_weights(a.save, vars, a, loss);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "strata-train: train a small MLP on synthetic data with any Strata strategy.\n"
+      "The training loop is written once; the strategy comes from the config or flags.\n\n"
+      "Examples:\n"
+      "  strata-train --strategy mirrored --devices cpu:0,cpu:1,cpu:2,cpu:3\n"
+      "  strata-train --config job.json --save weights.json\n"
+      "  STRATA_STRATEGY=central_storage strata-train --devices cpu:0,cpu:1\n"};
+  Args a;
+  app.add_option("--config", a.config_file, "Job config (JSON): strategy, cross_device_ops, timeouts, ...")->check(CLI::ExistingFile);
+  app.add_option("--strategy", a.strategy, "Strategy plugin name (overrides the config): one_device, mirrored, central_storage, default");
+  app.add_option("--devices", a.devices, "Comma-separated devices, e.g. cpu:0,cpu:1 (one per replica)");
+  app.add_option("--steps", a.steps, "Training steps")->capture_default_str();
+  app.add_option("--global-batch", a.global_batch, "Global batch size, split across all replicas in sync")->capture_default_str();
+  app.add_option("--lr", a.lr, "SGD learning rate")->capture_default_str();
+  app.add_option("--seed", a.seed, "Seed of the data and the initial weights")->capture_default_str();
+  app.add_option("--dataset-size", a.dataset_size, "Examples in the synthetic data set")->capture_default_str();
+  app.add_option("--features", a.model.features, "Input features")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--hidden", a.model.hidden, "Hidden units")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--classes", a.model.classes, "Output classes")->capture_default_str()->check(CLI::Range(2, 1000));
+  app.add_option("--save", a.save, "Write the final weights as JSON to this file (chief only)");
+  app.add_option("--log-every", a.log_every, "Print a progress line every N steps when stderr is not a terminal");
+  app.add_flag("-q,--quiet", a.quiet, "No progress output");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    return train(a);
+  } catch (const strata::Error& e) {
+    std::fprintf(stderr, "strata-train: error: %s (%s)\n", e.what(), e.code_name());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "strata-train: error: %s\n", e.what());
+    return 2;
+  }
+}

@@ -1,0 +1,37 @@
+// SPDX-License-Identifier: Apache-2.0
+// MirroredStrategy: one replica per local device, each on its own thread;
+// ON_WRITE variables are mirrored (one copy per replica, kept equal at every
+// write). Options: {"devices": ["cpu:0", ...] (default ["cpu:0"]),
+// "cross_device_ops": {"name": ..., "options": {...}} (default
+// "reduction_to_one_device", which is what TF picks when the devices are
+// CPUs), "timeout_s": 300}.
+#include "strata/sdk/local_strategy.hpp"
+#include "strata/sdk/options.hpp"
+
+namespace strata::plugins {
+namespace {
+
+sdk::LocalStrategyConfig make_config(const char* options_json) {
+  const std::string comp = "mirrored strategy";
+  const nlohmann::json o = sdk::parse_options(options_json, comp);
+  sdk::check_known_keys(o, {"devices", "cross_device_ops", "timeout_s"}, comp);
+  sdk::LocalStrategyConfig cfg;
+  cfg.strategy_name = "mirrored";
+  cfg.placement = sdk::VariablePlacement::kPerReplica;
+  cfg.cross_device_ops = "reduction_to_one_device";
+  sdk::parse_common_options(o, cfg, /*allow_devices=*/true);
+  return cfg;
+}
+
+class MirroredStrategy : public sdk::LocalStrategy {
+ public:
+  static constexpr const char* kSubsystem = "strategy.mirrored";
+  MirroredStrategy(sdk::Host host, const char* options_json)
+      : LocalStrategy(std::move(host), make_config(options_json)) {}
+};
+
+}  // namespace
+}  // namespace strata::plugins
+
+STRATA_PLUGIN("strata mirrored strategy", "0.1.0",
+              STRATA_STRATEGY_COMPONENT(strata::plugins::MirroredStrategy, "mirrored", "0.1.0"))

@@ -1,0 +1,99 @@
+// SPDX-License-Identifier: Apache-2.0
+// LocalStrategy: a complete StrategyBase for strategies whose replicas are
+// threads of this process (one_device, mirrored, central_storage).
+//
+// Execution. A persistent pool of worker threads, one per replica beyond the
+// first; `run` executes replica 0 on the caller's thread and wakes the
+// workers through a generation counter (short spin, then a condition
+// variable), so a run allocates nothing. run from inside a replica function
+// is FAILED_PRECONDITION.
+//
+// Collectives. Replica-context calls (all_reduce, all_gather, merge_call,
+// ON_WRITE updates) meet at a rendezvous: each replica deposits its
+// arguments, the last to arrive validates that every replica issued the same
+// collective (same kind, op, dtypes, counts; INVALID_ARGUMENT naming both
+// replicas otherwise) and performs it for all with the CrossDeviceOps, then
+// releases the others. A replica that does not arrive within timeout_s fails
+// the waiting ones with DEADLINE_EXCEEDED naming the missing replica ids.
+// When a replica function fails, pending and later collectives of that run
+// fail with ABORTED and run returns the first failure.
+//
+// Variables follow tf.distribute (see strata/c/strategy.h): ON_WRITE
+// variables get one copy per replica (VariablePlacement::kPerReplica,
+// mirrored) or one copy on the parameter device (kSingleCopy,
+// central_storage, one_device); ON_READ variables always get one copy per
+// replica (they are per-replica accumulators, as in TF).
+//
+// Thread-safety: cross-replica methods are serialised by the host (ABI
+// contract); replica-context methods are called concurrently by the replica
+// threads of the current run. save_state/restore_state are not provided
+// (these strategies keep no private state besides variables).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "strata/sdk/plugin.hpp"
+
+namespace strata::sdk {
+
+enum class VariablePlacement { kPerReplica, kSingleCopy };
+
+struct LocalStrategyConfig {
+  std::string strategy_name = "local";          ///< for messages and describe
+  std::vector<std::string> devices{"cpu:0"};    ///< one replica per device, in order
+  VariablePlacement placement = VariablePlacement::kPerReplica;
+  std::string parameter_device;                 ///< kSingleCopy; "" = devices[0]
+  /// CrossDeviceOps plugin; "" = the SDK's built-in LocalCrossDeviceOps.
+  std::string cross_device_ops;
+  std::string cross_device_ops_options = "{}";
+  double timeout_s = 300;                       ///< collective deadline
+  /// true: an ON_WRITE update in replica context with aggregation NONE is
+  /// FAILED_PRECONDITION (mirrored, central_storage). false (one_device):
+  /// with a single replica the value is applied as is, as TF's plain variables do.
+  bool require_aggregation = true;
+};
+
+/// "cpu:<n>" -> n. "gpu:<n>" is UNIMPLEMENTED (GPU devices need CUDA);
+/// anything else INVALID_ARGUMENT naming `option`.
+int parse_device(const std::string& device, const std::string& option);
+/// Validate a JSON array of unique device names (non-empty).
+std::vector<std::string> parse_device_list(const nlohmann::json& value, const std::string& option);
+/// Read the common options into `cfg`: "devices" (when allow_devices),
+/// "cross_device_ops" ({"name", "options"} or a name string) and "timeout_s".
+void parse_common_options(const nlohmann::json& options, LocalStrategyConfig& cfg, bool allow_devices);
+
+class LocalStrategy : public StrategyBase {
+ public:
+  LocalStrategy(Host host, LocalStrategyConfig config);
+  ~LocalStrategy() override;
+
+  std::string describe() override;
+  void run(strata_replica_fn fn, void* user) override;
+  int32_t replica_id_in_sync_group(strata_replica_t r) override;
+  void replica_all_reduce(strata_replica_t r, strata_reduce_op op, uint32_t num_tensors,
+                          const DLTensor* const* inputs, DLTensor* const* outputs) override;
+  DLManagedTensor* replica_all_gather(strata_replica_t r, const DLTensor& input, int32_t axis) override;
+  void replica_merge_call(strata_replica_t r, strata_merge_fn fn, void* merge_user, void* replica_arg) override;
+  void reduce_to(strata_reduce_op op, uint32_t num_values, const DLTensor* const* values,
+                 DLTensor& output) override;
+  DLManagedTensor* gather_to(uint32_t num_values, const DLTensor* const* values, int32_t axis) override;
+  strata_variable_t variable_create(const strata_variable_desc& desc, const DLTensor& initial) override;
+  void variable_destroy(strata_variable_t v) noexcept override;
+  DLManagedTensor* variable_read(strata_variable_t v, strata_replica_t r) override;
+  void variable_update(strata_variable_t v, strata_replica_t r, strata_var_update_op op,
+                       const DLTensor& value) override;
+  /// ABI 1.1 variable_view: a borrowed view of replica r's (or the primary) copy.
+  DLTensor variable_view(strata_variable_t v, strata_replica_t r);
+
+  uint32_t num_replicas() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace strata::sdk

@@ -1,0 +1,78 @@
+// SPDX-License-Identifier: Apache-2.0
+// Parsing and validating a component's options_json with nlohmann-json.
+// Header-only; a plugin using it links nlohmann_json::nlohmann_json.
+// Every failure is INVALID_ARGUMENT naming the component and the option.
+#pragma once
+
+#include <initializer_list>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "strata/error.hpp"
+
+namespace strata::sdk {
+
+/// Parse `options_json` (NULL or "" = {}); it must be a JSON object.
+inline nlohmann::json parse_options(const char* options_json, const std::string& component) {
+  if (options_json == nullptr || options_json[0] == '\0') return nlohmann::json::object();
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(options_json);
+  } catch (const nlohmann::json::exception& e) {
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, component, " options are not valid JSON (", e.what(),
+                 "); pass a JSON object such as {}");
+  }
+  if (j.is_null()) return nlohmann::json::object();
+  if (!j.is_object())
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, component, " options must be a JSON object, got ",
+                 j.type_name(), "; pass e.g. {}");
+  return j;
+}
+
+/// Reject keys not in `allowed`: "unknown option 'x' for <component>; allowed: a, b".
+inline void check_known_keys(const nlohmann::json& options, std::initializer_list<const char*> allowed,
+                             const std::string& component) {
+  for (auto it = options.begin(); it != options.end(); ++it) {
+    bool ok = false;
+    for (const char* a : allowed) ok = ok || it.key() == a;
+    if (!ok) {
+      std::string list;
+      for (const char* a : allowed) list += (list.empty() ? "" : ", ") + std::string(a);
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "unknown option '", it.key(), "' for ", component,
+                   "; allowed options: ", list.empty() ? std::string("(none)") : list);
+    }
+  }
+}
+
+/// options[key] converted to T, or `fallback` when absent. A value of the
+/// wrong JSON type is INVALID_ARGUMENT naming the key and the expected type.
+template <class T>
+T get_option(const nlohmann::json& options, const char* key, T fallback, const std::string& component) {
+  auto it = options.find(key);
+  if (it == options.end() || it->is_null()) return fallback;
+  bool ok;
+  const char* expected;
+  if constexpr (std::is_same_v<T, bool>) {
+    ok = it->is_boolean();
+    expected = "a boolean";
+  } else if constexpr (std::is_integral_v<T>) {
+    ok = it->is_number_integer() && (std::is_signed_v<T> || it->get<int64_t>() >= 0);
+    expected = std::is_signed_v<T> ? "an integer" : "a non-negative integer";
+  } else if constexpr (std::is_floating_point_v<T>) {
+    ok = it->is_number();
+    expected = "a number";
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    ok = it->is_string();
+    expected = "a string";
+  } else {
+    ok = true;
+    expected = "a valid value";
+  }
+  if (!ok)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option '", key, "' of ", component, " must be ", expected,
+                 ", got ", it->dump());
+  return it->get<T>();
+}
+
+}  // namespace strata::sdk

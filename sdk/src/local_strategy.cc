@@ -1,0 +1,846 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "strata/sdk/local_strategy.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <unordered_set>
+
+#include "strata/error.hpp"
+#include "strata/sdk/kernels.hpp"
+#include "strata/sdk/local_cross_device_ops.hpp"
+#include "strata/sdk/options.hpp"
+#include "strata/sdk/tensor.hpp"
+
+namespace strata::sdk {
+namespace {
+
+// Which strategy (if any) the current thread is running a replica of.
+thread_local const void* tls_replica_owner = nullptr;
+
+constexpr int kSpinIterations = 4000;
+constexpr uint64_t kVariableMagic = 0x5354524154415641ull;
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
+enum class Kind { kAllReduce, kAllGather, kMergeCall, kVarUpdate };
+
+const char* update_name(uint32_t op) {
+  switch (op) {
+    case STRATA_VAR_ASSIGN: return "assign";
+    case STRATA_VAR_ASSIGN_ADD: return "assign_add";
+    case STRATA_VAR_ASSIGN_SUB: return "assign_sub";
+    default: return "update";
+  }
+}
+
+
+}  // namespace
+
+struct Variable {
+  uint64_t magic = kVariableMagic;
+  const void* owner = nullptr;
+  std::string name;
+  strata_var_sync sync = STRATA_VAR_SYNC_ON_WRITE;
+  strata_var_aggregation agg = STRATA_VAR_AGG_NONE;
+  bool trainable = false;
+  DLDataType dtype{};
+  std::vector<int64_t> shape;
+  size_t count = 0;
+  size_t bytes = 0;
+  std::vector<AlignedBuffer> copies;
+
+  DLTensor view(size_t copy) {
+    DLTensor t{};
+    t.data = copies[copy].data();
+    t.device = DLDevice{kDLCPU, 0};
+    t.ndim = static_cast<int32_t>(shape.size());
+    t.dtype = dtype;
+    t.shape = shape.empty() ? nullptr : shape.data();
+    return t;
+  }
+  std::string label() const { return "variable '" + name + "'"; }
+  std::string type_string() const {
+    std::string s = dtype_name(dtype) + "[";
+    for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+    return s + "]";
+  }
+};
+
+namespace {
+
+struct Slot {
+  Kind kind = Kind::kAllReduce;
+  uint32_t op = 0;
+  uint32_t num_tensors = 0;
+  const DLTensor* const* inputs = nullptr;
+  DLTensor* const* outputs = nullptr;
+  const DLTensor* input = nullptr;
+  int32_t axis = 0;
+  DLManagedTensor** out = nullptr;
+  strata_merge_fn fn = nullptr;
+  void* merge_user = nullptr;
+  void* arg = nullptr;
+  Variable* var = nullptr;
+};
+
+std::string describe_slot(const Slot& s) {
+  switch (s.kind) {
+    case Kind::kAllReduce: {
+      std::string d = std::string("all_reduce(") + reduce_op_name(s.op) + ", " +
+                      std::to_string(s.num_tensors) + " tensor(s)";
+      for (uint32_t t = 0; t < s.num_tensors && t < 4; ++t)
+        d += (t ? ", " : ": ") + (s.inputs[t] ? tensor_string(*s.inputs[t]) : std::string("NULL"));
+      if (s.num_tensors > 4) d += ", ...";
+      return d + ")";
+    }
+    case Kind::kAllGather:
+      return "all_gather(" + tensor_string(*s.input) + ", axis " + std::to_string(s.axis) + ")";
+    case Kind::kMergeCall: return "merge_call";
+    case Kind::kVarUpdate:
+      return std::string(update_name(s.op)) + " of " + s.var->label() + " with " + tensor_string(*s.input);
+  }
+  return "collective";
+}
+
+// Whether two replicas' collectives are the same operation with compatible
+// arguments.
+bool same_collective(const Slot& a, const Slot& b) {
+  if (a.kind != b.kind) return false;
+  switch (a.kind) {
+    case Kind::kAllReduce:
+      if (a.op != b.op || a.num_tensors != b.num_tensors) return false;
+      for (uint32_t t = 0; t < a.num_tensors; ++t) {
+        const DLTensor* x = a.inputs[t];
+        const DLTensor* y = b.inputs[t];
+        if (x == nullptr || y == nullptr) return false;
+        if (!dtype_equal(x->dtype, y->dtype) || element_count(*x) != element_count(*y)) return false;
+      }
+      return true;
+    case Kind::kAllGather: {
+      if (a.axis != b.axis || !dtype_equal(a.input->dtype, b.input->dtype) || a.input->ndim != b.input->ndim)
+        return false;
+      const int32_t ax = a.axis < 0 ? a.axis + a.input->ndim : a.axis;
+      for (int32_t d = 0; d < a.input->ndim; ++d)
+        if (d != ax && a.input->shape[d] != b.input->shape[d]) return false;
+      return true;
+    }
+    case Kind::kMergeCall: return true;
+    case Kind::kVarUpdate: return a.var == b.var && a.op == b.op;
+  }
+  return false;
+}
+
+}  // namespace
+
+struct ReplicaCtx {
+  const void* impl;
+  uint32_t id;
+};
+
+struct LocalStrategy::Impl {
+  Host host;
+  LocalStrategyConfig cfg;
+  uint32_t n = 1;
+  std::chrono::nanoseconds timeout{};
+
+  PluginRef<strata_cross_device_ops_vtable> cdo_ref;
+  std::unique_ptr<LocalCrossDeviceOps> builtin_cdo;
+  const strata_cross_device_ops_vtable* cdo_vt = nullptr;
+  strata_cross_device_ops_t cdo = nullptr;
+
+  std::vector<ReplicaCtx> ctxs;
+  std::atomic<bool> running{false};
+
+  // Worker pool.
+  std::vector<std::thread> workers;
+  std::mutex pool_mu;
+  std::condition_variable pool_cv;
+  std::atomic<uint64_t> gen{0};
+  std::atomic<bool> stop{false};
+  strata_replica_fn fn = nullptr;
+  void* user = nullptr;
+  std::atomic<uint32_t> remaining{0};
+  std::mutex done_mu;
+  std::condition_variable done_cv;
+
+  // Rendezvous (guarded by rv_mu).
+  std::mutex rv_mu;
+  std::condition_variable rv_cv;
+  std::vector<Slot> slots;
+  std::vector<char> arrived_flag;
+  uint32_t arrived = 0;
+  uint64_t round = 0;
+  bool in_progress = false;
+  strata_status_t round_status = STRATA_OK;
+  std::string round_msg;
+  bool failed = false;
+  strata_status_t fail_code = STRATA_OK;
+  std::string fail_msg;
+
+  // Used only by the thread performing a collective.
+  std::vector<const DLTensor*> in_ptrs;
+  std::vector<DLTensor*> out_ptrs;
+  std::vector<void*> merge_args;
+  std::vector<DLTensor> views;
+  AlignedBuffer agg_buf;
+  // Used only by cross-replica calls (serialised by the host).
+  AlignedBuffer cross_buf;
+
+  std::mutex vars_mu;
+  std::unordered_set<Variable*> vars;
+
+  ~Impl() {
+    {
+      std::lock_guard<std::mutex> l(pool_mu);
+      stop.store(true, std::memory_order_release);
+      gen.fetch_add(1, std::memory_order_acq_rel);
+    }
+    pool_cv.notify_all();
+    for (auto& t : workers) t.join();
+    for (Variable* v : vars) delete v;
+  }
+
+  // ------------------------------------------------------------- pool ---
+  void worker_loop(uint32_t id) {
+    uint64_t seen = 0;
+    for (;;) {
+      uint64_t g = gen.load(std::memory_order_acquire);
+      for (int i = 0; g == seen && i < kSpinIterations; ++i) {
+        cpu_relax();
+        g = gen.load(std::memory_order_acquire);
+      }
+      if (g == seen) {
+        std::unique_lock<std::mutex> l(pool_mu);
+        pool_cv.wait(l, [&] { return gen.load(std::memory_order_acquire) != seen; });
+        g = gen.load(std::memory_order_acquire);
+      }
+      seen = g;
+      if (stop.load(std::memory_order_acquire)) return;
+      execute(id);
+      if (remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        std::lock_guard<std::mutex> l(done_mu);
+        done_cv.notify_one();
+      }
+    }
+  }
+
+  void execute(uint32_t id) {
+    const void* prev = tls_replica_owner;
+    tls_replica_owner = this;
+    strata_error err;
+    strata_error_init(&err);
+    strata_status_t st;
+    try {
+      st = fn(user, reinterpret_cast<strata_replica_t>(&ctxs[id]), id, &err);
+    } catch (...) {
+      st = STRATA_ERR_INTERNAL;
+      std::snprintf(err.message, sizeof err.message, "replica function threw a C++ exception");
+    }
+    tls_replica_owner = prev;
+    if (st != STRATA_OK) {
+      std::lock_guard<std::mutex> l(rv_mu);
+      fail_locked(st < 0 ? st : STRATA_ERR_INTERNAL,
+                  "replica " + std::to_string(id) + " failed: " +
+                      (err.message[0] ? std::string(err.message) : std::string(strata_status_string(st))));
+    }
+  }
+
+  void fail_locked(strata_status_t code, const std::string& msg) {
+    if (!failed) {
+      failed = true;
+      fail_code = code;
+      fail_msg = msg;
+    }
+    rv_cv.notify_all();
+  }
+
+  // ------------------------------------------------------ rendezvous ---
+  const ReplicaCtx& check_replica(strata_replica_t r) const {
+    const ReplicaCtx* c = reinterpret_cast<const ReplicaCtx*>(r);
+    if (c == nullptr || c < ctxs.data() || c >= ctxs.data() + ctxs.size())
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, cfg.strategy_name,
+                   ": replica handle does not belong to this strategy; pass the strata_replica_t "
+                   "given to the replica function");
+    if (!running.load(std::memory_order_acquire))
+      STRATA_THROW(STRATA_ERR_FAILED_PRECONDITION, cfg.strategy_name,
+                   ": replica handle used outside run(); replica handles are valid only inside "
+                   "the replica function");
+    return *c;
+  }
+
+  void arrive(uint32_t id, const Slot& slot) {
+    std::unique_lock<std::mutex> l(rv_mu);
+    if (failed)
+      STRATA_THROW(STRATA_ERR_ABORTED, describe_slot(slot), " on replica ", id,
+                   " aborted because the run already failed: ", fail_msg);
+    slots[id] = slot;
+    arrived_flag[id] = 1;
+    ++arrived;
+    const uint64_t my_round = round;
+    if (arrived < n) {
+      const auto deadline = std::chrono::steady_clock::now() + timeout;
+      while (round == my_round && !failed) {
+        if (in_progress) {  // everybody arrived; the performer is bounded by the CDO
+          rv_cv.wait(l);
+          continue;
+        }
+        const auto now = std::chrono::steady_clock::now();
+        if (now >= deadline) {
+          std::string missing;
+          for (uint32_t r = 0; r < n; ++r)
+            if (!arrived_flag[r]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+          const std::string msg = ::strata::detail::str_cat(
+              cfg.strategy_name, ": ", describe_slot(slot), " (collective #", my_round,
+              " of this run) on replica ", id, " timed out after ", cfg.timeout_s,
+              " s: replica(s) [", missing,
+              "] never arrived; every replica must call the same collectives in the same order "
+              "(raise timeout_s if they are just slow)");
+          fail_locked(STRATA_ERR_DEADLINE_EXCEEDED, msg);
+          throw DeadlineExceededError(msg);
+        }
+        // Wake at least every 100 ms to notice a job-wide abort request.
+        rv_cv.wait_until(l, std::min(deadline, now + std::chrono::milliseconds(100)));
+        if (round == my_round && !failed && host.abort_requested()) {
+          const std::string msg = ::strata::detail::str_cat(cfg.strategy_name, ": ", describe_slot(slot),
+                                                  " on replica ", id, " aborted: the job was asked to stop");
+          fail_locked(STRATA_ERR_ABORTED, msg);
+          throw AbortedError(msg);
+        }
+      }
+      if (round != my_round) {
+        if (round_status != STRATA_OK) ::strata::detail::throw_status(round_status, round_msg);
+        return;
+      }
+      STRATA_THROW(STRATA_ERR_ABORTED, describe_slot(slot), " on replica ", id,
+                   " aborted because the run failed: ", fail_msg);
+    }
+    // Last to arrive: perform for everybody, outside the lock so that other
+    // threads (and cross-replica calls from a merge function) are not blocked.
+    in_progress = true;
+    l.unlock();
+    strata_status_t st = STRATA_OK;
+    std::string msg;
+    try {
+      perform(my_round);
+    } catch (const Error& e) {
+      st = e.code() < 0 ? e.code() : STRATA_ERR_INTERNAL;
+      msg = e.what();
+    } catch (const std::bad_alloc&) {
+      st = STRATA_ERR_INTERNAL;
+      msg = "out of memory while performing a collective";
+    } catch (const std::exception& e) {
+      st = STRATA_ERR_INTERNAL;
+      msg = std::string("internal error while performing a collective: ") + e.what();
+    }
+    l.lock();
+    in_progress = false;
+    arrived = 0;
+    std::fill(arrived_flag.begin(), arrived_flag.end(), 0);
+    round_status = st;
+    round_msg = msg;
+    ++round;
+    if (st != STRATA_OK) fail_locked(st, msg);
+    rv_cv.notify_all();
+    if (st != STRATA_OK) ::strata::detail::throw_status(st, msg);
+  }
+
+  void check_cdo(strata_status_t st, const strata_error& err, const char* what) {
+    if (st != STRATA_OK)
+      ::strata::detail::throw_status(st, ::strata::detail::str_cat(cfg.strategy_name, ": cross_device_ops ", what, " failed: ",
+                                               err.message[0] ? err.message : strata_status_string(st)));
+  }
+
+  void perform(uint64_t round_no) {
+    for (uint32_t r = 1; r < n; ++r) {
+      if (!same_collective(slots[0], slots[r]))
+        STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, cfg.strategy_name, ": mismatched collectives (#", round_no,
+                     " of this run): replica 0 called ", describe_slot(slots[0]), " but replica ", r,
+                     " called ", describe_slot(slots[r]),
+                     "; every replica must issue the same collectives in the same order with the same "
+                     "dtypes and element counts");
+    }
+    strata_error err;
+    strata_error_init(&err);
+    const Slot& s0 = slots[0];
+    switch (s0.kind) {
+      case Kind::kAllReduce: {
+        const uint32_t nt = s0.num_tensors;
+        in_ptrs.resize(static_cast<size_t>(nt) * n);
+        out_ptrs.resize(static_cast<size_t>(nt) * n);
+        for (uint32_t t = 0; t < nt; ++t)
+          for (uint32_t r = 0; r < n; ++r) {
+            in_ptrs[t * n + r] = slots[r].inputs[t];
+            out_ptrs[t * n + r] = slots[r].outputs[t];
+          }
+        if (nt == 0) return;
+        check_cdo(cdo_vt->all_reduce(cdo, s0.op, nt, n, in_ptrs.data(), out_ptrs.data(), &err), err, "all_reduce");
+        return;
+      }
+      case Kind::kAllGather: {
+        in_ptrs.resize(n);
+        for (uint32_t r = 0; r < n; ++r) in_ptrs[r] = slots[r].input;
+        const std::vector<int64_t> shape = concat_shape(in_ptrs.data(), n, s0.axis);
+        std::vector<ManagedTensorPtr> results;
+        results.reserve(n);
+        out_ptrs.resize(n);
+        for (uint32_t r = 0; r < n; ++r) {
+          results.push_back(make_tensor(s0.input->dtype, shape));
+          out_ptrs[r] = &results.back()->dl_tensor;
+        }
+        check_cdo(cdo_vt->all_gather(cdo, n, in_ptrs.data(), s0.axis, out_ptrs.data(), &err), err, "all_gather");
+        for (uint32_t r = 0; r < n; ++r) *slots[r].out = results[r].release();
+        return;
+      }
+      case Kind::kMergeCall: {
+        merge_args.resize(n);
+        for (uint32_t r = 0; r < n; ++r) merge_args[r] = slots[r].arg;
+        const strata_status_t st = s0.fn(s0.merge_user, merge_args.data(), n, &err);
+        if (st != STRATA_OK)
+          ::strata::detail::throw_status(st < 0 ? st : STRATA_ERR_INTERNAL,
+                               ::strata::detail::str_cat("merge_call function failed: ",
+                                               err.message[0] ? err.message : strata_status_string(st)));
+        return;
+      }
+      case Kind::kVarUpdate: {
+        Variable& v = *s0.var;
+        const void* value = data_ptr(*s0.input);
+        if (v.agg == STRATA_VAR_AGG_SUM || v.agg == STRATA_VAR_AGG_MEAN) {
+          agg_buf.reserve(v.bytes);
+          in_ptrs.resize(n);
+          for (uint32_t r = 0; r < n; ++r) in_ptrs[r] = slots[r].input;
+          DLTensor out{};
+          out.data = agg_buf.data();
+          out.device = DLDevice{kDLCPU, 0};
+          out.ndim = static_cast<int32_t>(v.shape.size());
+          out.dtype = v.dtype;
+          out.shape = v.shape.empty() ? nullptr : v.shape.data();
+          DLTensor* outs[1] = {&out};
+          const uint32_t op = v.agg == STRATA_VAR_AGG_SUM ? STRATA_REDUCE_SUM : STRATA_REDUCE_MEAN;
+          check_cdo(cdo_vt->reduce(cdo, op, 1, n, in_ptrs.data(), outs, &err), err, "reduce");
+          value = agg_buf.data();
+        }
+        for (auto& c : v.copies)
+          kernels::apply_update(static_cast<strata_var_update_op>(s0.op), v.dtype, c.data(), value, v.count);
+        return;
+      }
+    }
+  }
+
+  // ------------------------------------------------------- variables ---
+  Variable& check_var(strata_variable_t h) {
+    Variable* v = reinterpret_cast<Variable*>(h);
+    bool known;
+    {
+      std::lock_guard<std::mutex> l(vars_mu);
+      known = v != nullptr && vars.count(v) != 0;
+    }
+    if (!known)
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, cfg.strategy_name,
+                   ": unknown variable handle (destroyed, or created by another strategy instance)");
+    return *v;
+  }
+
+  void check_value(const Variable& v, const DLTensor& value) {
+    check_tensor(value, "value for " + v.label());
+    bool ok = dtype_equal(value.dtype, v.dtype) && value.ndim == static_cast<int32_t>(v.shape.size());
+    for (size_t d = 0; ok && d < v.shape.size(); ++d) ok = value.shape[d] == v.shape[d];
+    if (!ok)
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "update of ", v.label(), ": value is ", tensor_string(value),
+                   " but the variable is ", v.type_string(), "; pass a value of the variable's dtype and shape");
+  }
+
+  // ON_READ aggregated into a new tensor (cross-replica read).
+  ManagedTensorPtr aggregate_on_read(Variable& v) {
+    auto out = make_tensor(v.dtype, v.shape);
+    if (v.agg == STRATA_VAR_AGG_ONLY_FIRST_REPLICA || v.copies.size() == 1) {
+      if (v.bytes) std::memcpy(out->dl_tensor.data, v.copies[0].data(), v.bytes);
+      return out;
+    }
+    std::vector<DLTensor> vs;
+    std::vector<const DLTensor*> ps;
+    for (size_t c = 0; c < v.copies.size(); ++c) vs.push_back(v.view(c));
+    for (auto& t : vs) ps.push_back(&t);
+    DLTensor* outs[1] = {&out->dl_tensor};
+    strata_error err;
+    strata_error_init(&err);
+    const uint32_t op = v.agg == STRATA_VAR_AGG_SUM ? STRATA_REDUCE_SUM : STRATA_REDUCE_MEAN;
+    check_cdo(cdo_vt->reduce(cdo, op, 1, static_cast<uint32_t>(ps.size()), ps.data(), outs, &err), err, "reduce");
+    return out;
+  }
+};
+
+// ------------------------------------------------------------ options ---
+
+int parse_device(const std::string& device, const std::string& option) {
+  auto ordinal = [&](size_t prefix) -> int {
+    const std::string rest = device.substr(prefix);
+    if (rest.empty() || rest.size() > 6 || rest.find_first_not_of("0123456789") != std::string::npos)
+      return -1;
+    return std::stoi(rest);
+  };
+  if (device.rfind("gpu:", 0) == 0 || device.rfind("cuda:", 0) == 0)
+    STRATA_THROW(STRATA_ERR_UNIMPLEMENTED, "device '", device, "' in option '", option,
+                 "': GPU devices need a build with CUDA; use host devices \"cpu:<n>\"");
+  const int n = device.rfind("cpu:", 0) == 0 ? ordinal(4) : -1;
+  if (n < 0)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "device '", device, "' in option '", option,
+                 "' is not of the form \"cpu:<n>\" (e.g. \"cpu:0\")");
+  return n;
+}
+
+std::vector<std::string> parse_device_list(const nlohmann::json& value, const std::string& option) {
+  if (!value.is_array() || value.empty())
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option '", option,
+                 "' must be a non-empty array of device names, e.g. [\"cpu:0\", \"cpu:1\"]; got ", value.dump());
+  std::vector<std::string> out;
+  for (const auto& d : value) {
+    if (!d.is_string())
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option '", option, "' must hold device name strings; got ",
+                   d.dump());
+    const std::string name = d.get<std::string>();
+    parse_device(name, option);
+    for (const auto& seen : out)
+      if (seen == name)
+        STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "device '", name, "' appears more than once in option '",
+                     option, "'; list each device once");
+    out.push_back(name);
+  }
+  return out;
+}
+
+void parse_common_options(const nlohmann::json& o, LocalStrategyConfig& cfg, bool allow_devices) {
+  const std::string comp = cfg.strategy_name + " strategy";
+  if (allow_devices && o.contains("devices")) cfg.devices = parse_device_list(o.at("devices"), "devices");
+  if (o.contains("cross_device_ops")) {
+    const auto& c = o.at("cross_device_ops");
+    if (c.is_string()) {
+      cfg.cross_device_ops = c.get<std::string>();
+      cfg.cross_device_ops_options = "{}";
+    } else if (c.is_object()) {
+      check_known_keys(c, {"name", "options"}, "option 'cross_device_ops' of " + comp);
+      if (!c.contains("name") || !c.at("name").is_string())
+        STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'cross_device_ops' of ", comp,
+                     " needs a string \"name\", e.g. {\"name\": \"hierarchical_copy\", \"options\": {}}");
+      cfg.cross_device_ops = c.at("name").get<std::string>();
+      cfg.cross_device_ops_options = "{}";
+      if (c.contains("options")) {
+        if (!c.at("options").is_object())
+          STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'cross_device_ops.options' of ", comp,
+                       " must be a JSON object; got ", c.at("options").dump());
+        cfg.cross_device_ops_options = c.at("options").dump();
+      }
+    } else {
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'cross_device_ops' of ", comp,
+                   " must be a name or {\"name\": ..., \"options\": {...}}; got ", c.dump());
+    }
+  }
+  cfg.timeout_s = get_option<double>(o, "timeout_s", cfg.timeout_s, comp);
+  if (!(cfg.timeout_s > 0) || cfg.timeout_s > 1e7)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'timeout_s' of ", comp,
+                 " must be a number of seconds in (0, 1e7]; got ", cfg.timeout_s);
+}
+
+// ----------------------------------------------------------- strategy ---
+
+LocalStrategy::LocalStrategy(Host host, LocalStrategyConfig config) : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.host = std::move(host);
+  m.cfg = std::move(config);
+  if (m.cfg.devices.empty())
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, m.cfg.strategy_name,
+                 ": devices must be non-empty: pass {\"devices\": [\"cpu:0\"]}");
+  for (const auto& d : m.cfg.devices) parse_device(d, "devices");
+  if (m.cfg.parameter_device.empty()) m.cfg.parameter_device = m.cfg.devices[0];
+  parse_device(m.cfg.parameter_device, "parameter_device");
+  m.n = static_cast<uint32_t>(m.cfg.devices.size());
+  m.timeout = std::chrono::nanoseconds(static_cast<int64_t>(m.cfg.timeout_s * 1e9));
+  if (m.cfg.cross_device_ops.empty()) {
+    m.builtin_cdo = std::make_unique<LocalCrossDeviceOps>(m.host.with_subsystem("cross_device_ops.builtin"));
+    m.cdo_vt = CrossDeviceOpsAdapter<LocalCrossDeviceOps>::vtable();
+    m.cdo = reinterpret_cast<strata_cross_device_ops_t>(m.builtin_cdo.get());
+  } else {
+    if (!m.host)
+      STRATA_THROW(STRATA_ERR_FAILED_PRECONDITION, m.cfg.strategy_name, ": cross_device_ops '",
+                   m.cfg.cross_device_ops, "' needs the host services table to be created");
+    m.cdo_ref = m.host.create_plugin<strata_cross_device_ops_vtable>(m.cfg.cross_device_ops,
+                                                                     m.cfg.cross_device_ops_options);
+    m.cdo_vt = m.cdo_ref.vtable();
+    m.cdo = m.cdo_ref.handle<strata_cross_device_ops_t>();
+  }
+  m.ctxs.resize(m.n);
+  for (uint32_t r = 0; r < m.n; ++r) m.ctxs[r] = ReplicaCtx{&m, r};
+  m.slots.resize(m.n);
+  m.arrived_flag.assign(m.n, 0);
+  m.workers.reserve(m.n);
+  for (uint32_t r = 1; r < m.n; ++r) m.workers.emplace_back([&m, r] { m.worker_loop(r); });
+  m.host.debug(m.cfg.strategy_name, ": ", m.n, " replica(s), cross_device_ops '",
+               m.cfg.cross_device_ops.empty() ? "builtin" : m.cfg.cross_device_ops, "'");
+}
+
+LocalStrategy::~LocalStrategy() = default;
+
+uint32_t LocalStrategy::num_replicas() const { return impl_->n; }
+
+std::string LocalStrategy::describe() {
+  const Impl& m = *impl_;
+  nlohmann::json j;
+  j["strategy"] = m.cfg.strategy_name;
+  j["num_replicas_in_sync"] = m.n;
+  j["num_local_replicas"] = m.n;
+  j["worker_devices"] = m.cfg.devices;
+  j["parameter_devices"] = m.cfg.placement == VariablePlacement::kPerReplica
+                               ? nlohmann::json(m.cfg.devices)
+                               : nlohmann::json::array({m.cfg.parameter_device});
+  j["worker_index"] = 0;
+  j["num_workers"] = 1;
+  j["is_chief"] = true;
+  j["cross_device_ops"] = m.cfg.cross_device_ops.empty() ? "builtin" : m.cfg.cross_device_ops;
+  j["timeout_s"] = m.cfg.timeout_s;
+  return j.dump();
+}
+
+void LocalStrategy::run(strata_replica_fn fn, void* user) {
+  Impl& m = *impl_;
+  if (tls_replica_owner == &m)
+    STRATA_THROW(STRATA_ERR_FAILED_PRECONDITION, m.cfg.strategy_name,
+                 ": run() called from inside a replica function; run is not reentrant: use "
+                 "replica-context collectives (all_reduce, merge_call) instead");
+  if (m.running.exchange(true, std::memory_order_acq_rel))
+    STRATA_THROW(STRATA_ERR_FAILED_PRECONDITION, m.cfg.strategy_name,
+                 ": run() is already in progress on another thread; cross-replica calls must be "
+                 "serialised");
+  struct Done {
+    std::atomic<bool>& flag;
+    ~Done() { flag.store(false, std::memory_order_release); }
+  } done{m.running};
+  {
+    std::lock_guard<std::mutex> l(m.rv_mu);
+    m.arrived = 0;
+    std::fill(m.arrived_flag.begin(), m.arrived_flag.end(), 0);
+    m.in_progress = false;
+    m.round = 0;
+    m.failed = false;
+    m.fail_code = STRATA_OK;
+    m.fail_msg.clear();
+  }
+  m.fn = fn;
+  m.user = user;
+  if (m.n > 1) {
+    m.remaining.store(m.n - 1, std::memory_order_release);
+    {
+      std::lock_guard<std::mutex> l(m.pool_mu);
+      m.gen.fetch_add(1, std::memory_order_acq_rel);
+    }
+    m.pool_cv.notify_all();
+  }
+  m.execute(0);
+  if (m.n > 1) {
+    for (int i = 0; i < kSpinIterations && m.remaining.load(std::memory_order_acquire) != 0; ++i) cpu_relax();
+    std::unique_lock<std::mutex> l(m.done_mu);
+    m.done_cv.wait(l, [&] { return m.remaining.load(std::memory_order_acquire) == 0; });
+  }
+  std::lock_guard<std::mutex> l(m.rv_mu);
+  if (m.failed) ::strata::detail::throw_status(m.fail_code, m.fail_msg);
+}
+
+int32_t LocalStrategy::replica_id_in_sync_group(strata_replica_t r) {
+  return static_cast<int32_t>(impl_->check_replica(r).id);
+}
+
+void LocalStrategy::replica_all_reduce(strata_replica_t r, strata_reduce_op op, uint32_t num_tensors,
+                                       const DLTensor* const* inputs, DLTensor* const* outputs) {
+  const ReplicaCtx& c = impl_->check_replica(r);
+  for (uint32_t t = 0; t < num_tensors; ++t)
+    if (inputs[t] == nullptr || outputs[t] == nullptr)
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "replica_all_reduce: input or output ", t, " of replica ", c.id,
+                   " is NULL");
+  Slot s;
+  s.kind = Kind::kAllReduce;
+  s.op = op;
+  s.num_tensors = num_tensors;
+  s.inputs = inputs;
+  s.outputs = outputs;
+  impl_->arrive(c.id, s);
+}
+
+DLManagedTensor* LocalStrategy::replica_all_gather(strata_replica_t r, const DLTensor& input, int32_t axis) {
+  const ReplicaCtx& c = impl_->check_replica(r);
+  check_tensor(input, "all_gather input of replica " + std::to_string(c.id));
+  DLManagedTensor* out = nullptr;
+  Slot s;
+  s.kind = Kind::kAllGather;
+  s.input = &input;
+  s.axis = axis;
+  s.out = &out;
+  impl_->arrive(c.id, s);
+  return out;
+}
+
+void LocalStrategy::replica_merge_call(strata_replica_t r, strata_merge_fn fn, void* merge_user,
+                                       void* replica_arg) {
+  const ReplicaCtx& c = impl_->check_replica(r);
+  Slot s;
+  s.kind = Kind::kMergeCall;
+  s.fn = fn;
+  s.merge_user = merge_user;
+  s.arg = replica_arg;
+  impl_->arrive(c.id, s);
+}
+
+void LocalStrategy::reduce_to(strata_reduce_op op, uint32_t num_values, const DLTensor* const* values,
+                              DLTensor& output) {
+  Impl& m = *impl_;
+  if (num_values != m.n)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, m.cfg.strategy_name, ": reduce_to got ", num_values,
+                 " value(s) but the strategy has ", m.n, " local replica(s); pass one value per replica");
+  DLTensor* outs[1] = {&output};
+  strata_error err;
+  strata_error_init(&err);
+  m.check_cdo(m.cdo_vt->reduce(m.cdo, op, 1, m.n, values, outs, &err), err, "reduce");
+}
+
+DLManagedTensor* LocalStrategy::gather_to(uint32_t num_values, const DLTensor* const* values, int32_t axis) {
+  Impl& m = *impl_;
+  if (num_values != m.n)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, m.cfg.strategy_name, ": gather_to got ", num_values,
+                 " value(s) but the strategy has ", m.n, " local replica(s); pass one value per replica");
+  auto out = make_tensor(values[0] ? values[0]->dtype : kFloat32, concat_shape(values, num_values, axis));
+  concat(values, num_values, axis, out->dl_tensor);
+  return out.release();
+}
+
+strata_variable_t LocalStrategy::variable_create(const strata_variable_desc& desc, const DLTensor& initial) {
+  Impl& m = *impl_;
+  const std::string name = desc.name ? desc.name : "";
+  uint32_t sync = desc.synchronization == STRATA_VAR_SYNC_AUTO ? static_cast<uint32_t>(STRATA_VAR_SYNC_ON_WRITE) : desc.synchronization;
+  if (sync == STRATA_VAR_SYNC_NONE || sync > STRATA_VAR_SYNC_NONE)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "variable '", name, "': synchronization ", desc.synchronization,
+                 " is not supported by ", m.cfg.strategy_name,
+                 "; use AUTO/ON_WRITE (mirrored copies) or ON_READ (per-replica copies)");
+  if (desc.aggregation > STRATA_VAR_AGG_ONLY_FIRST_REPLICA)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "variable '", name, "': aggregation ", desc.aggregation,
+                 " is not NONE(0), SUM(1), MEAN(2) or ONLY_FIRST_REPLICA(3)");
+  if (sync == STRATA_VAR_SYNC_ON_READ && desc.trainable)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "variable '", name,
+                 "': synchronization ON_READ can be used only for non-trainable variables; you "
+                 "specified trainable=true and synchronization=ON_READ (pass trainable=false)");
+  check_tensor(initial, "initial value of variable '" + name + "'");
+  auto v = std::make_unique<Variable>();
+  v->owner = &m;
+  v->name = name;
+  v->sync = static_cast<strata_var_sync>(sync);
+  v->agg = static_cast<strata_var_aggregation>(desc.aggregation);
+  v->trainable = desc.trainable != 0;
+  v->dtype = initial.dtype;
+  v->shape.assign(initial.shape, initial.shape + initial.ndim);
+  v->count = static_cast<size_t>(element_count(initial));
+  v->bytes = byte_size(initial);
+  const size_t copies =
+      (sync == STRATA_VAR_SYNC_ON_READ || m.cfg.placement == VariablePlacement::kPerReplica) ? m.n : 1;
+  v->copies.resize(copies);
+  for (auto& c : v->copies) {
+    c.reserve(v->bytes);
+    if (v->bytes) std::memcpy(c.data(), data_ptr(initial), v->bytes);
+  }
+  std::lock_guard<std::mutex> l(m.vars_mu);
+  m.vars.insert(v.get());
+  return reinterpret_cast<strata_variable_t>(v.release());
+}
+
+void LocalStrategy::variable_destroy(strata_variable_t h) noexcept {
+  Impl& m = *impl_;
+  Variable* v = reinterpret_cast<Variable*>(h);
+  {
+    std::lock_guard<std::mutex> l(m.vars_mu);
+    if (m.vars.erase(v) == 0) return;
+  }
+  delete v;
+}
+
+DLManagedTensor* LocalStrategy::variable_read(strata_variable_t h, strata_replica_t r) {
+  Impl& m = *impl_;
+  Variable& v = m.check_var(h);
+  if (r != nullptr) {
+    const ReplicaCtx& c = m.check_replica(r);
+    const size_t idx = v.copies.size() == 1 ? 0 : c.id;
+    auto out = make_tensor(v.dtype, v.shape);
+    if (v.bytes) std::memcpy(out->dl_tensor.data, v.copies[idx].data(), v.bytes);
+    return out.release();
+  }
+  if (v.sync == STRATA_VAR_SYNC_ON_WRITE) {
+    auto out = make_tensor(v.dtype, v.shape);
+    if (v.bytes) std::memcpy(out->dl_tensor.data, v.copies[0].data(), v.bytes);
+    return out.release();
+  }
+  if (v.agg == STRATA_VAR_AGG_NONE)
+    STRATA_THROW(STRATA_ERR_FAILED_PRECONDITION, "cannot read ON_READ ", v.label(),
+                 " in cross-replica context: its aggregation is NONE, which cannot be converted to a "
+                 "reduce op; create it with aggregation SUM, MEAN or ONLY_FIRST_REPLICA, or read it in "
+                 "replica context");
+  return m.aggregate_on_read(v).release();
+}
+
+void LocalStrategy::variable_update(strata_variable_t h, strata_replica_t r, strata_var_update_op op,
+                                    const DLTensor& value) {
+  Impl& m = *impl_;
+  Variable& v = m.check_var(h);
+  m.check_value(v, value);
+  if (r == nullptr) {  // cross-replica: every copy
+    const void* src = data_ptr(value);
+    if (v.sync == STRATA_VAR_SYNC_ON_READ && v.agg == STRATA_VAR_AGG_SUM) {
+      if (op != STRATA_VAR_ASSIGN)
+        STRATA_THROW(STRATA_ERR_FAILED_PRECONDITION, "ON_READ ", v.label(), " does not support ", update_name(op),
+                     " in cross-replica context when its aggregation is SUM (as in TF); assign the new "
+                     "total instead, or update it in replica context");
+      // The SUM of the copies must equal the assigned value.
+      m.cross_buf.reserve(v.bytes);
+      if (v.bytes) std::memcpy(m.cross_buf.data(), src, v.bytes);
+      kernels::divide(v.dtype, m.cross_buf.data(), v.count, static_cast<double>(v.copies.size()));
+      src = m.cross_buf.data();
+    }
+    for (auto& c : v.copies) kernels::apply_update(op, v.dtype, c.data(), src, v.count);
+    return;
+  }
+  const ReplicaCtx& c = m.check_replica(r);
+  if (v.sync == STRATA_VAR_SYNC_ON_READ) {
+    kernels::apply_update(op, v.dtype, v.copies[c.id].data(), data_ptr(value), v.count);
+    return;
+  }
+  if (v.agg == STRATA_VAR_AGG_NONE && (m.cfg.require_aggregation || m.n > 1))
+    STRATA_THROW(STRATA_ERR_FAILED_PRECONDITION,
+                 "You must specify an aggregation method to update a variable in replica context: ",
+                 v.label(), " of strategy ", m.cfg.strategy_name,
+                 " has aggregation NONE; create it with aggregation SUM, MEAN or ONLY_FIRST_REPLICA, "
+                 "or update it in cross-replica context (merge_call)");
+  Slot s;
+  s.kind = Kind::kVarUpdate;
+  s.op = op;
+  s.var = &v;
+  s.input = &value;
+  m.arrive(c.id, s);
+}
+
+DLTensor LocalStrategy::variable_view(strata_variable_t h, strata_replica_t r) {
+  Impl& m = *impl_;
+  Variable& v = m.check_var(h);
+  size_t idx = 0;
+  if (r != nullptr) {
+    const ReplicaCtx& c = m.check_replica(r);
+    idx = v.copies.size() == 1 ? 0 : c.id;
+  }
+  return v.view(idx);
+}
+
+}  // namespace strata::sdk
