@@ -170,6 +170,7 @@ int main(int argc, char** argv) {
                "  strata-bench allreduce --replicas 2,4 --sizes 4K:64M\n"
                "  strata-bench allreduce --sizes 4096,16M --json\n"};
   app.require_subcommand(1);
+  app.fallthrough();  // --json and --repeats may follow the subcommand
   bool json = false;
   int repeats = 5;
   app.add_flag("--json", json, "Print results as one JSON document {\"results\": [...]}");
