@@ -79,6 +79,19 @@ void validate(const Json& doc, const std::string& origin) {
             STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, origin, ": /plugins/search_path must contain only strings, got ",
                          d.dump());
       }
+    } else if (key == "rendezvous") {
+      // The multi-process key-value store: {"address": "host:port", "auth_token": "..."}.
+      if (!value.is_object())
+        STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, origin,
+                     ": /rendezvous must be an object like {\"auth_token\": \"secret\"}, got ", value.type_name());
+      for (const auto& [field, v] : value.items()) {
+        if (field != "address" && field != "auth_token")
+          STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, origin, ": unknown key /rendezvous/", field,
+                       "; /rendezvous may contain only \"address\" and \"auth_token\"");
+        if (!v.is_string())
+          STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, origin, ": /rendezvous/", field, " must be a string, got ",
+                       v.type_name());
+      }
     } else {
       STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, origin, ": unknown top-level key \"", key,
                    "\"; valid keys are ", join(Config::known_parts()));
@@ -108,7 +121,7 @@ Config::~Config() = default;
 const std::vector<std::string>& Config::known_parts() {
   static const std::vector<std::string> parts = {"strategy",       "cross_device_ops", "transport",
                                                  "cluster_resolver", "input_pipeline", "timeouts",
-                                                 "plugins"};
+                                                 "plugins",        "rendezvous"};
   return parts;
 }
 

@@ -4,6 +4,9 @@
 // (rejected auto-discovered plugins are part of the listing), 1 when the
 // config is invalid or names a plugin path that cannot be used, 2 on bad
 // command-line usage.
+//
+// `strata-info cluster` prints the cluster this process would join as one
+// JSON object (see cluster_command.h); it exits 1 when the resolver fails.
 #include <cstdlib>
 #include <iomanip>
 #include <iostream>
@@ -13,6 +16,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "cluster_command.h"
 #include "strata/config.hpp"
 #include "strata/plugin_host.hpp"
 
@@ -72,7 +76,9 @@ int main(int argc, char** argv) {
       "/plugins/search_path of the config, then lib/strata/plugins next to libstrata_core.\n\n"
       "Example:\n"
       "  strata-info --plugin-path ./build/lib/strata/plugins --json\n"
-      "  strata-info --config job.json"};
+      "  strata-info --config job.json\n"
+      "  TF_CONFIG='{\"cluster\": {\"worker\": [\"h1:2222\", \"h2:2222\"]}, \"task\": {\"type\": \"worker\", \"index\": 1}}' \\\n"
+      "    strata-info cluster"};
   bool as_json = false;
   std::string config_file;
   std::vector<std::string> plugin_paths;
@@ -80,12 +86,14 @@ int main(int argc, char** argv) {
   app.add_option("--config", config_file, "job config (JSON) whose plugin \"path\"s and search_path to use")
       ->check(CLI::ExistingFile);
   app.add_option("--plugin-path", plugin_paths, "extra plugin directory, searched first (repeatable)");
-  // Subcommands (e.g. `cluster`) attach here later; none is required.
+  ClusterArgs cluster_args;
+  CLI::App* cluster = add_cluster_command(app, cluster_args);
   app.require_subcommand(0, 1);
   CLI11_PARSE(app, argc, argv);
 
   try {
     strata::Config cfg = config_file.empty() ? strata::Config() : strata::Config::from_file(config_file);
+    cluster_args.config_file_resolver = cfg.name("cluster_resolver");
     cfg.apply_env();
     if (!plugin_paths.empty()) {
       std::string joined;
@@ -95,6 +103,10 @@ int main(int argc, char** argv) {
     }
     strata::PluginHost& host = strata::PluginHost::global();
     host.set_config(cfg.json());
+    if (cluster->parsed()) {
+      std::cout << run_cluster_command(host, cfg, cluster_args).dump(2) << std::endl;
+      return 0;
+    }
     const auto infos = host.discover();
     if (as_json)
       std::cout << to_json(infos).dump(2) << std::endl;

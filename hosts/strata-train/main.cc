@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -54,9 +55,15 @@ std::vector<std::string> split_csv(const std::string& s) {
   return out;
 }
 
-// The job config: --config, then STRATA_* environment, then the flags.
+// The job config: --config (else $STRATA_CONFIG, which strata-run sets from
+// its own --config), then STRATA_* environment, then the flags.
 strata::Config make_config(const Args& a) {
-  strata::Config cfg = a.config_file.empty() ? strata::Config() : strata::Config::from_file(a.config_file);
+  std::string file = a.config_file;
+  if (file.empty()) {
+    const char* env = std::getenv("STRATA_CONFIG");
+    if (env != nullptr) file = env;
+  }
+  strata::Config cfg = file.empty() ? strata::Config() : strata::Config::from_file(file);
   cfg.apply_env();
   if (!a.strategy.empty()) cfg.set("/strategy/name", nlohmann::json(a.strategy).dump());
   if (cfg.name("strategy").empty()) cfg.set("/strategy/name", "\"one_device\"");
@@ -217,10 +224,12 @@ int main(int argc, char** argv) {
       "Examples:\n"
       "  strata-train --strategy mirrored --devices cpu:0,cpu:1,cpu:2,cpu:3\n"
       "  strata-train --config job.json --save weights.json\n"
-      "  STRATA_STRATEGY=central_storage strata-train --devices cpu:0,cpu:1\n"};
+      "  STRATA_STRATEGY=central_storage strata-train --devices cpu:0,cpu:1\n"
+      "  strata-run -n 4 -- strata-train --strategy multi_worker_mirrored   (4 processes over TCP)\n\n"
+      "Without --config, the file named by $STRATA_CONFIG is used when set.\n"};
   Args a;
   app.add_option("--config", a.config_file, "Job config (JSON): strategy, cross_device_ops, timeouts, ...")->check(CLI::ExistingFile);
-  app.add_option("--strategy", a.strategy, "Strategy plugin name (overrides the config): one_device, mirrored, central_storage, default");
+  app.add_option("--strategy", a.strategy, "Strategy plugin name (overrides the config): one_device, mirrored, central_storage, multi_worker_mirrored, default");
   app.add_option("--devices", a.devices, "Comma-separated devices, e.g. cpu:0,cpu:1 (one per replica)");
   app.add_option("--steps", a.steps, "Training steps")->capture_default_str();
   app.add_option("--global-batch", a.global_batch, "Global batch size, split across all replicas in sync")->capture_default_str();

@@ -152,7 +152,9 @@ struct ReplicaCtx {
 struct LocalStrategy::Impl {
   Host host;
   LocalStrategyConfig cfg;
-  uint32_t n = 1;
+  uint32_t n = 1;      // local replicas
+  uint32_t W = 1;      // workers in the collective group
+  uint32_t total = 1;  // replicas in sync: W * n
   std::chrono::nanoseconds timeout{};
 
   PluginRef<strata_cross_device_ops_vtable> cdo_ref;
@@ -391,15 +393,7 @@ struct LocalStrategy::Impl {
       case Kind::kAllGather: {
         in_ptrs.resize(n);
         for (uint32_t r = 0; r < n; ++r) in_ptrs[r] = slots[r].input;
-        const std::vector<int64_t> shape = concat_shape(in_ptrs.data(), n, s0.axis);
-        std::vector<ManagedTensorPtr> results;
-        results.reserve(n);
-        out_ptrs.resize(n);
-        for (uint32_t r = 0; r < n; ++r) {
-          results.push_back(make_tensor(s0.input->dtype, shape));
-          out_ptrs[r] = &results.back()->dl_tensor;
-        }
-        check_cdo(cdo_vt->all_gather(cdo, n, in_ptrs.data(), s0.axis, out_ptrs.data(), &err), err, "all_gather");
+        std::vector<ManagedTensorPtr> results = gather_all(in_ptrs.data(), s0.axis, n);
         for (uint32_t r = 0; r < n; ++r) *slots[r].out = results[r].release();
         return;
       }
@@ -438,6 +432,96 @@ struct LocalStrategy::Impl {
     }
   }
 
+  // ------------------------------------------------------ multi-worker ---
+  // Shape of the concatenation of every replica's value (all workers) along
+  // `axis`. With several workers the sizes along the axis are exchanged
+  // first (a collective of its own), because the CrossDeviceOps writes into
+  // caller-allocated outputs.
+  std::vector<int64_t> global_concat_shape(const DLTensor* const* values, int32_t axis) {
+    std::vector<int64_t> shape = concat_shape(values, n, axis);
+    if (W == 1) return shape;
+    const int32_t ax = axis < 0 ? axis + values[0]->ndim : axis;
+    // Per replica: {size along axis, elements outside the axis}, so that a
+    // worker whose other dims differ is named instead of corrupting data.
+    std::vector<int64_t> mine(static_cast<size_t>(n) * 2);
+    for (uint32_t r = 0; r < n; ++r) {
+      mine[2 * r] = values[r]->shape[ax];
+      int64_t rest = 1;
+      for (int32_t d = 0; d < values[r]->ndim; ++d)
+        if (d != ax) rest *= values[r]->shape[d];
+      mine[2 * r + 1] = rest;
+    }
+    std::vector<int64_t> in_shape{1, 2};
+    std::vector<int64_t> out_shape{static_cast<int64_t>(total), 2};
+    std::vector<DLTensor> ins(n);
+    std::vector<const DLTensor*> in_p(n);
+    std::vector<int64_t> all(static_cast<size_t>(total) * 2 * n);
+    std::vector<DLTensor> outs(n);
+    std::vector<DLTensor*> out_p(n);
+    for (uint32_t r = 0; r < n; ++r) {
+      ins[r] = DLTensor{};
+      ins[r].data = &mine[2 * r];
+      ins[r].device = DLDevice{kDLCPU, 0};
+      ins[r].ndim = 2;
+      ins[r].dtype = DLDataType{kDLInt, 64, 1};
+      ins[r].shape = in_shape.data();
+      in_p[r] = &ins[r];
+      outs[r] = ins[r];
+      outs[r].data = &all[static_cast<size_t>(r) * total * 2];
+      outs[r].shape = out_shape.data();
+      out_p[r] = &outs[r];
+    }
+    strata_error err;
+    strata_error_init(&err);
+    check_cdo(cdo_vt->all_gather(cdo, n, in_p.data(), 0, out_p.data(), &err), err,
+              "all_gather (exchange of gather sizes)");
+    shape[ax] = 0;
+    for (uint32_t g = 0; g < total; ++g) {
+      if (all[2 * g + 1] != mine[1])
+        STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, cfg.strategy_name, ": gather along axis ", ax,
+                     ": replica ", g, " (worker ", g / n, ") has ", all[2 * g + 1],
+                     " elements outside the axis but replica ", cfg.worker_index * n, " has ", mine[1],
+                     "; only the size along the gather axis may differ between replicas");
+      shape[ax] += all[2 * g];
+    }
+    return shape;
+  }
+
+  // Gather `values` (one per local replica) of every worker along `axis`
+  // into `copies` new tensors, each the full concatenation.
+  std::vector<ManagedTensorPtr> gather_all(const DLTensor* const* values, int32_t axis, uint32_t copies) {
+    const std::vector<int64_t> shape = global_concat_shape(values, axis);
+    std::vector<ManagedTensorPtr> results;
+    std::vector<DLTensor*> outs(n);
+    results.reserve(copies);
+    for (uint32_t r = 0; r < n; ++r) {
+      // The CrossDeviceOps writes every local replica's output; extra ones
+      // beyond `copies` are scratch.
+      results.push_back(make_tensor(values[0]->dtype, shape));
+      outs[r] = &results.back()->dl_tensor;
+    }
+    strata_error err;
+    strata_error_init(&err);
+    check_cdo(cdo_vt->all_gather(cdo, n, values, axis, outs.data(), &err), err, "all_gather");
+    results.resize(copies);
+    return results;
+  }
+
+  // Make every copy of a new variable equal to worker 0's initial value.
+  // `initial` is the caller's tensor, so the source never aliases a copy.
+  void broadcast_initial(Variable& v, const DLTensor& initial) {
+    if (W == 1) return;
+    std::vector<DLTensor> views;
+    std::vector<DLTensor*> dsts;
+    for (size_t c = 0; c < v.copies.size(); ++c) views.push_back(v.view(c));
+    for (auto& t : views) dsts.push_back(&t);
+    const DLTensor& src = initial;
+    strata_error err;
+    strata_error_init(&err);
+    check_cdo(cdo_vt->broadcast(cdo, &src, static_cast<uint32_t>(dsts.size()), dsts.data(), &err), err,
+              "broadcast (initial value of a variable)");
+  }
+
   // ------------------------------------------------------- variables ---
   Variable& check_var(strata_variable_t h) {
     Variable* v = reinterpret_cast<Variable*>(h);
@@ -464,8 +548,17 @@ struct LocalStrategy::Impl {
   // ON_READ aggregated into a new tensor (cross-replica read).
   ManagedTensorPtr aggregate_on_read(Variable& v) {
     auto out = make_tensor(v.dtype, v.shape);
-    if (v.agg == STRATA_VAR_AGG_ONLY_FIRST_REPLICA || v.copies.size() == 1) {
-      if (v.bytes) std::memcpy(out->dl_tensor.data, v.copies[0].data(), v.bytes);
+    strata_error err;
+    strata_error_init(&err);
+    if (v.agg == STRATA_VAR_AGG_ONLY_FIRST_REPLICA || (v.copies.size() == 1 && W == 1)) {
+      if (W == 1) {
+        if (v.bytes) std::memcpy(out->dl_tensor.data, v.copies[0].data(), v.bytes);
+        return out;
+      }
+      // The first replica in sync is worker 0's first replica.
+      const DLTensor src = v.view(0);
+      DLTensor* dsts[1] = {&out->dl_tensor};
+      check_cdo(cdo_vt->broadcast(cdo, &src, 1, dsts, &err), err, "broadcast");
       return out;
     }
     std::vector<DLTensor> vs;
@@ -473,8 +566,6 @@ struct LocalStrategy::Impl {
     for (size_t c = 0; c < v.copies.size(); ++c) vs.push_back(v.view(c));
     for (auto& t : vs) ps.push_back(&t);
     DLTensor* outs[1] = {&out->dl_tensor};
-    strata_error err;
-    strata_error_init(&err);
     const uint32_t op = v.agg == STRATA_VAR_AGG_SUM ? STRATA_REDUCE_SUM : STRATA_REDUCE_MEAN;
     check_cdo(cdo_vt->reduce(cdo, op, 1, static_cast<uint32_t>(ps.size()), ps.data(), outs, &err), err, "reduce");
     return out;
@@ -565,6 +656,18 @@ LocalStrategy::LocalStrategy(Host host, LocalStrategyConfig config) : impl_(std:
   if (m.cfg.parameter_device.empty()) m.cfg.parameter_device = m.cfg.devices[0];
   parse_device(m.cfg.parameter_device, "parameter_device");
   m.n = static_cast<uint32_t>(m.cfg.devices.size());
+  if (m.cfg.num_workers == 0 || m.cfg.worker_index >= m.cfg.num_workers)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, m.cfg.strategy_name, ": worker_index ", m.cfg.worker_index,
+                 " is not below num_workers ", m.cfg.num_workers,
+                 "; the rank must be in [0, num_workers) (check the cluster spec and task)");
+  if (m.cfg.num_workers > 1 && m.cfg.cross_device_ops.empty())
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, m.cfg.strategy_name, ": ", m.cfg.num_workers,
+                 " workers need a cross_device_ops plugin that spans processes (e.g. \"ring\"); the "
+                 "built-in one reduces within this process only");
+  if (!m.cfg.describe_extra.is_object())
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, m.cfg.strategy_name, ": describe_extra must be a JSON object");
+  m.W = m.cfg.num_workers;
+  m.total = m.W * m.n;
   m.timeout = std::chrono::nanoseconds(static_cast<int64_t>(m.cfg.timeout_s * 1e9));
   if (m.cfg.cross_device_ops.empty()) {
     m.builtin_cdo = std::make_unique<LocalCrossDeviceOps>(m.host.with_subsystem("cross_device_ops.builtin"));
@@ -585,27 +688,29 @@ LocalStrategy::LocalStrategy(Host host, LocalStrategyConfig config) : impl_(std:
   m.arrived_flag.assign(m.n, 0);
   m.workers.reserve(m.n);
   for (uint32_t r = 1; r < m.n; ++r) m.workers.emplace_back([&m, r] { m.worker_loop(r); });
-  m.host.debug(m.cfg.strategy_name, ": ", m.n, " replica(s), cross_device_ops '",
+  m.host.debug(m.cfg.strategy_name, ": worker ", m.cfg.worker_index, " of ", m.W, ", ", m.n,
+               " local replica(s), cross_device_ops '",
                m.cfg.cross_device_ops.empty() ? "builtin" : m.cfg.cross_device_ops, "'");
 }
 
 LocalStrategy::~LocalStrategy() = default;
 
 uint32_t LocalStrategy::num_replicas() const { return impl_->n; }
+uint32_t LocalStrategy::num_replicas_in_sync() const { return impl_->total; }
 
 std::string LocalStrategy::describe() {
   const Impl& m = *impl_;
-  nlohmann::json j;
+  nlohmann::json j = m.cfg.describe_extra;
   j["strategy"] = m.cfg.strategy_name;
-  j["num_replicas_in_sync"] = m.n;
+  j["num_replicas_in_sync"] = m.total;
   j["num_local_replicas"] = m.n;
   j["worker_devices"] = m.cfg.devices;
   j["parameter_devices"] = m.cfg.placement == VariablePlacement::kPerReplica
                                ? nlohmann::json(m.cfg.devices)
                                : nlohmann::json::array({m.cfg.parameter_device});
-  j["worker_index"] = 0;
-  j["num_workers"] = 1;
-  j["is_chief"] = true;
+  j["worker_index"] = m.cfg.worker_index;
+  j["num_workers"] = m.W;
+  j["is_chief"] = m.cfg.is_chief;
   j["cross_device_ops"] = m.cfg.cross_device_ops.empty() ? "builtin" : m.cfg.cross_device_ops;
   j["timeout_s"] = m.cfg.timeout_s;
   return j.dump();
@@ -656,7 +761,8 @@ void LocalStrategy::run(strata_replica_fn fn, void* user) {
 }
 
 int32_t LocalStrategy::replica_id_in_sync_group(strata_replica_t r) {
-  return static_cast<int32_t>(impl_->check_replica(r).id);
+  const Impl& m = *impl_;
+  return static_cast<int32_t>(m.cfg.worker_index * m.n + m.check_replica(r).id);
 }
 
 void LocalStrategy::replica_all_reduce(strata_replica_t r, strata_reduce_op op, uint32_t num_tensors,
@@ -716,6 +822,7 @@ DLManagedTensor* LocalStrategy::gather_to(uint32_t num_values, const DLTensor* c
   if (num_values != m.n)
     STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, m.cfg.strategy_name, ": gather_to got ", num_values,
                  " value(s) but the strategy has ", m.n, " local replica(s); pass one value per replica");
+  if (m.W > 1) return m.gather_all(values, axis, 1)[0].release();
   auto out = make_tensor(values[0] ? values[0]->dtype : kFloat32, concat_shape(values, num_values, axis));
   concat(values, num_values, axis, out->dl_tensor);
   return out.release();
@@ -754,6 +861,7 @@ strata_variable_t LocalStrategy::variable_create(const strata_variable_desc& des
     c.reserve(v->bytes);
     if (v->bytes) std::memcpy(c.data(), data_ptr(initial), v->bytes);
   }
+  m.broadcast_initial(*v, initial);
   std::lock_guard<std::mutex> l(m.vars_mu);
   m.vars.insert(v.get());
   return reinterpret_cast<strata_variable_t>(v.release());
@@ -807,7 +915,7 @@ void LocalStrategy::variable_update(strata_variable_t h, strata_replica_t r, str
       // The SUM of the copies must equal the assigned value.
       m.cross_buf.reserve(v.bytes);
       if (v.bytes) std::memcpy(m.cross_buf.data(), src, v.bytes);
-      kernels::divide(v.dtype, m.cross_buf.data(), v.count, static_cast<double>(v.copies.size()));
+      kernels::divide(v.dtype, m.cross_buf.data(), v.count, static_cast<double>(v.copies.size()) * m.W);
       src = m.cross_buf.data();
     }
     for (auto& c : v.copies) kernels::apply_update(op, v.dtype, c.data(), src, v.count);
@@ -818,7 +926,7 @@ void LocalStrategy::variable_update(strata_variable_t h, strata_replica_t r, str
     kernels::apply_update(op, v.dtype, v.copies[c.id].data(), data_ptr(value), v.count);
     return;
   }
-  if (v.agg == STRATA_VAR_AGG_NONE && (m.cfg.require_aggregation || m.n > 1))
+  if (v.agg == STRATA_VAR_AGG_NONE && (m.cfg.require_aggregation || m.total > 1))
     STRATA_THROW(STRATA_ERR_FAILED_PRECONDITION,
                  "You must specify an aggregation method to update a variable in replica context: ",
                  v.label(), " of strategy ", m.cfg.strategy_name,

@@ -65,8 +65,21 @@ TEST(ConfigTest, MalformedJsonNamesOriginAndPosition) {
 TEST(ConfigTest, UnknownTopLevelKeyListsValidKeys) {
   std::string msg = expect_throw<InvalidArgumentError>([] { Config::from_json(R"({"stratgey": {}})"); });
   EXPECT_TRUE(contains(msg, "\"stratgey\"")) << msg;
-  EXPECT_TRUE(contains(msg, "strategy, cross_device_ops, transport, cluster_resolver, input_pipeline, timeouts, plugins"))
+  EXPECT_TRUE(contains(msg, "strategy, cross_device_ops, transport, cluster_resolver, input_pipeline, timeouts, plugins, rendezvous"))
       << msg;
+}
+
+TEST(ConfigTest, RendezvousSectionIsValidated) {
+  const Config ok = Config::from_json(R"({"rendezvous": {"auth_token": "s3cret", "address": "10.0.0.1:2222"}})");
+  EXPECT_TRUE(ok.has("rendezvous"));
+  EXPECT_TRUE(contains(
+      expect_throw<InvalidArgumentError>([] { Config::from_json(R"({"rendezvous": {"token": "x"}})"); }),
+      "unknown key /rendezvous/token"));
+  EXPECT_TRUE(contains(
+      expect_throw<InvalidArgumentError>([] { Config::from_json(R"({"rendezvous": {"auth_token": 7}})"); }),
+      "/rendezvous/auth_token must be a string"));
+  EXPECT_TRUE(contains(expect_throw<InvalidArgumentError>([] { Config::from_json(R"({"rendezvous": "x"})"); }),
+                       "/rendezvous must be an object"));
 }
 
 TEST(ConfigTest, WrongTypesAreRejectedWithThePointer) {

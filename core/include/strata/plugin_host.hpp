@@ -21,6 +21,7 @@
 #include "strata/c/strata.h"
 #include "strata/error.hpp"
 #include "strata/export.hpp"
+#include "strata/store.hpp"
 
 namespace strata {
 
@@ -139,6 +140,24 @@ class STRATA_API PluginHost {
 
   /// True once request_abort was called through the host table.
   bool abort_requested() const;
+
+  /// Switch this host's store_* services from the in-process store to the
+  /// TCP rendezvous store at cfg.address; with cfg.serve, first start the
+  /// server in this process (one Boost.Asio thread, stopped with the host).
+  /// An empty cfg.auth_token falls back to env STRATA_AUTH_TOKEN, then to
+  /// config /rendezvous/auth_token. Connecting retries until cfg.timeout_s.
+  /// Records the address at config /rendezvous/address (so transports can
+  /// pick the interface that reaches the store). Call once, before any
+  /// plugin uses the store; blocks while connecting. Throws
+  /// FailedPreconditionError when already connected, AlreadyExistsError when
+  /// the port to serve is taken, DeadlineExceededError naming the address
+  /// when the server never answered, PermissionDeniedError on a token
+  /// mismatch, InvalidArgumentError for a malformed address.
+  void connect_store(const StoreConfig& cfg);
+
+  /// "host:port" of the connected TCP store (with the real port when served
+  /// on port 0), or "" while the in-process store is in use.
+  std::string store_address() const;
 
  private:
   struct Impl;

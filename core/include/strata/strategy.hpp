@@ -68,6 +68,25 @@ struct ValueContext {
   std::int32_t num_replicas_in_sync = 1;
 };
 
+/// tf.distribute.InputContext: how this process's input relates to the job.
+/// One input pipeline per worker process: a multi-worker strategy on worker
+/// i of w gives {w, i, replicas in sync}; shard the data by
+/// input_pipeline_id (e.g. take every num_input_pipelines-th file).
+struct InputContext {
+  int num_input_pipelines = 1;
+  int input_pipeline_id = 0;
+  int num_replicas_in_sync = 1;
+  /// global_batch_size / num_replicas_in_sync; throws InvalidArgumentError
+  /// when it does not divide evenly (as TF does).
+  std::int64_t get_per_replica_batch_size(std::int64_t global_batch_size) const {
+    STRATA_ENFORCE(num_replicas_in_sync > 0 && global_batch_size % num_replicas_in_sync == 0,
+                   STRATA_ERR_INVALID_ARGUMENT, "the global batch size ", global_batch_size,
+                   " is not divisible by num_replicas_in_sync ", num_replicas_in_sync,
+                   "; pick a multiple of the replica count");
+    return global_batch_size / num_replicas_in_sync;
+  }
+};
+
 /// RAII guard returned by Strategy::scope(): the thread is in the
 /// strategy's cross-replica context until it is destroyed. Move-only;
 /// destroy it on the thread that created it, innermost first.
@@ -102,6 +121,9 @@ class STRATA_API StrategyExtended {
   bool is_chief() const;
   /// The plugin's describe() JSON, verbatim.
   const std::string& describe_json() const;
+  /// The InputContext of this process: {num_workers, worker_index,
+  /// num_replicas_in_sync} (tf's distribute_datasets_from_function context).
+  InputContext input_context() const;
 
   /// Cross-replica reduce of a value per local replica across all replicas
   /// in sync. Returns a host tensor.
@@ -123,8 +145,21 @@ class STRATA_API Strategy {
   /// gives the Default singleton, after validating the options), e.g.
   /// create("mirrored", R"({"devices":["cpu:0","cpu:1"]})"). Throws
   /// NotFoundError (listing the available strategies) for an unknown name
-  /// and the plugin's InvalidArgumentError for bad options.
+  /// and the plugin's InvalidArgumentError for bad options. Multi-process
+  /// strategies are wired to their cluster first (see from_config).
   static Strategy create(const std::string& name, const std::string& options_json = "{}");
+  /// Strategies that span processes (multi_worker_mirrored,
+  /// parameter_server) are wired to the cluster first, unless the options
+  /// already hold "cluster": the cluster resolver named in the job config's
+  /// /cluster_resolver (default: "tf_config" when TF_CONFIG is set, else a
+  /// single process) is described into option "cluster"; when the cluster
+  /// has more than one chief/worker task, this process connects the
+  /// rendezvous store (PluginHost::connect_store) once: the chief (chief 0,
+  /// else worker 0) serves it on its cluster address, the others connect
+  /// (auth token from STRATA_AUTH_TOKEN, deadline /timeouts/rendezvous_s,
+  /// default 120 s), which blocks until the chief is up or the deadline
+  /// passes. The job config's /transport becomes option "transport".
+  ///
   /// Create the strategy a job config describes: /strategy/name (default
   /// "default") with /strategy/options, plus "cross_device_ops":
   /// {"name","options"} from /cross_device_ops and "timeout_s" from

@@ -1,11 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "strata/strategy.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <limits>
+#include <mutex>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -13,6 +17,7 @@
 #include "api/kernels.h"
 #include "api/strategy_impl.h"
 #include "strata/config.hpp"
+#include "strata/store.hpp"
 #include "strata/variable.hpp"
 
 namespace strata {
@@ -271,8 +276,175 @@ Strategy& Strategy::operator=(Strategy&& o) noexcept {
 
 Strategy::~Strategy() = default;
 
+namespace detail {
+namespace {
+
+// Strategies whose processes form a cluster: core resolves the cluster,
+// connects the rendezvous store and passes the resolver's description as
+// option "cluster" (plus "transport" from the job config).
+bool needs_cluster(const std::string& name) {
+  return name == "multi_worker_mirrored" || name == "parameter_server";
+}
+
+// The job config at `pointer` as JSON (set by from_config or
+// PluginHost::set_config), or nullopt.
+std::optional<json> job_config(const char* pointer) {
+  const strata_host_api* api = PluginHost::global().host_api();
+  std::string out;
+  strata_error err;
+  strata_error_init(&err);
+  const strata_status_t st = api->get_config(api, pointer, &append_string, &out, &err);
+  if (st == STRATA_ERR_NOT_FOUND) return std::nullopt;
+  check(st, err, (std::string("reading the job config at ") + pointer).c_str());
+  return json::parse(out);
+}
+
+// The description of a process that is alone (no cluster configured).
+json single_process_cluster() {
+  return json{{"cluster_spec", json::object()}, {"task_type", nullptr},      {"task_id", nullptr},
+              {"rpc_layer", nullptr},           {"environment", nullptr},    {"num_accelerators", json::object()},
+              {"env_after", json::object()}};
+}
+
+// Resolve the cluster with /cluster_resolver of the job config; without
+// one, "tf_config" when TF_CONFIG is set, else a single process.
+json resolve_cluster() {
+  std::string resolver;
+  json options = json::object();
+  if (auto part = job_config("/cluster_resolver")) {
+    resolver = part->value("name", std::string());
+    if (part->contains("options")) options = part->at("options");
+  }
+  if (resolver.empty()) {
+    const char* tf = std::getenv("TF_CONFIG");
+    if (tf == nullptr || tf[0] == '\0') return single_process_cluster();
+    resolver = "tf_config";
+  }
+  PluginInstance inst = PluginHost::global().create(STRATA_KIND_CLUSTER_RESOLVER, resolver, options.dump());
+  const auto* vt = inst.vtable_as<strata_resolver_vtable>();
+  std::string text;
+  strata_error err;
+  strata_error_init(&err);
+  check(vt->describe(static_cast<strata_resolver_t>(inst.handle()), &append_string, &text, &err), err,
+        ("describe() of cluster resolver '" + resolver + "'").c_str());
+  try {
+    json j = json::parse(text);
+    if (!j.is_object()) throw std::runtime_error("not an object");
+    j["resolver"] = resolver;
+    return j;
+  } catch (const std::exception& e) {
+    STRATA_THROW(STRATA_ERR_INTERNAL, "cluster resolver '", resolver, "' returned an invalid describe() JSON (",
+                 e.what(), "): ", text);
+  }
+}
+
+// "grpc://host:port" -> "host:port".
+std::string strip_layer(const std::string& address) {
+  const auto p = address.find("://");
+  return p == std::string::npos ? address : address.substr(p + 3);
+}
+
+// Lowest-index task address of `job`, or "" when the job is absent/empty.
+std::string first_address(const json& spec, const char* job, std::size_t* count) {
+  *count = 0;
+  if (!spec.contains(job)) return "";
+  const json& j = spec.at(job);
+  std::string first;
+  long long best = -1;
+  if (j.is_array()) {
+    *count = j.size();
+    if (!j.empty() && j.at(0).is_string()) first = j.at(0).get<std::string>();
+  } else if (j.is_object()) {
+    *count = j.size();
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      long long idx = -1;
+      try {
+        idx = std::stoll(it.key());
+      } catch (const std::exception&) {
+        continue;
+      }
+      if (it.value().is_string() && (best < 0 || idx < best)) {
+        best = idx;
+        first = it.value().get<std::string>();
+      }
+    }
+  }
+  return strip_layer(first);
+}
+
+// Connect this process's host services store to the chief's rendezvous
+// store, once per process (later strategies reuse the connection).
+void connect_store_once(const StoreConfig& cfg) {
+  static std::mutex mu;
+  static std::optional<std::string> connected;
+  std::lock_guard<std::mutex> l(mu);
+  if (connected) {
+    STRATA_ENFORCE(*connected == cfg.address, STRATA_ERR_FAILED_PRECONDITION,
+                   "this process is already connected to the rendezvous store at ", *connected,
+                   " but the cluster now names ", cfg.address,
+                   " as the chief; every strategy of one process must use the same cluster");
+    return;
+  }
+  PluginHost::global().connect_store(cfg);
+  connected = cfg.address;
+}
+
+// When `cluster` has more than one collective task (chief + workers) and
+// this process is one of them, connect the rendezvous store: the chief
+// (chief 0, else worker 0) serves it on its cluster address.
+void join_rendezvous(const json& cluster) {
+  const json spec = cluster.value("cluster_spec", json::object());
+  if (!spec.is_object()) return;  // the strategy reports the malformed spec
+  const json type = cluster.value("task_type", json());
+  const json id = cluster.value("task_id", json());
+  if (!type.is_string() || !id.is_number_integer()) return;
+  const std::string t = type.get<std::string>();
+  if (t != "chief" && t != "worker") return;  // evaluator and ps tasks do not join collectives
+  std::size_t chiefs = 0, workers = 0;
+  const std::string chief_addr = first_address(spec, "chief", &chiefs);
+  const std::string worker_addr = first_address(spec, "worker", &workers);
+  if (chiefs + workers <= 1) return;
+  StoreConfig cfg;
+  cfg.address = chiefs > 0 ? chief_addr : worker_addr;
+  STRATA_ENFORCE(!cfg.address.empty(), STRATA_ERR_INVALID_ARGUMENT,
+                 "the cluster spec has no address for its chief task (", chiefs > 0 ? "chief 0" : "worker 0",
+                 "): ", spec.dump(), "; list \"host:port\" for every task");
+  cfg.serve = id.get<long long>() == 0 && ((chiefs > 0 && t == "chief") || (chiefs == 0 && t == "worker"));
+  if (const char* tok = std::getenv("STRATA_AUTH_TOKEN"); tok != nullptr && tok[0] != '\0') {
+    cfg.auth_token = tok;
+  } else if (auto v = job_config("/rendezvous/auth_token"); v && v->is_string()) {
+    cfg.auth_token = v->get<std::string>();
+  }
+  double rendezvous_s = 120;
+  if (auto v = job_config("/timeouts/rendezvous_s"); v && v->is_number()) rendezvous_s = v->get<double>();
+  cfg.timeout_s = rendezvous_s;
+  connect_store_once(cfg);
+}
+
+}  // namespace
+}  // namespace detail
+
 Strategy Strategy::create(const std::string& name, const std::string& options_json) {
   detail::ensure_default_registered();
+  if (detail::needs_cluster(name)) {
+    using nlohmann::json;
+    json options = options_json.empty() ? json::object() : json::parse(options_json, nullptr, false);
+    if (options.is_object()) {  // otherwise the plugin reports the malformed options
+      if (!options.contains("cluster")) options["cluster"] = detail::resolve_cluster();
+      detail::join_rendezvous(options["cluster"]);
+      if (!options.contains("transport")) {
+        if (auto t = detail::job_config("/transport"); t && t->is_object() && t->contains("name")) {
+          json part{{"name", t->at("name")}};
+          if (t->contains("options")) part["options"] = t->at("options");
+          options["transport"] = part;
+        }
+      }
+      PluginInstance inst = PluginHost::global().create(STRATA_KIND_STRATEGY, name, options.dump());
+      auto impl = std::make_shared<detail::StrategyImpl>(std::move(inst), name, false);
+      detail::StrategyImpl* raw = impl.get();
+      return Strategy(raw, std::move(impl));
+    }
+  }
   if (name == detail::kDefaultStrategyName) {
     // The Default strategy is a singleton, as in TF. Options are still
     // validated (by a throwaway instance) so that a typo is reported.
@@ -455,6 +627,9 @@ int StrategyExtended::worker_index() const { return impl_->worker_index; }
 int StrategyExtended::num_workers() const { return impl_->num_workers; }
 bool StrategyExtended::is_chief() const { return impl_->is_chief; }
 const std::string& StrategyExtended::describe_json() const { return impl_->describe_json; }
+InputContext StrategyExtended::input_context() const {
+  return InputContext{impl_->num_workers, impl_->worker_index, impl_->num_replicas_in_sync};
+}
 
 Tensor StrategyExtended::reduce_to(ReduceOp op, const DistributedValues& value) {
   detail::StrategyImpl* s = impl_;

@@ -47,12 +47,14 @@ strata_status_t KvStore::wait_until(std::unique_lock<std::mutex>& lock, int64_t 
   return STRATA_OK;
 }
 
-void KvStore::set(const std::string& key, std::string value) {
+strata_status_t KvStore::set(const std::string& key, std::string value, int64_t /*timeout_ms*/,
+                             strata_error* /*err*/) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     data_[key] = std::move(value);
   }
   cv_.notify_all();
+  return STRATA_OK;
 }
 
 strata_status_t KvStore::get(const std::string& key, int64_t timeout_ms, std::string* out,
@@ -66,7 +68,7 @@ strata_status_t KvStore::get(const std::string& key, int64_t timeout_ms, std::st
 }
 
 strata_status_t KvStore::add(const std::string& key, int64_t delta, int64_t* result,
-                             strata_error* err) {
+                             int64_t /*timeout_ms*/, strata_error* err) {
   int64_t value = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -227,8 +229,9 @@ strata_status_t api_store_set(const strata_host_api* host, const char* key, cons
   if (!key) return set_error(err, STRATA_ERR_INVALID_ARGUMENT, "store_set: key is NULL");
   if (!value && len) return set_error(err, STRATA_ERR_INVALID_ARGUMENT, "store_set: value is NULL");
   try {
-    HostShared::from(host)->store.set(key, std::string(static_cast<const char*>(value), len));
-    return STRATA_OK;
+    HostShared* s = HostShared::from(host);
+    return s->store_backend()->set(key, std::string(static_cast<const char*>(value), len),
+                                   effective_timeout(s, timeout_ms), err);
   } catch (...) {
     return internal_error(err, "store_set");
   }
@@ -241,7 +244,7 @@ strata_status_t api_store_get(const strata_host_api* host, const char* key, stra
   try {
     HostShared* s = HostShared::from(host);
     std::string value;
-    strata_status_t st = s->store.get(key, effective_timeout(s, timeout_ms), &value, err);
+    strata_status_t st = s->store_backend()->get(key, effective_timeout(s, timeout_ms), &value, err);
     if (st == STRATA_OK) write(user, value.data(), value.size());
     return st;
   } catch (...) {
@@ -253,7 +256,8 @@ strata_status_t api_store_add(const strata_host_api* host, const char* key, int6
                               int64_t* result, int64_t timeout_ms, strata_error* err) {
   if (!key) return set_error(err, STRATA_ERR_INVALID_ARGUMENT, "store_add: key is NULL");
   try {
-    return HostShared::from(host)->store.add(key, delta, result, err);
+    HostShared* s = HostShared::from(host);
+    return s->store_backend()->add(key, delta, result, effective_timeout(s, timeout_ms), err);
   } catch (...) {
     return internal_error(err, "store_add");
   }
@@ -270,7 +274,7 @@ strata_status_t api_store_wait(const strata_host_api* host, const char* const* k
       ks.emplace_back(keys[i]);
     }
     HostShared* s = HostShared::from(host);
-    return s->store.wait(ks, effective_timeout(s, timeout_ms), err);
+    return s->store_backend()->wait(ks, effective_timeout(s, timeout_ms), err);
   } catch (...) {
     return internal_error(err, "store_wait");
   }
@@ -311,6 +315,7 @@ void api_request_abort(const strata_host_api* host, const char* reason) {
     }
   }
   s->store.notify_all();
+  if (auto remote = s->store_backend(); remote.get() != &s->store) remote->notify_all();
 }
 
 }  // namespace
@@ -337,9 +342,23 @@ HostShared::HostShared() {
   static_assert(std::is_standard_layout_v<HostTable>, "HostTable must map back from its first member");
 }
 
+std::shared_ptr<StoreBackend> HostShared::store_backend() {
+  std::lock_guard<std::mutex> lock(store_mu);
+  if (remote_store) return remote_store;
+  // Non-owning: `store` lives as long as this HostShared, which outlives the call.
+  return std::shared_ptr<StoreBackend>(std::shared_ptr<void>(), &store);
+}
+
+bool HostShared::set_remote_store(std::shared_ptr<StoreBackend> backend) {
+  std::lock_guard<std::mutex> lock(store_mu);
+  if (remote_store) return false;
+  remote_store = std::move(backend);
+  return true;
+}
+
 int64_t HostShared::default_store_timeout_ms() const {
   std::lock_guard<std::mutex> lock(config_mu);
-  double s = 300.0;
+  double s = 120.0;  // /timeouts/rendezvous_s default (shared decision 5)
   auto jp = nlohmann::json::json_pointer("/timeouts/rendezvous_s");
   if (config.contains(jp) && config[jp].is_number()) s = config[jp].get<double>();
   return static_cast<int64_t>(s * 1000.0);

@@ -21,6 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "store/store_backend.h"
 #include "strata/c/strata.h"
 
 namespace strata {
@@ -38,19 +39,23 @@ struct HostTable {
   HostShared* shared;
 };
 
-/// The in-process rendezvous store (the multi-process TCP store will replace
-/// it behind the same table). Values are bytes; store_add keeps decimal text.
-class KvStore {
+/// The in-process rendezvous store, the default backend (connect_store
+/// switches the table to a TcpStoreClient). Values are bytes; store_add
+/// keeps decimal text.
+class KvStore : public StoreBackend {
  public:
   explicit KvStore(const std::atomic<bool>* abort_flag) : abort_(abort_flag) {}
-  void set(const std::string& key, std::string value);
+  strata_status_t set(const std::string& key, std::string value, int64_t timeout_ms,
+                      strata_error* err) override;
   /// Waits until `key` exists; DEADLINE_EXCEEDED / ABORTED into `err`.
   strata_status_t get(const std::string& key, int64_t timeout_ms, std::string* out,
-                      strata_error* err);
-  strata_status_t add(const std::string& key, int64_t delta, int64_t* result, strata_error* err);
-  strata_status_t wait(const std::vector<std::string>& keys, int64_t timeout_ms, strata_error* err);
+                      strata_error* err) override;
+  strata_status_t add(const std::string& key, int64_t delta, int64_t* result, int64_t timeout_ms,
+                      strata_error* err) override;
+  strata_status_t wait(const std::vector<std::string>& keys, int64_t timeout_ms,
+                       strata_error* err) override;
   /// Wake every waiter (after an abort request).
-  void notify_all();
+  void notify_all() override;
 
  private:
   // Caller holds mu_. Waits until pred() or the deadline / an abort.
@@ -71,6 +76,15 @@ struct HostShared {
   HostTable table{};
   std::atomic<bool> abort{false};
   KvStore store{&abort};
+
+  /// The backend the store_* services use: `remote_store` once
+  /// connect_store installed it, else `store`. The returned pointer keeps the
+  /// backend alive for the duration of a call.
+  std::shared_ptr<StoreBackend> store_backend();
+  /// Install the TCP client (connect_store). False when one is installed.
+  bool set_remote_store(std::shared_ptr<StoreBackend> backend);
+  mutable std::mutex store_mu;
+  std::shared_ptr<StoreBackend> remote_store;
 
   mutable std::mutex config_mu;
   nlohmann::json config = nlohmann::json::object();

@@ -27,6 +27,9 @@
 
 #include "host/host_state.h"
 #include "log.h"
+#include "store/store_protocol.h"
+#include "store/store_server.h"
+#include "store/tcp_store_client.h"
 #include "strata/config.h"
 #include "strata/config.hpp"
 
@@ -407,6 +410,10 @@ struct PluginHost::Impl {
   std::vector<std::string> explicit_paths;
   bool discovered = false;
   int builtin_count = 0;
+  // The rendezvous store (connect_store); guarded by store_mu.
+  mutable std::mutex store_mu;
+  std::unique_ptr<store::StoreServer> store_server;
+  std::string store_address;
 
   std::vector<std::string> dirs() const {
     std::vector<std::string> out = split_path_list(std::getenv("STRATA_PLUGIN_PATH"));
@@ -906,5 +913,58 @@ std::string PluginHost::last_collectives_json() const {
 }
 
 bool PluginHost::abort_requested() const { return impl_->shared->abort.load(); }
+
+void PluginHost::connect_store(const StoreConfig& cfg) {
+  std::lock_guard<std::mutex> lock(impl_->store_mu);
+  if (!impl_->store_address.empty())
+    STRATA_THROW(STRATA_ERR_FAILED_PRECONDITION, "connect_store: this process is already connected "
+                 "to the rendezvous store at ", impl_->store_address, "; call connect_store once per process");
+  std::string host;
+  uint16_t port = 0;
+  if (!store::split_host_port(cfg.address, &host, &port) || (port == 0 && !cfg.serve))
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "connect_store: address '", cfg.address,
+                 "' is not host:port", cfg.serve ? "" : " with a non-zero port",
+                 "; use the chief's address from the cluster spec, e.g. \"10.0.0.1:29400\"");
+  if (!(cfg.timeout_s > 0))
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "connect_store: timeout_s must be > 0, got ", cfg.timeout_s);
+  std::string token = cfg.auth_token;
+  if (token.empty()) {
+    if (const char* env = std::getenv("STRATA_AUTH_TOKEN")) token = env;
+  }
+  if (token.empty()) {
+    std::lock_guard<std::mutex> clock(impl_->shared->config_mu);
+    const auto jp = nlohmann::json::json_pointer("/rendezvous/auth_token");
+    if (impl_->shared->config.contains(jp) && impl_->shared->config[jp].is_string())
+      token = impl_->shared->config[jp].get<std::string>();
+  }
+  std::unique_ptr<store::StoreServer> server;
+  std::string address = cfg.address;
+  if (cfg.serve) {
+    server = std::make_unique<store::StoreServer>(host, port, token);
+    address = store::join_host_port(host, server->port());
+  }
+  const auto timeout_ms = static_cast<int64_t>(cfg.timeout_s * 1000.0);
+  auto client = std::make_shared<store::TcpStoreClient>(address, token, timeout_ms, &impl_->shared->abort);
+  if (!impl_->shared->set_remote_store(client))
+    STRATA_THROW(STRATA_ERR_FAILED_PRECONDITION, "connect_store: a rendezvous store is already "
+                 "connected; call connect_store once per process");
+  {
+    std::lock_guard<std::mutex> clock(impl_->shared->config_mu);
+    const auto jp = nlohmann::json::json_pointer("/rendezvous/address");
+    try {
+      if (!impl_->shared->config.contains(jp)) impl_->shared->config[jp] = address;
+    } catch (const nlohmann::json::exception&) {
+      // /rendezvous is not an object in this config; the hint is optional.
+    }
+  }
+  impl_->store_server = std::move(server);
+  impl_->store_address = address;
+  logger("host")->info("connected to the rendezvous store at {}{}", address, cfg.serve ? " (serving)" : "");
+}
+
+std::string PluginHost::store_address() const {
+  std::lock_guard<std::mutex> lock(impl_->store_mu);
+  return impl_->store_address;
+}
 
 }  // namespace strata

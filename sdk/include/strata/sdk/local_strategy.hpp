@@ -24,6 +24,23 @@
 // central_storage, one_device); ON_READ variables always get one copy per
 // replica (they are per-replica accumulators, as in TF).
 //
+// Several workers (num_workers > 1, multi_worker_mirrored). Every process
+// runs one LocalStrategy with the same number of local replicas; replica ids
+// are global (worker_index * local + local id) and every CrossDeviceOps call
+// spans all workers, so: replica all_reduce, reduce_to and SUM/MEAN variable
+// updates reduce over all replicas in sync; all_gather and gather_to
+// concatenate every worker's replicas in replica_id_in_sync_group order
+// (the sizes along the axis are exchanged first); cross-replica reads of
+// ON_READ variables aggregate across workers (ONLY_FIRST_REPLICA reads
+// global replica 0's copy), so such reads are collectives too; variable
+// initial values are broadcast from worker 0 at creation, so every worker
+// starts from the chief's values (as TF's MultiWorkerMirroredStrategy
+// does), and variable creation is a collective. ONLY_FIRST_REPLICA updates
+// in replica context apply each worker's first local replica's value (as
+// in TF, where the value is identical after an all-reduce). Every worker
+// must issue the same collectives in the same order; the CrossDeviceOps
+// detects mismatches and dead peers within its timeout.
+//
 // Thread-safety: cross-replica methods are serialised by the host (ABI
 // contract); replica-context methods are called concurrently by the replica
 // threads of the current run. save_state/restore_state are not provided
@@ -55,6 +72,21 @@ struct LocalStrategyConfig {
   /// FAILED_PRECONDITION (mirrored, central_storage). false (one_device):
   /// with a single replica the value is applied as is, as TF's plain variables do.
   bool require_aggregation = true;
+
+  // ---- several workers (multi_worker_mirrored) ----
+  /// This process's rank in the collective group, in [0, num_workers).
+  uint32_t worker_index = 0;
+  /// Processes (workers) in the collective group, each with devices.size()
+  /// replicas (every worker must have the same number). With more than one,
+  /// cross_device_ops must name a CrossDeviceOps that spans processes and is
+  /// configured with this rank and world size (e.g. "ring"): it must reduce
+  /// across all workers (MEAN dividing by the global replica count itself),
+  /// all_gather in (rank, local replica) order, and broadcast rank 0's value.
+  uint32_t num_workers = 1;
+  /// Reported by describe(); the chief writes checkpoints and summaries.
+  bool is_chief = true;
+  /// Extra fields merged into describe()'s JSON object (e.g. the task).
+  nlohmann::json describe_extra = nlohmann::json::object();
 };
 
 /// "cpu:<n>" -> n. "gpu:<n>" is UNIMPLEMENTED (GPU devices need CUDA);
@@ -89,7 +121,10 @@ class LocalStrategy : public StrategyBase {
   /// ABI 1.1 variable_view: a borrowed view of replica r's (or the primary) copy.
   DLTensor variable_view(strata_variable_t v, strata_replica_t r);
 
+  /// Local replicas (devices) of this process.
   uint32_t num_replicas() const;
+  /// Replicas in sync across all workers (num_workers * local).
+  uint32_t num_replicas_in_sync() const;
 
  private:
   struct Impl;

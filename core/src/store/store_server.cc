@@ -1,0 +1,339 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "store/store_server.h"
+
+#include <array>
+#include <chrono>
+#include <cstdlib>
+#include <list>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include <boost/asio.hpp>
+
+#include "log.h"
+#include "store/store_protocol.h"
+#include "strata/error.hpp"
+
+namespace strata::store {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+
+namespace {
+
+class Session;
+
+struct Waiter {
+  std::shared_ptr<Session> session;
+  std::vector<std::string> keys;
+  bool is_get = false;
+  int64_t timeout_ms = 0;
+  std::unique_ptr<asio::steady_timer> timer;
+  bool done = false;
+};
+
+}  // namespace
+
+struct StoreServer::Impl {
+  asio::io_context io;
+  tcp::acceptor acceptor{io};
+  std::string token;
+  uint16_t port = 0;
+  std::thread thread;
+  // Everything below is touched only by the io thread.
+  std::unordered_map<std::string, std::string> data;
+  std::list<std::shared_ptr<Waiter>> waiters;
+  std::list<std::weak_ptr<Session>> sessions;
+
+  void accept();
+  void wake_waiters();
+  bool satisfied(const Waiter& w) const {
+    for (const auto& k : w.keys)
+      if (!data.count(k)) return false;
+    return true;
+  }
+  void finish_waiter(const std::shared_ptr<Waiter>& w, bool timed_out);
+};
+
+namespace {
+
+std::string response(int32_t status, int64_t number, const std::string& data) {
+  Writer w;
+  w.i32(status).i64(number).str(data);
+  return std::move(w.finish());
+}
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(tcp::socket socket, StoreServer::Impl* server)
+      : socket_(std::move(socket)), server_(server) {
+    boost::system::error_code ec;
+    auto ep = socket_.remote_endpoint(ec);
+    peer_ = ec ? std::string("<unknown>") : join_host_port(ep.address().to_string(), ep.port());
+  }
+  void start() { read_header(); }
+  void close() {
+    boost::system::error_code ec;
+    socket_.close(ec);
+  }
+  /// Send one response, then read the next request.
+  void respond(std::string bytes) {
+    out_ = std::move(bytes);
+    auto self = shared_from_this();
+    asio::async_write(socket_, asio::buffer(out_), [self](boost::system::error_code ec, size_t) {
+      if (ec) return self->close();
+      self->read_header();
+    });
+  }
+  const std::string& peer() const { return peer_; }
+
+ private:
+  void read_header() {
+    auto self = shared_from_this();
+    asio::async_read(socket_, asio::buffer(len_buf_), [self](boost::system::error_code ec, size_t) {
+      if (ec) return self->close();
+      uint32_t n = 0;
+      std::memcpy(&n, self->len_buf_.data(), 4);
+      if (n == 0 || n > kMaxFrameBytes)
+        return self->reject("frame length " + std::to_string(n) + " is outside 1.." +
+                            std::to_string(kMaxFrameBytes) + " bytes");
+      self->body_.resize(n);
+      asio::async_read(self->socket_, asio::buffer(self->body_),
+                       [self](boost::system::error_code ec2, size_t) {
+                         if (ec2) return self->close();
+                         self->handle();
+                       });
+    });
+  }
+
+  void reject(const std::string& why) {
+    detail::logger("store")->warn(
+        "closing store connection from {}: {} (is something other than a Strata process "
+        "connecting to the rendezvous port?)",
+        peer_, why);
+    close();
+  }
+
+  void handle() {
+    Reader r(body_.data(), body_.size());
+    const auto op = static_cast<Op>(r.u8());
+    if (!hello_done_ && op != Op::kHello) return reject("the first request was not HELLO");
+    switch (op) {
+      case Op::kHello: {
+        const uint32_t magic = r.u32();
+        const uint32_t version = r.u32();
+        const std::string token = r.str(4096);
+        if (!r.ok() || !r.at_end() || magic != kHelloMagic || hello_done_)
+          return reject("malformed HELLO");
+        if (version != kProtocolVersion)
+          return respond(response(STRATA_ERR_ABI_MISMATCH, 0,
+                                  "the rendezvous store speaks protocol version " +
+                                      std::to_string(kProtocolVersion) + " but this process speaks " +
+                                      std::to_string(version) +
+                                      "; run the same Strata version in every process"));
+        if (!server_->token.empty() && !constant_time_equal(token, server_->token)) {
+          detail::logger("store")->warn("refused store connection from {}: wrong auth token", peer_);
+          // Answer, then drop: the client reports PERMISSION_DENIED.
+          out_ = response(STRATA_ERR_PERMISSION_DENIED, 0, "wrong auth token");
+          auto self = shared_from_this();
+          asio::async_write(socket_, asio::buffer(out_),
+                            [self](boost::system::error_code, size_t) { self->close(); });
+          return;
+        }
+        hello_done_ = true;
+        return respond(response(STRATA_OK, 0, ""));
+      }
+      case Op::kSet: {
+        std::string key = r.str(kMaxKeyBytes);
+        std::string value = r.str(kMaxValueBytes);
+        if (!r.ok() || !r.at_end()) return reject("malformed SET");
+        server_->data[std::move(key)] = std::move(value);
+        server_->wake_waiters();
+        return respond(response(STRATA_OK, 0, ""));
+      }
+      case Op::kAdd: {
+        std::string key = r.str(kMaxKeyBytes);
+        const int64_t delta = r.i64();
+        if (!r.ok() || !r.at_end()) return reject("malformed ADD");
+        int64_t value = 0;
+        auto it = server_->data.find(key);
+        if (it != server_->data.end()) {
+          const std::string& s = it->second;
+          char* end = nullptr;
+          const long long v = std::strtoll(s.c_str(), &end, 10);
+          if (s.empty() || end != s.c_str() + s.size())
+            return respond(response(STRATA_ERR_INVALID_ARGUMENT, 0,
+                                    "store_add('" + key +
+                                        "'): the stored value is not an integer (it was set with "
+                                        "store_set); use a separate key for counters"));
+          value = v;
+        }
+        value += delta;
+        server_->data[key] = std::to_string(value);
+        server_->wake_waiters();
+        return respond(response(STRATA_OK, value, ""));
+      }
+      case Op::kGet:
+      case Op::kWait: {
+        auto w = std::make_shared<Waiter>();
+        w->is_get = op == Op::kGet;
+        if (w->is_get) {
+          w->keys.push_back(r.str(kMaxKeyBytes));
+        } else {
+          const uint32_t n = r.u32();
+          if (!r.ok() || n > kMaxWaitKeys) return reject("malformed WAIT");
+          for (uint32_t i = 0; i < n && r.ok(); ++i) w->keys.push_back(r.str(kMaxKeyBytes));
+        }
+        w->timeout_ms = r.i64();
+        if (!r.ok() || !r.at_end() || w->timeout_ms < 0)
+          return reject(w->is_get ? "malformed GET" : "malformed WAIT");
+        w->session = shared_from_this();
+        if (server_->satisfied(*w)) return server_->finish_waiter(w, false);
+        w->timer = std::make_unique<asio::steady_timer>(server_->io);
+        w->timer->expires_after(std::chrono::milliseconds(w->timeout_ms));
+        server_->waiters.push_back(w);
+        StoreServer::Impl* srv = server_;
+        std::weak_ptr<Waiter> weak = w;
+        w->timer->async_wait([srv, weak](boost::system::error_code ec) {
+          if (ec) return;
+          if (auto ww = weak.lock()) srv->finish_waiter(ww, true);
+        });
+        return;
+      }
+    }
+    reject("unknown request op " + std::to_string(static_cast<int>(op)));
+  }
+
+  tcp::socket socket_;
+  StoreServer::Impl* server_;
+  std::string peer_;
+  std::array<char, 4> len_buf_{};
+  std::vector<char> body_;
+  std::string out_;
+  bool hello_done_ = false;
+};
+
+}  // namespace
+
+void StoreServer::Impl::finish_waiter(const std::shared_ptr<Waiter>& w, bool timed_out) {
+  if (w->done) return;
+  w->done = true;
+  if (w->timer) w->timer->cancel();
+  waiters.remove(w);
+  auto session = std::move(w->session);
+  if (!timed_out) {
+    const std::string value = w->is_get ? data[w->keys[0]] : std::string();
+    return session->respond(response(STRATA_OK, 0, value));
+  }
+  std::string msg;
+  if (w->is_get) {
+    msg = "store_get('" + w->keys[0] + "'): key was never set; timed out after " +
+          std::to_string(w->timeout_ms) +
+          " ms; check that every rank reached this rendezvous, or raise /timeouts/rendezvous_s";
+  } else {
+    std::string missing;
+    for (const auto& k : w->keys)
+      if (!data.count(k)) missing += (missing.empty() ? "'" : ", '") + k + "'";
+    msg = "store_wait timed out after " + std::to_string(w->timeout_ms) +
+          " ms; keys never set: " + missing +
+          "; check that every rank reached this rendezvous, or raise /timeouts/rendezvous_s";
+  }
+  session->respond(response(STRATA_ERR_DEADLINE_EXCEEDED, 0, msg));
+}
+
+void StoreServer::Impl::wake_waiters() {
+  std::vector<std::shared_ptr<Waiter>> ready;
+  for (const auto& w : waiters)
+    if (satisfied(*w)) ready.push_back(w);
+  for (const auto& w : ready) finish_waiter(w, false);
+}
+
+void StoreServer::Impl::accept() {
+  Impl* self = this;
+  acceptor.async_accept([self](boost::system::error_code ec, tcp::socket socket) {
+    if (ec == asio::error::operation_aborted || !self->acceptor.is_open()) return;
+    if (!ec) {
+      boost::system::error_code ignored;
+      socket.set_option(tcp::no_delay(true), ignored);
+      auto s = std::make_shared<Session>(std::move(socket), self);
+      self->sessions.remove_if([](const std::weak_ptr<Session>& w) { return w.expired(); });
+      self->sessions.push_back(s);
+      s->start();
+    } else {
+      detail::logger("store")->warn("rendezvous store accept failed: {}", ec.message());
+    }
+    self->accept();
+  });
+}
+
+StoreServer::StoreServer(const std::string& host, uint16_t port, std::string auth_token)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->token = std::move(auth_token);
+  boost::system::error_code ec;
+  asio::ip::address addr;
+  if (host.empty()) {
+    addr = asio::ip::address_v6::any();
+  } else {
+    addr = asio::ip::make_address(host, ec);
+    if (ec) {
+      tcp::resolver resolver(impl_->io);
+      auto results = resolver.resolve(host, std::to_string(port), ec);
+      if (ec || results.empty())
+        STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "rendezvous store: cannot resolve host '", host,
+                     "' (", ec.message(), "); use an IP address or a resolvable host name");
+      addr = results.begin()->endpoint().address();
+    }
+  }
+  const tcp::endpoint ep(addr, port);
+  impl_->acceptor.open(ep.protocol(), ec);
+  if (!ec && addr.is_v6() && addr.to_v6().is_unspecified())
+    impl_->acceptor.set_option(asio::ip::v6_only(false), ec);
+  if (!ec) impl_->acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
+  if (!ec) impl_->acceptor.bind(ep, ec);
+  if (ec == asio::error::address_in_use)
+    STRATA_THROW(STRATA_ERR_ALREADY_EXISTS, "rendezvous store: port ", port, " on ",
+                 addr.to_string(),
+                 " is already in use; stop the process holding it, or give the chief another port "
+                 "in the cluster spec (strata-run picks a free one)");
+  if (!ec) impl_->acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec)
+    STRATA_THROW(STRATA_ERR_UNAVAILABLE, "rendezvous store: cannot listen on ",
+                 join_host_port(addr.to_string(), port), ": ", ec.message(),
+                 "; check the chief's address in the cluster spec");
+  impl_->port = impl_->acceptor.local_endpoint().port();
+  impl_->accept();
+  Impl* impl = impl_.get();
+  impl_->thread = std::thread([impl] {
+    try {
+      impl->io.run();
+    } catch (const std::exception& e) {
+      detail::logger("store")->error("rendezvous store server stopped: {}", e.what());
+    }
+  });
+  detail::logger("store")->info("rendezvous store serving on {}",
+                                join_host_port(addr.to_string(), impl_->port));
+}
+
+StoreServer::~StoreServer() {
+  Impl* impl = impl_.get();
+  asio::post(impl->io, [impl] {
+    boost::system::error_code ec;
+    impl->acceptor.close(ec);
+    for (auto& w : impl->sessions)
+      if (auto s = w.lock()) s->close();
+    for (auto& w : impl->waiters)
+      if (w->timer) w->timer->cancel();
+    impl->waiters.clear();
+    impl->io.stop();
+  });
+  if (impl->thread.joinable()) impl->thread.join();
+  // Handlers still queued in io (holding Sessions) are destroyed with impl_;
+  // they never run again, so their raw Impl pointers are not used.
+  impl->waiters.clear();
+  impl->sessions.clear();
+}
+
+uint16_t StoreServer::port() const { return impl_->port; }
+
+}  // namespace strata::store

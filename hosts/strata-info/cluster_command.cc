@@ -1,0 +1,164 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "cluster_command.h"
+
+#include <dlfcn.h>
+
+#include <memory>
+
+#include "cluster_spec.h"
+#include "strata/c/strata.h"
+#include "strata/error.hpp"
+
+namespace {
+
+void append(void* user, const char* data, uint64_t len) { static_cast<std::string*>(user)->append(data, len); }
+
+// PluginHost offers no detect() call, and detect() takes no instance, so the
+// resolver's vtable is read from its library's descriptor: the library is
+// already loaded by discover(), so RTLD_NOLOAD only takes another reference
+// to it (dropped again below), and the entry point is cheap and idempotent
+// by contract.
+bool resolver_detects(strata::PluginHost& host, const std::string& name) {
+  for (const strata::PluginInfo& info : host.discover()) {
+    if (!info.ok || info.kind != "cluster_resolver" || info.name != name || info.path.empty() ||
+        info.path[0] != '/')
+      continue;
+    std::unique_ptr<void, int (*)(void*)> lib(::dlopen(info.path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD),
+                                              &::dlclose);
+    if (!lib) return false;
+    auto entry = reinterpret_cast<strata_plugin_entry_v1_fn>(::dlsym(lib.get(), STRATA_PLUGIN_ENTRY_V1_SYMBOL));
+    const strata_plugin_desc* desc = nullptr;
+    if (entry == nullptr || entry(host.host_api(), STRATA_ABI_MINOR, &desc) != STRATA_OK || desc == nullptr ||
+        desc->num_components == 0 || desc->components == nullptr)
+      return false;
+    const auto* bytes = reinterpret_cast<const char*>(desc->components);
+    const uint32_t stride = desc->components[0].struct_size;
+    for (uint32_t i = 0; i < desc->num_components; ++i) {
+      const auto* c = reinterpret_cast<const strata_plugin_component*>(bytes + std::size_t{stride} * i);
+      if (c->kind != STRATA_KIND_CLUSTER_RESOLVER || c->name == nullptr || name != c->name) continue;
+      const auto* vt = static_cast<const strata_resolver_vtable*>(c->vtable);
+      if (!STRATA_HAS_FIELD(vt, strata_resolver_vtable, detect) || vt->detect == nullptr) return false;
+      return vt->detect(host.host_api()) != 0;
+    }
+    return false;
+  }
+  return false;
+}
+
+nlohmann::json or_null(const nlohmann::json& doc, const char* key) {
+  auto it = doc.find(key);
+  return it == doc.end() ? nlohmann::json() : *it;
+}
+
+}  // namespace
+
+CLI::App* add_cluster_command(CLI::App& app, ClusterArgs& args) {
+  CLI::App* sub = app.add_subcommand(
+      "cluster",
+      "print the resolved cluster as JSON: resolver, cluster_spec, task_type, task_id, rpc_layer, master,\n"
+      "num_accelerators, environment, is_chief, id_in_cluster, worker_count, env_after.\n"
+      "Without --resolver: the config's cluster_resolver, else auto-detection (tf_config when TF_CONFIG is\n"
+      "set), else \"local\" (a single-process job).\n"
+      "Example:\n"
+      "  strata-info cluster --resolver simple --option 'cluster_spec={\"worker\": [\"h1:2222\"]}' \\\n"
+      "    --option 'task_type=\"worker\"' --option task_id=0");
+  sub->add_option("--resolver", args.resolver, "cluster resolver to use (tf_config, simple, ... or local)");
+  sub->add_option("--option", args.options,
+                  "resolver option KEY=JSON (repeatable), e.g. task_id=1 or 'task_type=\"worker\"'");
+  sub->fallthrough();
+  return sub;
+}
+
+nlohmann::json parse_cluster_options(const std::vector<std::string>& options, nlohmann::json base) {
+  if (!base.is_object()) base = nlohmann::json::object();
+  for (const std::string& opt : options) {
+    const auto eq = opt.find('=');
+    if (eq == std::string::npos || eq == 0)
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "--option '", opt,
+                   "' is not KEY=JSON; write e.g. --option task_id=1 or --option 'task_type=\"worker\"'");
+    const std::string key = opt.substr(0, eq);
+    try {
+      base[key] = nlohmann::json::parse(opt.substr(eq + 1));
+    } catch (const nlohmann::json::parse_error& e) {
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "--option '", opt, "': the value of '", key,
+                   "' is not valid JSON (", e.what(), "); quote strings as JSON, e.g. --option '", key,
+                   "=\"worker\"'");
+    }
+  }
+  return base;
+}
+
+nlohmann::ordered_json run_cluster_command(strata::PluginHost& host, const strata::Config& cfg,
+                                           const ClusterArgs& args) {
+  std::string name = args.resolver;
+  if (name.empty()) name = cfg.name("cluster_resolver");
+  if (name.empty()) {
+    for (const std::string& candidate : auto_detect_order())
+      if (resolver_detects(host, candidate)) {
+        name = candidate;
+        break;
+      }
+  }
+  nlohmann::json base = nlohmann::json::object();
+  if (cfg.has("cluster_resolver") && (args.config_file_resolver.empty() || args.config_file_resolver == name))
+    base = nlohmann::json::parse(cfg.options_json("cluster_resolver"));
+  const nlohmann::json options = parse_cluster_options(args.options, base);
+
+  nlohmann::ordered_json out;
+  if (name.empty() || name == "local") {
+    if (!options.empty())
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "resolver options were given (", options.dump(),
+                   ") but no cluster resolver was chosen or detected (TF_CONFIG is not set); pass --resolver "
+                   "NAME, e.g. --resolver simple");
+    out["resolver"] = "local";
+    out["cluster_spec"] = nlohmann::json::object();
+    out["task_type"] = nullptr;
+    out["task_id"] = nullptr;
+    out["rpc_layer"] = nullptr;
+    out["master"] = nullptr;
+    out["num_accelerators"] = nlohmann::json::object();
+    out["environment"] = nullptr;
+    out["is_chief"] = true;
+    out["id_in_cluster"] = 0;
+    out["worker_count"] = 1;
+    out["env_after"] = nlohmann::json::object();
+    return out;
+  }
+
+  strata::PluginInstance inst = host.create(STRATA_KIND_CLUSTER_RESOLVER, name, options.dump());
+  const auto* vt = inst.vtable_as<strata_resolver_vtable>();
+  auto r = static_cast<strata_resolver_t>(inst.handle());
+  std::string text;
+  strata_error err;
+  strata_error_init(&err);
+  strata::detail::check_status(vt->describe(r, &append, &text, &err), err,
+                               ("describe() of cluster resolver '" + name + "'").c_str());
+  nlohmann::json desc;
+  try {
+    desc = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    STRATA_THROW(STRATA_ERR_INTERNAL, "cluster resolver '", name, "' returned invalid JSON from describe() (",
+                 e.what(), "); fix the plugin");
+  }
+  const strata::resolvers::ClusterRole role = strata::resolvers::cluster_role(desc);
+
+  std::string master;
+  strata_error_init(&err);
+  const strata_status_t st = vt->master(r, nullptr, -1, nullptr, &append, &master, &err);
+  if (st != STRATA_ERR_NOT_FOUND)
+    strata::detail::check_status(st, err, ("master() of cluster resolver '" + name + "'").c_str());
+
+  out["resolver"] = name;
+  out["cluster_spec"] = or_null(desc, "cluster_spec");
+  out["task_type"] = or_null(desc, "task_type");
+  out["task_id"] = or_null(desc, "task_id");
+  out["rpc_layer"] = or_null(desc, "rpc_layer");
+  out["master"] = (st == STRATA_OK && !master.empty()) ? nlohmann::json(master) : nlohmann::json();
+  out["num_accelerators"] = desc.contains("num_accelerators") ? desc["num_accelerators"] : nlohmann::json::object();
+  out["environment"] = or_null(desc, "environment");
+  out["is_chief"] = role.is_chief ? nlohmann::json(*role.is_chief) : nlohmann::json();
+  out["id_in_cluster"] = role.id_in_cluster ? nlohmann::json(*role.id_in_cluster) : nlohmann::json();
+  out["worker_count"] = role.worker_count;
+  out["env_after"] = desc.contains("env_after") ? desc["env_after"] : nlohmann::json::object();
+  return out;
+}

@@ -1,0 +1,551 @@
+// SPDX-License-Identifier: Apache-2.0
+// The "ring" CrossDeviceOps: collectives across the processes of a job over
+// any point-to-point transport (tcp, rdma), as tf.distribute's
+// CollectiveAllReduce/RING and Horovod/Gloo's ring all-reduce.
+//
+// Options (unknown keys are rejected):
+//   "transport":   {"name": "tcp", "options": {...}} or "tcp" (default tcp)
+//   "rank", "world_size": this process's place in the collective group
+//                  (default 0 of 1: local replicas only, no transport)
+//   "communicator": rendezvous name, unique per instance in a job ("ring")
+//   "bytes_per_pack": batch all-reduce packs at most this many bytes per
+//                  collective (default 32 MiB; 0 = one pack per dtype)
+//   "chunk_bytes": pipelining unit (0 = the transport's preferred chunk
+//                  size, else 1 MiB)
+//   "direct_max_bytes": all-reduce/broadcast payloads up to this size skip
+//                  the ring and go straight to every rank in one message
+//                  (latency; default 32 KiB; 0 = always ring)
+//   "timeout_s":   deadline of every wait (default /timeouts/collective_s, 300)
+//
+// Semantics across processes (every process passes its num_replicas local
+// tensors; world_size * num_replicas replicas are in sync):
+// - all_reduce: every output gets op over all replicas of all processes;
+//   MEAN divides by world_size * num_replicas after summing. float16 and
+//   bfloat16 are reduced in float32 end to end and rounded once. Results are
+//   bit-identical on every rank and from run to run.
+// - reduce: the same value as all_reduce, written to outputs[t] on every
+//   process (there is one destination per tensor per process).
+// - all_reduce with num_tensors == 0 is a barrier: it returns once every
+//   rank has called it.
+// - broadcast: rank 0's `src` is copied into every destination on every
+//   rank (the other ranks' `src` only fixes dtype and size).
+// - all_gather: the concatenation along `axis` in (rank, local replica)
+//   order; sizes along the axis may differ per replica and per rank, and
+//   every output must have the total size along the axis.
+// - reduce_scatter: axis 0 is split into world_size * num_replicas equal
+//   slices; local replica r of rank k gets slice k * num_replicas + r.
+// - all_reduce_start/request_wait: a worker thread runs started operations
+//   in order; a blocking call made while started ones are pending queues
+//   behind them.
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ring_comm.h"
+#include "strata/sdk/kernels.hpp"
+#include "strata/sdk/local_cross_device_ops.hpp"
+#include "strata/sdk/options.hpp"
+
+namespace strata::plugins::ring {
+namespace {
+
+using sdk::dtype_equal;
+
+constexpr const char* kComponent = "ring cross_device_ops";
+constexpr size_t kBlock = 1024;
+
+bool is_half(DLDataType d) { return dtype_equal(d, sdk::kFloat16) || dtype_equal(d, sdk::kBFloat16); }
+// 16-bit floats travel and accumulate as float32.
+DLDataType wire_of(DLDataType d) { return is_half(d) ? sdk::kFloat32 : d; }
+strata_reduce_op wire_op(strata_reduce_op op) { return op == STRATA_REDUCE_MEAN ? STRATA_REDUCE_SUM : op; }
+
+float load_half(DLDataType d, uint16_t v) {
+  return d.code == kDLBfloat ? sdk::kernels::bfloat16_to_float(v) : sdk::kernels::half_to_float(v);
+}
+
+// Write `count` wire elements as `dtype` into `dst`.
+void store(DLDataType dtype, const void* wire, void* dst, size_t count) {
+  if (count == 0 || wire == dst) return;
+  if (!is_half(dtype)) {
+    std::memcpy(dst, wire, count * sdk::dtype_size(dtype));
+    return;
+  }
+  const float* s = static_cast<const float*>(wire);
+  uint16_t* o = static_cast<uint16_t*>(dst);
+  if (dtype.code == kDLBfloat)
+    for (size_t i = 0; i < count; ++i) o[i] = sdk::kernels::float_to_bfloat16(s[i]);
+  else
+    for (size_t i = 0; i < count; ++i) o[i] = sdk::kernels::float_to_half(s[i]);
+}
+
+struct Job {
+  std::function<void()> fn;
+  bool done = false;
+  strata_status_t code = STRATA_OK;
+  std::string message;
+};
+
+}  // namespace
+
+class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
+ public:
+  static constexpr const char* kSubsystem = "cross_device_ops.ring";
+
+  RingCrossDeviceOps(sdk::Host host, const char* options_json) : LocalCrossDeviceOps(std::move(host)) {
+    const nlohmann::json o = sdk::parse_options(options_json, kComponent);
+    sdk::check_known_keys(o,
+                          {"transport", "rank", "world_size", "communicator", "bytes_per_pack", "chunk_bytes",
+                           "direct_max_bytes", "timeout_s"},
+                          kComponent);
+    RingCommOptions co;
+    co.world_size = sdk::get_option<int32_t>(o, "world_size", 1, kComponent);
+    co.rank = sdk::get_option<int32_t>(o, "rank", 0, kComponent);
+    if (co.world_size < 1)
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'world_size' of ", kComponent, " must be >= 1, got ",
+                   co.world_size);
+    if (co.rank < 0 || co.rank >= co.world_size)
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'rank' of ", kComponent, " is ", co.rank,
+                   " but must be in [0, world_size = ", co.world_size, ")");
+    co.name = sdk::get_option<std::string>(o, "communicator", "ring", kComponent);
+    if (co.name.empty())
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'communicator' of ", kComponent,
+                   " is empty; give each instance a unique name such as \"ring\"");
+    bytes_per_pack_ = sdk::get_option<uint64_t>(o, "bytes_per_pack", uint64_t(32) << 20, kComponent);
+    co.chunk_bytes = sdk::get_option<uint64_t>(o, "chunk_bytes", 0, kComponent);
+    co.direct_max_bytes = sdk::get_option<uint64_t>(o, "direct_max_bytes", 32768, kComponent);
+    double timeout_s = 300;
+    if (host_) {
+      if (auto cfg = host_.get_config("/timeouts/collective_s")) {
+        const nlohmann::json j = nlohmann::json::parse(*cfg, nullptr, false);
+        if (j.is_number() && j.get<double>() > 0) timeout_s = j.get<double>();
+      }
+    }
+    timeout_s = sdk::get_option<double>(o, "timeout_s", timeout_s, kComponent);
+    if (!(timeout_s > 0))
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'timeout_s' of ", kComponent, " must be > 0, got ",
+                   timeout_s);
+    co.timeout_ms = static_cast<int64_t>(timeout_s * 1000.0);
+    world_ = co.world_size;
+    rank_ = co.rank;
+
+    std::string tname = "tcp";
+    std::string topts = "{}";
+    if (auto it = o.find("transport"); it != o.end() && !it->is_null()) {
+      if (it->is_string()) {
+        tname = it->get<std::string>();
+      } else if (it->is_object()) {
+        sdk::check_known_keys(*it, {"name", "options"}, "option 'transport' of ring cross_device_ops");
+        tname = sdk::get_option<std::string>(*it, "name", "tcp", kComponent);
+        if (auto oo = it->find("options"); oo != it->end() && !oo->is_null()) {
+          if (!oo->is_object())
+            STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'transport.options' of ", kComponent,
+                         " must be a JSON object, got ", oo->dump());
+          topts = oo->dump();
+        }
+      } else {
+        STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'transport' of ", kComponent,
+                     " must be a name or {\"name\": ..., \"options\": {...}}, got ", it->dump());
+      }
+    }
+    if (world_ > 1) {
+      transport_ = host_.create_plugin<strata_transport_vtable>(tname, topts);
+      comm_ = std::make_unique<RingComm>(host_, transport_.vtable(), transport_.handle<strata_transport_t>(),
+                                         std::move(co));
+      host_.debug("rank ", rank_, " of ", world_, " joined communicator over transport '", tname,
+                  "' (chunk ", comm_->chunk_bytes(), " bytes)");
+    }
+  }
+
+  ~RingCrossDeviceOps() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+      // A started operation still running would otherwise wait for its peers
+      // until its deadline.
+      if (busy_ && comm_) comm_->abort("rank " + std::to_string(rank_) + " destroyed its ring cross_device_ops "
+                                       "while a started all_reduce was running");
+    }
+    cv_.notify_all();
+    if (worker_.joinable()) worker_.join();
+    for (Job* j : requests_) delete j;
+    comm_.reset();
+    transport_.reset();
+  }
+
+  void all_reduce(strata_reduce_op op, uint32_t nt, uint32_t nr, const DLTensor* const* inputs,
+                  DLTensor* const* outputs) override {
+    if (world_ == 1) return LocalCrossDeviceOps::all_reduce(op, nt, nr, inputs, outputs);
+    validate_batch("all_reduce", nt, nr, inputs, outputs, nr);
+    run([&] { batch(STRATA_COLL_ALL_REDUCE, op, nt, nr, inputs, outputs, nr); });
+  }
+
+  void reduce(strata_reduce_op op, uint32_t nt, uint32_t nr, const DLTensor* const* inputs,
+              DLTensor* const* outputs) override {
+    if (world_ == 1) return LocalCrossDeviceOps::reduce(op, nt, nr, inputs, outputs);
+    validate_batch("reduce", nt, nr, inputs, outputs, 1);
+    run([&] { batch(STRATA_COLL_REDUCE, op, nt, nr, inputs, outputs, 1); });
+  }
+
+  void broadcast(const DLTensor& src, uint32_t nr, DLTensor* const* dsts) override {
+    if (world_ == 1) return LocalCrossDeviceOps::broadcast(src, nr, dsts);
+    sdk::check_tensor(src, "broadcast source");
+    if (nr == 0) STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "broadcast: num_replicas is 0");
+    for (uint32_t r = 0; r < nr; ++r) {
+      if (dsts[r] == nullptr) STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "broadcast destination ", r, " is NULL");
+      sdk::check_tensor(*dsts[r], "broadcast destination " + std::to_string(r));
+      if (!dtype_equal(src.dtype, dsts[r]->dtype) || sdk::element_count(src) != sdk::element_count(*dsts[r]))
+        STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "broadcast destination ", r, " is ", sdk::tensor_string(*dsts[r]),
+                     " but the source is ", sdk::tensor_string(src),
+                     "; allocate destinations with the source's dtype and element count");
+    }
+    run([&] {
+      const size_t bytes = sdk::byte_size(src);
+      void* w = comm_->work(bytes);
+      if (rank_ == 0 && bytes != 0) std::memcpy(w, sdk::data_ptr(src), bytes);
+      CollectiveDesc d;
+      d.op = STRATA_COLL_BROADCAST;
+      d.dtype = src.dtype;
+      d.count = uint64_t(sdk::element_count(src));
+      comm_->broadcast(d, bytes);
+      for (uint32_t r = 0; r < nr; ++r)
+        if (bytes != 0) std::memcpy(sdk::data_ptr(*dsts[r]), w, bytes);
+    });
+  }
+
+  void all_gather(uint32_t nr, const DLTensor* const* inputs, int32_t axis, DLTensor* const* outputs) override {
+    if (world_ == 1) return LocalCrossDeviceOps::all_gather(nr, inputs, axis, outputs);
+    if (nr == 0) STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "all_gather: num_replicas is 0");
+    const std::vector<int64_t> local = sdk::concat_shape(inputs, nr, axis);
+    const int32_t ndim = int32_t(local.size());
+    const int32_t ax = axis < 0 ? axis + ndim : axis;
+    const DLDataType dtype = inputs[0]->dtype;
+    for (uint32_t r = 0; r < nr; ++r) {
+      if (outputs[r] == nullptr) STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "all_gather output ", r, " is NULL");
+      const DLTensor& out = *outputs[r];
+      sdk::check_tensor(out, "all_gather output " + std::to_string(r));
+      bool ok = dtype_equal(out.dtype, dtype) && out.ndim == ndim;
+      for (int32_t k = 0; ok && k < ndim; ++k) ok = k == ax || out.shape[k] == local[size_t(k)];
+      if (!ok)
+        STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "all_gather output ", r, " is ", sdk::tensor_string(out),
+                     " but the inputs are ", sdk::tensor_string(*inputs[0]), " gathered along axis ", ax,
+                     "; allocate outputs with the inputs' dtype and dims, and the total size over all ranks "
+                     "along the axis");
+    }
+    run([&] {
+      uint64_t outer = 1, inner = 1;
+      for (int32_t k = 0; k < ax; ++k) outer *= uint64_t(local[size_t(k)]);
+      for (int32_t k = ax + 1; k < ndim; ++k) inner *= uint64_t(local[size_t(k)]);
+      const size_t esize = sdk::dtype_size(dtype);
+      const uint64_t axis_len = uint64_t(local[size_t(ax)]);
+      const size_t block = size_t(outer * axis_len * inner * esize);
+      std::vector<int64_t> shape = local;
+      DLTensor view{comm_->work(block), DLDevice{kDLCPU, 0}, ndim, dtype, shape.data(), nullptr, 0};
+      sdk::concat(inputs, nr, axis, view);
+      CollectiveDesc d;
+      d.op = STRATA_COLL_ALL_GATHER;
+      d.dtype = dtype;
+      d.count = outer * axis_len * inner;
+      d.outer = outer;
+      d.inner = inner;
+      std::vector<uint64_t> lens;
+      const char* g = static_cast<const char*>(comm_->all_gather(d, block, axis_len, lens));
+      uint64_t total = 0;
+      for (uint64_t l : lens) total += l;
+      for (uint32_t r = 0; r < nr; ++r)
+        if (uint64_t(outputs[r]->shape[ax]) != total)
+          STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "all_gather output ", r, " is ",
+                       sdk::tensor_string(*outputs[r]), " but the ranks' inputs add up to ", total,
+                       " along axis ", ax, "; allocate outputs with that size");
+      // Blocks arrive rank by rank as [outer, len_k, inner]; interleave
+      // them row by row into [outer, total, inner].
+      char* out0 = static_cast<char*>(sdk::data_ptr(*outputs[0]));
+      const size_t unit = size_t(inner * esize);
+      size_t block_off = 0;
+      size_t col = 0;
+      for (size_t k = 0; k < lens.size(); ++k) {
+        const size_t run_bytes = size_t(lens[k]) * unit;
+        for (uint64_t o = 0; o < outer && run_bytes != 0; ++o)
+          std::memcpy(out0 + (size_t(o) * size_t(total) + col) * unit, g + block_off + size_t(o) * run_bytes,
+                      run_bytes);
+        block_off += run_bytes * size_t(outer);
+        col += size_t(lens[k]);
+      }
+      const size_t bytes = size_t(outer * total * inner * esize);
+      for (uint32_t r = 1; r < nr; ++r)
+        if (bytes != 0 && sdk::data_ptr(*outputs[r]) != out0) std::memcpy(sdk::data_ptr(*outputs[r]), out0, bytes);
+    });
+  }
+
+  void reduce_scatter(strata_reduce_op op, uint32_t nr, const DLTensor* const* inputs, DLTensor* const* outputs) {
+    if (world_ == 1) return LocalCrossDeviceOps::reduce_scatter(op, nr, inputs, outputs);
+    if (nr == 0) STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "reduce_scatter: num_replicas is 0");
+    for (uint32_t r = 0; r < nr; ++r) {
+      if (inputs[r] == nullptr || outputs[r] == nullptr)
+        STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "reduce_scatter: input or output ", r, " is NULL");
+      sdk::check_tensor(*inputs[r], "reduce_scatter input " + std::to_string(r));
+      sdk::check_tensor(*outputs[r], "reduce_scatter output " + std::to_string(r));
+      sdk::check_same_type_and_shape(*inputs[0], "reduce_scatter input of replica 0", *inputs[r],
+                                     "reduce_scatter input of replica " + std::to_string(r));
+    }
+    const DLTensor& first = *inputs[0];
+    const int64_t parts = int64_t(world_) * nr;
+    if (first.ndim == 0 || first.shape[0] % parts != 0)
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "reduce_scatter input ", sdk::tensor_string(first),
+                   " cannot be split into ", parts, " equal slices along axis 0 (", world_, " processes x ", nr,
+                   " replicas); make dimension 0 a multiple of ", parts);
+    for (uint32_t r = 0; r < nr; ++r) {
+      const DLTensor& o = *outputs[r];
+      bool ok = dtype_equal(o.dtype, first.dtype) && o.ndim == first.ndim && o.shape[0] == first.shape[0] / parts;
+      for (int32_t k = 1; ok && k < o.ndim; ++k) ok = o.shape[k] == first.shape[k];
+      if (!ok)
+        STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "reduce_scatter output ", r, " is ", sdk::tensor_string(o),
+                     " but each of the ", parts, " slices of input ", sdk::tensor_string(first),
+                     " has dimension 0 = ", first.shape[0] / parts, "; allocate outputs with that shape");
+    }
+    run([&] {
+      const size_t count = size_t(sdk::element_count(first));
+      const DLDataType wire = wire_of(first.dtype);
+      const size_t wsize = sdk::dtype_size(wire);
+      char* w = static_cast<char*>(comm_->work(count * wsize));
+      local_reduce(op, first.dtype, nr, inputs, w, count);
+      CollectiveDesc d;
+      d.op = STRATA_COLL_REDUCE_SCATTER;
+      d.reduce_op = op;
+      d.dtype = first.dtype;
+      d.count = count;
+      comm_->reduce_scatter(d, wire, wire_op(op), count);
+      const size_t seg = count / size_t(world_), slice = seg / nr;
+      char* mine = w + size_t(rank_) * seg * wsize;
+      if (op == STRATA_REDUCE_MEAN && seg != 0) sdk::kernels::divide(wire, mine, seg, double(parts));
+      for (uint32_t r = 0; r < nr; ++r)
+        store(first.dtype, mine + size_t(r) * slice * wsize, sdk::data_ptr(*outputs[r]), slice);
+    });
+  }
+
+  strata_cdo_request_t all_reduce_start(strata_reduce_op op, uint32_t nt, uint32_t nr,
+                                        const DLTensor* const* inputs, DLTensor* const* outputs) {
+    auto job = std::make_unique<Job>();
+    requests_.reserve(requests_.size() + 1);
+    if (world_ == 1) {
+      LocalCrossDeviceOps::all_reduce(op, nt, nr, inputs, outputs);
+      job->done = true;
+    } else {
+      validate_batch("all_reduce_start", nt, nr, inputs, outputs, nr);
+      // The caller's pointer arrays need not outlive this call; the tensors do.
+      std::vector<const DLTensor*> in(inputs, inputs + size_t(nt) * nr);
+      std::vector<DLTensor*> out(outputs, outputs + size_t(nt) * nr);
+      job->fn = [this, op, nt, nr, in = std::move(in), out = std::move(out)] {
+        batch(STRATA_COLL_ALL_REDUCE, op, nt, nr, in.data(), out.data(), nr);
+      };
+      enqueue(job.get());
+    }
+    requests_.insert(job.get());
+    return reinterpret_cast<strata_cdo_request_t>(job.release());
+  }
+
+  void request_wait(strata_cdo_request_t request, int64_t timeout_ms) {
+    Job* job = reinterpret_cast<Job*>(request);
+    if (requests_.count(job) == 0)
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT,
+                   "request_wait: unknown request (already waited for, or from another instance); wait for each "
+                   "started request exactly once");
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      auto done = [&] { return job->done; };
+      if (timeout_ms < 0) {
+        // The operation's own transport waits are bounded by timeout_s.
+        cv_.wait(lock, done);
+      } else if (!cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), done)) {
+        STRATA_THROW(STRATA_ERR_DEADLINE_EXCEEDED, "request_wait: the started all_reduce did not finish within ",
+                     timeout_ms, " ms; it is still running: wait again, or destroy the cross_device_ops");
+      }
+    }
+    requests_.erase(job);
+    std::unique_ptr<Job> owned(job);
+    if (owned->code != STRATA_OK) ::strata::detail::throw_status(owned->code, owned->message);
+  }
+
+ private:
+  // Run `fn` (one collective) in order after every started operation.
+  template <class F>
+  void run(F&& fn) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!queue_.empty() || busy_) {
+      // Started operations are pending: queue behind them. The wait ends
+      // because every transport wait of every queued job is bounded.
+      Job job;
+      job.fn = std::forward<F>(fn);
+      queue_.push_back(&job);
+      cv_.notify_all();
+      cv_.wait(lock, [&] { return job.done; });
+      if (job.code != STRATA_OK) ::strata::detail::throw_status(job.code, job.message);
+      return;
+    }
+    busy_ = true;  // keeps the worker off the communicator meanwhile
+    lock.unlock();
+    struct Idle {
+      RingCrossDeviceOps* self;
+      ~Idle() {
+        std::lock_guard<std::mutex> l(self->mu_);
+        self->busy_ = false;
+        self->cv_.notify_all();
+      }
+    } idle{this};
+    fn();
+  }
+
+  void enqueue(Job* job) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
+    queue_.push_back(job);
+    cv_.notify_all();
+  }
+
+  void worker_loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || (!queue_.empty() && !busy_); });
+      if (stop_) {
+        for (Job* j : queue_) {
+          j->code = STRATA_ERR_CANCELLED;
+          j->message = "the ring cross_device_ops was destroyed before this started all_reduce ran";
+          j->done = true;
+        }
+        queue_.clear();
+        cv_.notify_all();
+        return;
+      }
+      Job* job = queue_.front();
+      queue_.pop_front();
+      busy_ = true;
+      lock.unlock();
+      strata_error err;
+      strata_error_init(&err);
+      const strata_status_t s = sdk::guard(&err, [&] { job->fn(); });
+      lock.lock();
+      job->code = s;
+      if (s != STRATA_OK) job->message = err.message;
+      job->done = true;
+      busy_ = false;
+      cv_.notify_all();
+    }
+  }
+
+  // op over a group's replicas into `dst` as the wire type (MEAN sums).
+  void local_reduce(strata_reduce_op op, DLDataType dtype, uint32_t nr, const DLTensor* const* group, void* dst,
+                    size_t count) {
+    const strata_reduce_op wop = wire_op(op);
+    ptrs_.resize(nr);
+    if (!is_half(dtype)) {
+      for (uint32_t r = 0; r < nr; ++r) ptrs_[r] = sdk::data_ptr(*group[r]);
+      if (count != 0) sdk::kernels::reduce(wop, dtype, nr, ptrs_.data(), dst, count);
+      return;
+    }
+    half_tmp_.resize(size_t(nr) * kBlock);
+    float* out = static_cast<float*>(dst);
+    for (size_t off = 0; off < count; off += kBlock) {
+      const size_t n = std::min(kBlock, count - off);
+      for (uint32_t r = 0; r < nr; ++r) {
+        const uint16_t* src = static_cast<const uint16_t*>(sdk::data_ptr(*group[r])) + off;
+        float* t = half_tmp_.data() + size_t(r) * kBlock;
+        for (size_t i = 0; i < n; ++i) t[i] = load_half(dtype, src[i]);
+        ptrs_[r] = t;
+      }
+      sdk::kernels::reduce(wop, sdk::kFloat32, nr, ptrs_.data(), out + off, n);
+    }
+  }
+
+  // Batch all-reduce (or reduce): tensors grouped by dtype, packed into
+  // collectives of at most bytes_per_pack bytes on the wire.
+  void batch(strata_collective_op coll, strata_reduce_op op, uint32_t nt, uint32_t nr,
+             const DLTensor* const* inputs, DLTensor* const* outputs, uint32_t outs_per_tensor) {
+    if (nt == 0) {
+      comm_->barrier();
+      return;
+    }
+    std::vector<uint32_t> order;
+    std::vector<bool> taken(nt, false);
+    for (uint32_t t = 0; t < nt; ++t) {
+      if (taken[t]) continue;
+      for (uint32_t u = t; u < nt; ++u)
+        if (!taken[u] && dtype_equal(inputs[u * nr]->dtype, inputs[t * nr]->dtype)) {
+          taken[u] = true;
+          order.push_back(u);
+        }
+    }
+    std::vector<uint32_t> pack;
+    uint64_t pack_bytes = 0;
+    auto flush = [&] {
+      if (!pack.empty()) run_pack(coll, op, nr, pack, inputs, outputs, outs_per_tensor);
+      pack.clear();
+      pack_bytes = 0;
+    };
+    for (uint32_t t : order) {
+      const DLTensor& x = *inputs[t * nr];
+      const uint64_t wb = uint64_t(sdk::element_count(x)) * sdk::dtype_size(wire_of(x.dtype));
+      const bool new_dtype = !pack.empty() && !dtype_equal(inputs[pack[0] * nr]->dtype, x.dtype);
+      if (new_dtype || (!pack.empty() && bytes_per_pack_ != 0 && pack_bytes + wb > bytes_per_pack_)) flush();
+      pack.push_back(t);
+      pack_bytes += wb;
+    }
+    flush();
+  }
+
+  void run_pack(strata_collective_op coll, strata_reduce_op op, uint32_t nr, const std::vector<uint32_t>& pack,
+                const DLTensor* const* inputs, DLTensor* const* outputs, uint32_t outs_per_tensor) {
+    const DLDataType dtype = inputs[pack[0] * nr]->dtype;
+    const DLDataType wire = wire_of(dtype);
+    const size_t wsize = sdk::dtype_size(wire);
+    size_t total = 0;
+    for (uint32_t t : pack) total += size_t(sdk::element_count(*inputs[t * nr]));
+    char* w = static_cast<char*>(comm_->work(total * wsize));
+    size_t off = 0;
+    for (uint32_t t : pack) {
+      const size_t n = size_t(sdk::element_count(*inputs[t * nr]));
+      local_reduce(op, dtype, nr, inputs + size_t(t) * nr, w + off * wsize, n);
+      off += n;
+    }
+    CollectiveDesc d;
+    d.op = coll;
+    d.reduce_op = op;
+    d.dtype = dtype;
+    d.count = total;
+    comm_->all_reduce(d, wire, wire_op(op), total);
+    if (op == STRATA_REDUCE_MEAN && total != 0) sdk::kernels::divide(wire, w, total, double(world_) * nr);
+    off = 0;
+    for (uint32_t t : pack) {
+      const size_t n = size_t(sdk::element_count(*inputs[t * nr]));
+      for (uint32_t r = 0; r < outs_per_tensor; ++r)
+        store(dtype, w + off * wsize, sdk::data_ptr(*outputs[size_t(t) * outs_per_tensor + r]), n);
+      off += n;
+    }
+  }
+
+  int32_t rank_ = 0;
+  int32_t world_ = 1;
+  uint64_t bytes_per_pack_ = 0;
+  sdk::PluginRef<strata_transport_vtable> transport_;
+  std::unique_ptr<RingComm> comm_;
+  std::vector<float> half_tmp_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job*> queue_;
+  bool busy_ = false;
+  bool stop_ = false;
+  std::thread worker_;
+  std::unordered_set<Job*> requests_;  // started, not yet waited for (caller's thread only)
+};
+
+}  // namespace strata::plugins::ring
+
+STRATA_PLUGIN("strata ring cross_device_ops", "0.1.0",
+              STRATA_CROSS_DEVICE_OPS_COMPONENT(strata::plugins::ring::RingCrossDeviceOps, "ring", "0.1.0"))

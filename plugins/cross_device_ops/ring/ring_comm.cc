@@ -1,0 +1,738 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "ring_comm.h"
+
+#include <algorithm>
+#include <cstring>
+#include <exception>
+#include <type_traits>
+#include <utility>
+
+#include "strata/error.hpp"
+#include "strata/sdk/kernels.hpp"
+
+namespace strata::plugins::ring {
+namespace {
+
+constexpr uint32_t kMagic = 0x53524e47u;  // "SRNG"
+constexpr uint64_t kDefaultChunkBytes = 1ull << 20;
+// Tag layout: sequence (32 bits) | step (12 bits) | chunk (20 bits). Step 0
+// (the fingerprint message) always uses tag 0 so that it pairs with the
+// peer's step 0 whatever sequence the peer is at, and a skipped collective
+// shows up as a sequence mismatch rather than a timeout.
+constexpr uint64_t kMaxStep = (1ull << 12) - 1;
+constexpr uint64_t kMaxChunks = 1ull << 20;
+// Longest single transport wait between checks of the host's abort flag.
+constexpr int64_t kWaitSliceMs = 250;
+
+// The fingerprint at the start of every step-0 message. Peers are assumed to
+// share endianness (every supported platform is little-endian).
+struct WireHeader {
+  uint32_t magic;
+  uint32_t op;
+  uint32_t reduce_op;
+  uint32_t dtype;  // code | bits << 8 | lanes << 16
+  uint64_t count;
+  uint64_t sequence;
+  uint64_t payload_bytes;
+  uint64_t aux;
+  uint64_t outer;
+  uint64_t inner;
+  uint64_t chunk_bytes;
+  int32_t rank;
+  int32_t world_size;
+};
+static_assert(std::is_trivially_copyable_v<WireHeader> && sizeof(WireHeader) == 80);
+constexpr size_t kHdr = sizeof(WireHeader);
+
+uint32_t pack_dtype(DLDataType d) {
+  return uint32_t(d.code) | (uint32_t(d.bits) << 8) | (uint32_t(d.lanes) << 16);
+}
+DLDataType unpack_dtype(uint32_t v) {
+  return DLDataType{uint8_t(v & 0xff), uint8_t((v >> 8) & 0xff), uint16_t(v >> 16)};
+}
+
+const char* op_name(uint32_t op) {
+  switch (op) {
+    case STRATA_COLL_ALL_REDUCE: return "all_reduce";
+    case STRATA_COLL_BROADCAST: return "broadcast";
+    case STRATA_COLL_ALL_GATHER: return "all_gather";
+    case STRATA_COLL_REDUCE_SCATTER: return "reduce_scatter";
+    case STRATA_COLL_REDUCE: return "reduce";
+    case STRATA_COLL_BARRIER: return "barrier";
+    default: return "collective";
+  }
+}
+
+bool uses_reduce_op(uint32_t op) {
+  return op == STRATA_COLL_ALL_REDUCE || op == STRATA_COLL_REDUCE || op == STRATA_COLL_REDUCE_SCATTER;
+}
+
+std::string args_of(const CollectiveDesc& d) {
+  if (d.op == STRATA_COLL_BARRIER) return "";
+  std::string s = uses_reduce_op(d.op) ? std::string(sdk::reduce_op_name(d.reduce_op)) + ", " : "";
+  return s + sdk::dtype_name(d.dtype) + " x " + std::to_string(d.count);
+}
+
+CollectiveDesc desc_of(const WireHeader& h) {
+  CollectiveDesc d;
+  d.op = static_cast<strata_collective_op>(h.op);
+  d.reduce_op = static_cast<strata_reduce_op>(h.reduce_op);
+  d.dtype = unpack_dtype(h.dtype);
+  d.count = h.count;
+  d.outer = h.outer;
+  d.inner = h.inner;
+  return d;
+}
+
+size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+}  // namespace
+
+std::string describe(const CollectiveDesc& d) {
+  return std::string(op_name(d.op)) + "(" + args_of(d) + ")";
+}
+
+// ------------------------------------------------------------------ Op ---
+
+// One collective in flight: its sequence number, the requests it posted and
+// the cleanup when it fails (abort the communicator, cancel what is live).
+class RingComm::Op {
+ public:
+  Op(RingComm& c, const CollectiveDesc& d) : c_(c), d_(d), uncaught_(std::uncaught_exceptions()) {
+    c.check_usable();
+    seq_ = c.sequence_++;
+    strata_collective_fingerprint fp{};
+    STRATA_INIT_HEADER(&fp, strata_collective_fingerprint);
+    fp.communicator = c.opt_.name.c_str();
+    fp.op = d.op;
+    fp.reduce_op = d.reduce_op;
+    fp.sequence = seq_;
+    fp.dtype = d.dtype;
+    fp.count = d.count;
+    fp.rank = c.opt_.rank;
+    fp.peer = d.op == STRATA_COLL_BROADCAST ? 0 : -1;
+    c.host_.record_collective(fp);
+  }
+  Op(const Op&) = delete;
+  Op& operator=(const Op&) = delete;
+
+  ~Op() {
+    if (std::uncaught_exceptions() > uncaught_)
+      c_.abort(failure_.empty() ? "rank " + std::to_string(c_.opt_.rank) + " failed " + prefix() : failure_);
+    for (Req& q : reqs_)
+      if (q.live) c_.vt_->cancel(c_.comm_, q.req);
+  }
+
+  uint64_t seq() const { return seq_; }
+  const CollectiveDesc& desc() const { return d_; }
+  /// "all_reduce #12 (SUM, float32 x 1000)".
+  std::string prefix() const {
+    return std::string(op_name(d_.op)) + " #" + std::to_string(seq_) + " (" + args_of(d_) + ")";
+  }
+
+  uint64_t tag(uint64_t step, uint64_t chunk) const {
+    if (step == 0) return 0;
+    return ((seq_ & 0xffffffffull) << 32) | (step << 20) | chunk;
+  }
+
+  size_t post(bool send, int32_t peer, uint64_t step, uint64_t chunk, const strata_buffer& buf) {
+    if (send) {
+      // Bound the sends in flight (transports may cap requests per peer).
+      while (live_sends_.size() >= c_.send_window_) {
+        const size_t oldest = live_sends_.front();
+        wait(oldest);
+      }
+    }
+    Req q;
+    q.peer = peer;
+    q.send = send;
+    q.step = step;
+    q.chunk = chunk;
+    q.expect = buf.bytes;
+    strata_error err;
+    strata_error_init(&err);
+    const strata_status_t s = send ? c_.vt_->isend(c_.comm_, peer, tag(step, chunk), &buf, &q.req, &err)
+                                   : c_.vt_->irecv(c_.comm_, peer, tag(step, chunk), &buf, &q.req, &err);
+    if (s != STRATA_OK)
+      raise(s, prefix(), ": posting a ", send ? "send to" : "receive from", " rank ", peer, " (", what(q),
+            ") failed: ", err.message);
+    q.live = true;
+    reqs_.push_back(q);
+    if (send) live_sends_.push_back(reqs_.size() - 1);
+    return reqs_.size() - 1;
+  }
+
+  /// Wait for request `i` (bounded by the timeout); returns the bytes moved.
+  uint64_t wait(size_t i) {
+    Req& q = reqs_[i];
+    if (!q.live) return q.bytes;
+    strata_error err;
+    uint64_t bytes = 0;
+    strata_status_t s;
+    // Wait in slices so that a job-wide stop request (host abort flag) ends
+    // the wait early; the request stays live across DEADLINE_EXCEEDED.
+    const uint64_t deadline = c_.host_.now_ns() + uint64_t(c_.opt_.timeout_ms) * 1000000ull;
+    for (;;) {
+      strata_error_init(&err);
+      const uint64_t now = c_.host_.now_ns();
+      const int64_t left_ms = now >= deadline ? 0 : int64_t((deadline - now) / 1000000ull);
+      s = c_.vt_->wait(c_.comm_, q.req, std::min<int64_t>(left_ms, kWaitSliceMs), &bytes, &err);
+      if (s != STRATA_ERR_DEADLINE_EXCEEDED || left_ms <= kWaitSliceMs) break;
+      if (c_.host_.abort_requested())
+        raise(STRATA_ERR_ABORTED, prefix(), ": the job was asked to stop (host abort) while waiting for rank ",
+              q.peer, " (", what(q), ")");
+    }
+    if (s != STRATA_ERR_DEADLINE_EXCEEDED) q.live = false;  // released by wait
+    if (q.send) forget_send(i);
+    if (s != STRATA_OK) fail_request(q, s, err.message);
+    q.bytes = bytes;
+    return bytes;
+  }
+
+  /// Non-blocking: true when request `i` finished (throws when it failed).
+  bool test(size_t i) {
+    Req& q = reqs_[i];
+    if (!q.live) return true;
+    strata_error err;
+    strata_error_init(&err);
+    int32_t done = 0;
+    uint64_t bytes = 0;
+    const strata_status_t s = c_.vt_->test(c_.comm_, q.req, &done, &bytes, &err);
+    if (s != STRATA_OK) {
+      q.live = false;
+      if (q.send) forget_send(i);
+      fail_request(q, s, err.message);
+    }
+    if (done) {
+      q.live = false;
+      q.bytes = bytes;
+      if (q.send) forget_send(i);
+    }
+    return done != 0;
+  }
+
+  /// Wait for every request still live (the sends, at the end).
+  void finish() {
+    for (size_t i = 0; i < reqs_.size(); ++i)
+      if (reqs_[i].live) wait(i);
+  }
+
+  template <class... A>
+  [[noreturn]] void raise(strata_status_t code, A&&... parts) {
+    failure_ = ::strata::detail::str_cat(std::forward<A>(parts)...);
+    STRATA_THROW(code, failure_);
+  }
+
+  struct Req {
+    strata_request_t req = nullptr;
+    int32_t peer = -1;
+    bool send = false;
+    bool live = false;
+    uint64_t step = 0;
+    uint64_t chunk = 0;
+    uint64_t expect = 0;
+    uint64_t bytes = 0;
+  };
+  const Req& req(size_t i) const { return reqs_[i]; }
+
+ private:
+  void forget_send(size_t i) {
+    auto it = std::find(live_sends_.begin(), live_sends_.end(), i);
+    if (it != live_sends_.end()) live_sends_.erase(it);
+  }
+
+  std::string what(const Req& q) const {
+    if (q.step == 0) return "the fingerprint of this collective";
+    return "step " + std::to_string(q.step) + ", chunk " + std::to_string(q.chunk);
+  }
+
+  [[noreturn]] void fail_request(const Req& q, strata_status_t s, const char* msg) {
+    const std::string peer = "rank " + std::to_string(q.peer);
+    if (s == STRATA_ERR_DEADLINE_EXCEEDED) {
+      raise(s, prefix(), ": ", q.send ? "sending to " : "receiving from ", peer, " (", what(q),
+            ") did not complete within ", c_.opt_.timeout_ms / 1000.0, " s (timeout_s); ", peer,
+            " may have stopped, crashed or be running a different collective: ", msg);
+    }
+    raise(s, prefix(), ": ", q.send ? "sending to " : "receiving from ", peer, " (", what(q), ") failed: ",
+          msg);
+  }
+
+  RingComm& c_;
+  CollectiveDesc d_;
+  int uncaught_;
+  uint64_t seq_ = 0;
+  std::vector<Req> reqs_;
+  std::deque<size_t> live_sends_;
+  std::string failure_;
+};
+
+// ------------------------------------------------------------- RingComm ---
+
+RingComm::RingComm(sdk::Host host, const strata_transport_vtable* vt, strata_transport_t transport,
+                   RingCommOptions options)
+    : host_(std::move(host)), vt_(vt), transport_(transport), opt_(std::move(options)) {
+  strata_error err;
+  strata_error_init(&err);
+  strata_transport_caps caps{};
+  STRATA_INIT_HEADER(&caps, strata_transport_caps);
+  ::strata::detail::check_status(vt_->get_caps(transport_, &caps, &err), err, "ring: reading transport caps");
+  if ((caps.flags & STRATA_TRANSPORT_CAP_P2P) == 0)
+    STRATA_THROW(STRATA_ERR_UNIMPLEMENTED, "ring cross_device_ops needs a transport with point-to-point "
+                 "isend/irecv, but this one does not report STRATA_TRANSPORT_CAP_P2P; choose e.g. "
+                 "{\"transport\": {\"name\": \"tcp\"}}");
+  requires_mr_ = (caps.flags & STRATA_TRANSPORT_CAP_REQUIRES_MR) != 0;
+  chunk_bytes_ = opt_.chunk_bytes != 0 ? opt_.chunk_bytes
+                 : caps.preferred_chunk_bytes != 0 ? caps.preferred_chunk_bytes
+                                                   : kDefaultChunkBytes;
+  if (caps.max_message_bytes != 0) {
+    chunk_bytes_ = std::min<uint64_t>(chunk_bytes_, caps.max_message_bytes);
+    if (opt_.direct_max_bytes + kHdr > caps.max_message_bytes)
+      opt_.direct_max_bytes = caps.max_message_bytes > kHdr ? caps.max_message_bytes - kHdr : 0;
+  }
+  if (caps.max_inflight != 0) {
+    recv_window_ = std::max<uint32_t>(1, std::min<uint32_t>(4, caps.max_inflight / 2));
+    send_window_ = std::max<uint32_t>(1, caps.max_inflight - recv_window_);
+  }
+  if (2ull * uint64_t(opt_.world_size) > kMaxStep)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "ring cross_device_ops supports at most ", kMaxStep / 2,
+                 " processes; got world_size ", opt_.world_size);
+  ::strata::detail::check_status(
+      vt_->comm_create(transport_, opt_.name.c_str(), opt_.rank, opt_.world_size, opt_.timeout_ms, &comm_, &err),
+      err, ::strata::detail::str_cat("ring: joining communicator '", opt_.name, "' as rank ", opt_.rank, " of ",
+                                     opt_.world_size).c_str());
+}
+
+RingComm::~RingComm() {
+  for (Buffer* b : {&work_, &stage_, &hdr_recv_, &hdr_send_, &gather_}) release(*b);
+  if (comm_ != nullptr) vt_->comm_destroy(comm_);
+}
+
+void RingComm::abort(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(abort_mu_);
+  if (broken_.load()) return;
+  broken_reason_ = reason;
+  broken_.store(true);
+  if (comm_ != nullptr) vt_->comm_abort(comm_, reason.c_str());
+}
+
+void RingComm::check_usable() const {
+  if (!broken_.load()) return;
+  std::string reason;
+  {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    reason = broken_reason_;
+  }
+  STRATA_THROW(STRATA_ERR_FAILED_PRECONDITION, "ring communicator '", opt_.name,
+               "' is unusable after an earlier failure (", reason,
+               "); destroy this cross_device_ops and create a new one (every rank must)");
+}
+
+void RingComm::ensure(Buffer& b, size_t bytes) {
+  if (bytes <= b.capacity && b.mem.data() != nullptr) return;
+  release(b);
+  const size_t want = round_up(std::max<size_t>(bytes + bytes / 4, 4096), 4096);
+  b.mem.reserve(want);
+  // Touch every page now so that the collectives never page-fault on it.
+  std::memset(b.mem.data(), 0, want);
+  b.capacity = want;
+  if (requires_mr_) {
+    strata_error err;
+    strata_error_init(&err);
+    ::strata::detail::check_status(vt_->mem_register(comm_, b.mem.data(), want, DLDevice{kDLCPU, 0}, &b.mr, &err),
+                                   err, "ring: registering a scratch buffer with the transport");
+  }
+}
+
+void RingComm::release(Buffer& b) noexcept {
+  if (b.mr != nullptr && comm_ != nullptr) vt_->mem_deregister(comm_, b.mr);
+  b.mr = nullptr;
+  b.capacity = 0;
+}
+
+strata_buffer RingComm::buffer_of(const Buffer& b, size_t offset, size_t bytes) const {
+  strata_buffer sb{};
+  STRATA_INIT_HEADER(&sb, strata_buffer);
+  sb.data = static_cast<char*>(b.mem.data()) + offset;
+  sb.bytes = bytes;
+  sb.device = DLDevice{kDLCPU, 0};
+  sb.mr = b.mr;
+  sb.stream = nullptr;
+  return sb;
+}
+
+void* RingComm::work(size_t bytes) {
+  ensure(work_, bytes);
+  return work_.mem.data();
+}
+
+// Step 0: send this rank's fingerprint (and an optional payload) to
+// `send_to`, receive the peers' from `recv_from` into one slot per rank and
+// compare them with ours. Receives are checked in the order given (ring
+// neighbours first). A mismatch is reported in preference to a transport
+// error seen while looking for it.
+void RingComm::step0(Op& op, const std::vector<int32_t>& send_to, const std::vector<int32_t>& recv_from,
+                     const void* payload, size_t payload_bytes, uint64_t aux) {
+  const CollectiveDesc& d = op.desc();
+  const size_t slot = round_up(kHdr + opt_.direct_max_bytes, 64);
+  ensure(hdr_recv_, slot * size_t(opt_.world_size));
+  ensure(hdr_send_, kHdr + payload_bytes);
+  WireHeader mine{};
+  mine.magic = kMagic;
+  mine.op = d.op;
+  mine.reduce_op = d.reduce_op;
+  mine.dtype = pack_dtype(d.dtype);
+  mine.count = d.count;
+  mine.sequence = op.seq();
+  mine.payload_bytes = payload_bytes;
+  mine.aux = aux;
+  mine.outer = d.outer;
+  mine.inner = d.inner;
+  mine.chunk_bytes = chunk_bytes_;
+  mine.rank = opt_.rank;
+  mine.world_size = opt_.world_size;
+  std::memcpy(hdr_send_.mem.data(), &mine, kHdr);
+  if (payload_bytes != 0) std::memcpy(static_cast<char*>(hdr_send_.mem.data()) + kHdr, payload, payload_bytes);
+
+  std::vector<size_t> recvs;
+  recvs.reserve(recv_from.size());
+  for (int32_t p : recv_from) recvs.push_back(op.post(false, p, 0, 0, buffer_of(hdr_recv_, slot * size_t(p), slot)));
+  std::vector<size_t> sends;
+  for (int32_t p : send_to) sends.push_back(op.post(true, p, 0, 0, buffer_of(hdr_send_, 0, kHdr + payload_bytes)));
+
+  auto check = [&](int32_t p, uint64_t bytes) {
+    WireHeader h{};
+    if (bytes >= kHdr) std::memcpy(&h, static_cast<char*>(hdr_recv_.mem.data()) + slot * size_t(p), kHdr);
+    if (bytes < kHdr || h.magic != kMagic || h.rank != p)
+      op.raise(STRATA_ERR_DATA_LOSS, op.prefix(), ": rank ", p, " sent a malformed fingerprint (", bytes,
+               " bytes); every process must use the same version of the ring cross_device_ops");
+    const bool same_op = h.op == mine.op && h.dtype == mine.dtype &&
+                         (!uses_reduce_op(h.op) || h.reduce_op == mine.reduce_op) &&
+                         (h.op == STRATA_COLL_ALL_GATHER ? (h.outer == mine.outer && h.inner == mine.inner)
+                                                         : h.count == mine.count);
+    if (!same_op || h.sequence != mine.sequence) {
+      // Wait briefly for our own fingerprint to leave, so that the peer can
+      // report the mismatch too instead of seeing a dropped connection.
+      for (size_t s : sends) {
+        try {
+          op.wait(s);
+        } catch (const Error&) {
+        }
+      }
+      const CollectiveDesc theirs = desc_of(h);
+      const bool me_first = opt_.rank < p;
+      const std::string a = "rank " + std::to_string(opt_.rank) + " called " + describe(d) +
+                            (h.sequence != mine.sequence ? " as #" + std::to_string(mine.sequence) : "");
+      const std::string b = "rank " + std::to_string(p) + " called " + describe(theirs) +
+                            (h.sequence != mine.sequence ? " as #" + std::to_string(h.sequence) : "");
+      op.raise(STRATA_ERR_INVALID_ARGUMENT, "collective mismatch at #", std::min(mine.sequence, h.sequence),
+               " of communicator '", opt_.name, "': ", me_first ? a : b, ", ", me_first ? b : a,
+               "; every process must issue the same collectives in the same order");
+    }
+    if (h.chunk_bytes != mine.chunk_bytes || h.world_size != mine.world_size)
+      op.raise(STRATA_ERR_INVALID_ARGUMENT, op.prefix(), ": rank ", p, " uses chunk_bytes ", h.chunk_bytes,
+               " and world_size ", h.world_size, " but rank ", opt_.rank, " uses ", mine.chunk_bytes, " and ",
+               mine.world_size, "; give every process the same ring cross_device_ops options");
+    if (h.payload_bytes != bytes - kHdr)
+      op.raise(STRATA_ERR_DATA_LOSS, op.prefix(), ": rank ", p, " announced ", h.payload_bytes,
+               " payload bytes but sent ", bytes - kHdr);
+  };
+
+  for (size_t i = 0; i < recvs.size(); ++i) {
+    uint64_t bytes = 0;
+    try {
+      bytes = op.wait(recvs[i]);
+    } catch (const Error&) {
+      // A peer that detected a mismatch aborts; look at what already arrived
+      // so that this rank reports the mismatch rather than the disconnect.
+      for (size_t j = i + 1; j < recvs.size(); ++j) {
+        bool done = false;
+        try {
+          done = op.test(recvs[j]);
+        } catch (const Error&) {
+          continue;
+        }
+        if (done) check(recv_from[j], op.req(recvs[j]).bytes);
+      }
+      throw;
+    }
+    check(recv_from[i], bytes);
+  }
+}
+
+namespace {
+// Both ring neighbours (one when there are two ranks).
+std::vector<int32_t> neighbours(int32_t r, int32_t n) {
+  const int32_t left = (r + n - 1) % n, right = (r + 1) % n;
+  std::vector<int32_t> v{left};
+  if (right != left) v.push_back(right);
+  return v;
+}
+// Every other rank, ring neighbours first.
+std::vector<int32_t> everyone(int32_t r, int32_t n) {
+  std::vector<int32_t> v = neighbours(r, n);
+  for (int32_t p = 0; p < n; ++p)
+    if (p != r && std::find(v.begin(), v.end(), p) == v.end()) v.push_back(p);
+  return v;
+}
+int32_t mod(int64_t x, int32_t n) { return int32_t(((x % n) + n) % n); }
+}  // namespace
+
+void RingComm::direct_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop, size_t count) {
+  const int32_t n = opt_.world_size, r = opt_.rank;
+  const size_t bytes = count * sdk::dtype_size(wire);
+  const std::vector<int32_t> peers = everyone(r, n);
+  step0(op, peers, peers, work_.mem.data(), bytes, 0);
+  // Every rank folds the same n buffers in rank order, so the results are
+  // bit-identical everywhere.
+  const size_t slot = round_up(kHdr + opt_.direct_max_bytes, 64);
+  std::vector<const void*> ptrs(static_cast<size_t>(n));
+  for (int32_t k = 0; k < n; ++k)
+    ptrs[size_t(k)] = k == r ? work_.mem.data()
+                             : static_cast<const char*>(hdr_recv_.mem.data()) + slot * size_t(k) + kHdr;
+  if (count != 0) sdk::kernels::reduce(rop, wire, size_t(n), ptrs.data(), work_.mem.data(), count);
+  op.finish();
+}
+
+void RingComm::ring_reduce_scatter(Op& op, DLDataType wire, strata_reduce_op rop, size_t count, int shift) {
+  const int32_t n = opt_.world_size, r = opt_.rank, right = (r + 1) % n, left = (r + n - 1) % n;
+  const size_t esize = sdk::dtype_size(wire);
+  size_t ce = std::max<size_t>(1, chunk_bytes_ / esize);
+  const size_t seg_max = count / size_t(n) + 1;
+  if (seg_max / ce >= kMaxChunks) ce = seg_max / (kMaxChunks - 1) + 1;
+  auto seg_off = [&](int32_t i) { return size_t(i) * (count / n) + std::min<size_t>(size_t(i), count % n); };
+  auto seg_len = [&](int32_t i) { return count / n + (size_t(i) < count % n ? 1 : 0); };
+  auto nchunks = [&](int32_t seg) { return (seg_len(seg) + ce - 1) / ce; };
+  char* base = static_cast<char*>(work_.mem.data());
+
+  struct Item {
+    int32_t step, seg;
+    size_t chunk;
+  };
+  std::vector<Item> items;
+  for (int32_t s = 0; s + 1 < n; ++s) {
+    const int32_t seg = mod(int64_t(r) - s - 1 + shift, n);
+    for (size_t c = 0; c < nchunks(seg); ++c) items.push_back({s, seg, c});
+  }
+  const size_t w = recv_window_;
+  ensure(stage_, w * ce * esize);
+  auto chunk_len = [&](int32_t seg, size_t c) { return std::min(ce, seg_len(seg) - c * ce); };
+  std::vector<size_t> posted(w);
+  auto post_recv = [&](size_t i) {
+    const Item& it = items[i];
+    posted[i % w] = op.post(false, left, 1 + uint64_t(it.step), it.chunk,
+                            buffer_of(stage_, (i % w) * ce * esize, chunk_len(it.seg, it.chunk) * esize));
+  };
+  for (size_t i = 0; i < std::min(w, items.size()); ++i) post_recv(i);
+
+  const int32_t first = mod(int64_t(r) + shift, n);
+  for (size_t c = 0; c < nchunks(first); ++c)
+    op.post(true, right, 1, c, buffer_of(work_, (seg_off(first) + c * ce) * esize, chunk_len(first, c) * esize));
+
+  for (size_t i = 0; i < items.size(); ++i) {
+    const Item& it = items[i];
+    const size_t len = chunk_len(it.seg, it.chunk);
+    const uint64_t got = op.wait(posted[i % w]);
+    if (got != len * esize)
+      op.raise(STRATA_ERR_DATA_LOSS, op.prefix(), ": rank ", left, " sent ", got, " bytes for step ", it.step + 1,
+               " chunk ", it.chunk, " but ", len * esize, " were expected");
+    char* dst = base + (seg_off(it.seg) + it.chunk * ce) * esize;
+    const void* in[2] = {dst, static_cast<char*>(stage_.mem.data()) + (i % w) * ce * esize};
+    sdk::kernels::reduce(rop, wire, 2, in, dst, len);
+    if (i + w < items.size()) post_recv(i + w);
+    // The chunk just reduced is the one this rank forwards in the next step.
+    if (it.step + 2 < n)
+      op.post(true, right, 2 + uint64_t(it.step), it.chunk, buffer_of(work_, size_t(dst - base), len * esize));
+  }
+  // The all-gather writes into the regions these sends read from.
+  op.finish();
+}
+
+void RingComm::ring_all_gather(Op& op, size_t esize, size_t count, int shift) {
+  const int32_t n = opt_.world_size, r = opt_.rank, right = (r + 1) % n, left = (r + n - 1) % n;
+  size_t ce = std::max<size_t>(1, chunk_bytes_ / esize);
+  const size_t seg_max = count / size_t(n) + 1;
+  if (seg_max / ce >= kMaxChunks) ce = seg_max / (kMaxChunks - 1) + 1;
+  auto seg_off = [&](int32_t i) { return size_t(i) * (count / n) + std::min<size_t>(size_t(i), count % n); };
+  auto seg_len = [&](int32_t i) { return count / n + (size_t(i) < count % n ? 1 : 0); };
+  auto nchunks = [&](int32_t seg) { return (seg_len(seg) + ce - 1) / ce; };
+  auto chunk_len = [&](int32_t seg, size_t c) { return std::min(ce, seg_len(seg) - c * ce); };
+  const uint64_t step_base = uint64_t(n);  // after the reduce-scatter's steps 1..n-1
+
+  struct Item {
+    int32_t step, seg;
+    size_t chunk;
+  };
+  std::vector<Item> items;
+  for (int32_t s = 0; s + 1 < n; ++s) {
+    const int32_t seg = mod(int64_t(r) + shift - s, n);
+    for (size_t c = 0; c < nchunks(seg); ++c) items.push_back({s, seg, c});
+  }
+  auto region = [&](int32_t seg, size_t c) {
+    return buffer_of(work_, (seg_off(seg) + c * ce) * esize, chunk_len(seg, c) * esize);
+  };
+  const size_t w = std::max<size_t>(recv_window_, 16);
+  std::vector<size_t> posted(items.size());
+  for (size_t i = 0; i < std::min(w, items.size()); ++i)
+    posted[i] = op.post(false, left, step_base + items[i].step, items[i].chunk, region(items[i].seg, items[i].chunk));
+  const int32_t mine = mod(int64_t(r) + 1 + shift, n);
+  for (size_t c = 0; c < nchunks(mine); ++c) op.post(true, right, step_base, c, region(mine, c));
+  for (size_t i = 0; i < items.size(); ++i) {
+    const Item& it = items[i];
+    const uint64_t got = op.wait(posted[i]);
+    if (got != chunk_len(it.seg, it.chunk) * esize)
+      op.raise(STRATA_ERR_DATA_LOSS, op.prefix(), ": rank ", left, " sent ", got, " bytes for all-gather step ",
+               it.step, " chunk ", it.chunk, " but ", chunk_len(it.seg, it.chunk) * esize, " were expected");
+    if (i + w < items.size())
+      posted[i + w] = op.post(false, left, step_base + items[i + w].step, items[i + w].chunk,
+                              region(items[i + w].seg, items[i + w].chunk));
+    if (it.step + 2 < n) op.post(true, right, step_base + it.step + 1, it.chunk, region(it.seg, it.chunk));
+  }
+}
+
+void RingComm::all_reduce(const CollectiveDesc& d, DLDataType wire, strata_reduce_op rop, size_t count) {
+  Op op(*this, d);
+  const size_t bytes = count * sdk::dtype_size(wire);
+  ensure(work_, bytes);
+  if (bytes <= opt_.direct_max_bytes) {
+    direct_all_reduce(op, wire, rop, count);
+    return;
+  }
+  const int32_t n = opt_.world_size, r = opt_.rank;
+  const std::vector<int32_t> nb = neighbours(r, n);
+  step0(op, nb, nb, nullptr, 0, 0);
+  ring_reduce_scatter(op, wire, rop, count, 0);
+  ring_all_gather(op, sdk::dtype_size(wire), count, 0);
+  op.finish();
+}
+
+void RingComm::reduce_scatter(const CollectiveDesc& d, DLDataType wire, strata_reduce_op rop, size_t count) {
+  Op op(*this, d);
+  if (count % size_t(opt_.world_size) != 0)
+    op.raise(STRATA_ERR_INVALID_ARGUMENT, op.prefix(), ": ", count, " elements do not split into ",
+             opt_.world_size, " equal parts");
+  ensure(work_, count * sdk::dtype_size(wire));
+  const std::vector<int32_t> nb = neighbours(opt_.rank, opt_.world_size);
+  step0(op, nb, nb, nullptr, 0, 0);
+  // Shift -1: rank r ends up owning segment r.
+  ring_reduce_scatter(op, wire, rop, count, -1);
+  op.finish();
+}
+
+void RingComm::broadcast(const CollectiveDesc& d, size_t bytes) {
+  Op op(*this, d);
+  ensure(work_, bytes);
+  const int32_t n = opt_.world_size, r = opt_.rank;
+  std::vector<int32_t> nb = neighbours(r, n);
+  if (bytes <= opt_.direct_max_bytes) {
+    // Rank 0 sends the value with its fingerprint to everyone.
+    if (r == 0) {
+      step0(op, everyone(r, n), nb, work_.mem.data(), bytes, 0);
+    } else {
+      std::vector<int32_t> from = nb;
+      if (std::find(from.begin(), from.end(), 0) == from.end()) from.push_back(0);
+      step0(op, nb, from, nullptr, 0, 0);
+      // Rank 0's slot is the first one.
+      if (bytes != 0) std::memcpy(work_.mem.data(), static_cast<char*>(hdr_recv_.mem.data()) + kHdr, bytes);
+    }
+    op.finish();
+    return;
+  }
+  step0(op, nb, nb, nullptr, 0, 0);
+  // A pipelined chain 0 -> 1 -> ... -> n-1, one chunk at a time.
+  const int32_t right = (r + 1) % n, left = (r + n - 1) % n;
+  const size_t ce = std::max<size_t>(chunk_bytes_, (bytes + kMaxChunks - 2) / (kMaxChunks - 1));
+  const size_t chunks = (bytes + ce - 1) / ce;
+  auto region = [&](size_t c) { return buffer_of(work_, c * ce, std::min(ce, bytes - c * ce)); };
+  if (r == 0) {
+    for (size_t c = 0; c < chunks; ++c) op.post(true, right, 1, c, region(c));
+  } else {
+    const size_t w = std::max<size_t>(recv_window_, 16);
+    std::vector<size_t> posted(chunks);
+    for (size_t c = 0; c < std::min(w, chunks); ++c) posted[c] = op.post(false, left, 1, c, region(c));
+    for (size_t c = 0; c < chunks; ++c) {
+      const uint64_t got = op.wait(posted[c]);
+      if (got != region(c).bytes)
+        op.raise(STRATA_ERR_DATA_LOSS, op.prefix(), ": rank ", left, " sent ", got, " bytes for chunk ", c,
+                 " but ", region(c).bytes, " were expected");
+      if (c + w < chunks) posted[c + w] = op.post(false, left, 1, c + w, region(c + w));
+      if (right != 0) op.post(true, right, 1, c, region(c));
+    }
+  }
+  op.finish();
+}
+
+const void* RingComm::all_gather(const CollectiveDesc& d, size_t block_bytes, uint64_t axis_len,
+                                 std::vector<uint64_t>& axis_lens) {
+  Op op(*this, d);
+  const int32_t n = opt_.world_size, r = opt_.rank;
+  const size_t esize = sdk::dtype_size(d.dtype);
+  const uint64_t row = d.outer * d.inner * esize;  // bytes per unit of axis length
+  ensure(work_, block_bytes);
+  const std::vector<int32_t> peers = everyone(r, n);
+  const bool inline_mine = block_bytes <= opt_.direct_max_bytes;
+  step0(op, peers, peers, work_.mem.data(), inline_mine ? block_bytes : 0, axis_len);
+
+  const size_t slot = round_up(kHdr + opt_.direct_max_bytes, 64);
+  axis_lens.assign(size_t(n), 0);
+  std::vector<size_t> bytes(static_cast<size_t>(n)), offset(static_cast<size_t>(n) + 1, 0);
+  for (int32_t k = 0; k < n; ++k) {
+    if (k == r) {
+      axis_lens[size_t(k)] = axis_len;
+    } else {
+      WireHeader h{};
+      std::memcpy(&h, static_cast<char*>(hdr_recv_.mem.data()) + slot * size_t(k), kHdr);
+      axis_lens[size_t(k)] = h.aux;
+    }
+    bytes[size_t(k)] = size_t(axis_lens[size_t(k)] * row);
+    offset[size_t(k) + 1] = offset[size_t(k)] + bytes[size_t(k)];
+  }
+  ensure(gather_, offset[size_t(n)]);
+  char* g = static_cast<char*>(gather_.mem.data());
+  if (block_bytes != 0) std::memcpy(g + offset[size_t(r)], work_.mem.data(), block_bytes);
+  for (int32_t k = 0; k < n; ++k)
+    if (k != r && bytes[size_t(k)] <= opt_.direct_max_bytes && bytes[size_t(k)] != 0)
+      std::memcpy(g + offset[size_t(k)], static_cast<char*>(hdr_recv_.mem.data()) + slot * size_t(k) + kHdr,
+                  bytes[size_t(k)]);
+
+  // Blocks too large for step 0 travel directly to every rank in chunks,
+  // in rounds small enough for the transport's in-flight limit.
+  const size_t ce = std::max<size_t>(chunk_bytes_, (offset[size_t(n)] + kMaxChunks - 2) / (kMaxChunks - 1));
+  size_t max_chunks = 0;
+  for (int32_t k = 0; k < n; ++k)
+    if (bytes[size_t(k)] > opt_.direct_max_bytes) max_chunks = std::max(max_chunks, (bytes[size_t(k)] + ce - 1) / ce);
+  const size_t round = std::max<size_t>(1, std::min<size_t>(recv_window_, send_window_) * 4);
+  for (size_t c0 = 0; c0 < max_chunks; c0 += round) {
+    std::vector<size_t> recvs;
+    for (size_t c = c0; c < std::min(max_chunks, c0 + round); ++c) {
+      for (int32_t k : peers) {
+        const size_t b = bytes[size_t(k)];
+        if (b <= opt_.direct_max_bytes || c * ce >= b) continue;
+        recvs.push_back(op.post(false, k, 1, c, buffer_of(gather_, offset[size_t(k)] + c * ce, std::min(ce, b - c * ce))));
+      }
+      if (!inline_mine && c * ce < block_bytes)
+        for (int32_t k : peers)
+          op.post(true, k, 1, c, buffer_of(gather_, offset[size_t(r)] + c * ce, std::min(ce, block_bytes - c * ce)));
+    }
+    for (size_t i : recvs) {
+      const uint64_t got = op.wait(i);
+      if (got != op.req(i).expect)
+        op.raise(STRATA_ERR_DATA_LOSS, op.prefix(), ": rank ", op.req(i).peer, " sent ", got, " bytes for chunk ",
+                 op.req(i).chunk, " but ", op.req(i).expect, " were expected");
+    }
+    op.finish();
+  }
+  op.finish();
+  return gather_.mem.data();
+}
+
+void RingComm::barrier() {
+  CollectiveDesc d;
+  d.op = STRATA_COLL_BARRIER;
+  d.dtype = DLDataType{kDLUInt, 8, 1};
+  Op op(*this, d);
+  const std::vector<int32_t> peers = everyone(opt_.rank, opt_.world_size);
+  step0(op, peers, peers, nullptr, 0, 0);
+  op.finish();
+}
+
+}  // namespace strata::plugins::ring

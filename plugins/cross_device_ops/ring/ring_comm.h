@@ -1,0 +1,146 @@
+// SPDX-License-Identifier: Apache-2.0
+// RingComm: the cross-process half of the ring CrossDeviceOps. It owns one
+// communicator of a point-to-point transport and runs byte-level collectives
+// on buffers it owns (so that transports needing registered memory work):
+// all-reduce (direct exchange for small payloads, pipelined ring
+// reduce-scatter + all-gather otherwise), reduce-scatter, broadcast from
+// rank 0, all-gather of blocks of different sizes, and a barrier.
+//
+// Protocol. Every collective gets the next sequence number of this instance
+// and begins with "step 0": a message that starts with a WireHeader (the
+// collective's fingerprint) sent to both ring neighbours (to every rank for
+// the direct algorithms, with the payload appended). Each receiver compares
+// the header with its own fingerprint before touching any data, so a
+// mismatched collective fails on both sides with INVALID_ARGUMENT naming both
+// ranks and both calls, never with wrong data. Step-0 messages use tag 0 and
+// are matched in posting order per peer (the transport contract); data
+// messages use tags encoding (sequence, step, chunk).
+//
+// Failures. Every transport wait is bounded by timeout_ms. The first failure
+// aborts the transport communicator (so the neighbours fail fast instead of
+// waiting for their own deadline), cancels this rank's pending requests and
+// leaves the RingComm unusable: later calls fail with FAILED_PRECONDITION.
+//
+// Threads. Not thread-safe: one collective at a time (the CrossDeviceOps
+// serialises calls). abort() may be called from any thread.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "strata/c/strata.h"
+#include "strata/sdk/host.hpp"
+#include "strata/sdk/tensor.hpp"
+
+namespace strata::plugins::ring {
+
+/// What the caller is doing, for fingerprints and messages. `dtype` and
+/// `count` are the user's (not the wire type's).
+struct CollectiveDesc {
+  strata_collective_op op = STRATA_COLL_ALL_REDUCE;
+  strata_reduce_op reduce_op = STRATA_REDUCE_SUM;
+  DLDataType dtype{kDLFloat, 32, 1};
+  uint64_t count = 0;
+  // all_gather only: elements before and after the gather axis (must agree).
+  uint64_t outer = 0;
+  uint64_t inner = 0;
+};
+
+/// "all_reduce(SUM, float32 x 1000)", "all_gather(float32 x 10)", "barrier".
+std::string describe(const CollectiveDesc& d);
+
+struct RingCommOptions {
+  std::string name;           // communicator name (rendezvous keys)
+  int32_t rank = 0;
+  int32_t world_size = 1;
+  int64_t timeout_ms = 300000;
+  uint64_t chunk_bytes = 0;   // 0 = transport preference or 1 MiB
+  uint64_t direct_max_bytes = 32768;
+};
+
+class RingComm {
+ public:
+  /// Creates the transport communicator (blocks for the rendezvous, up to
+  /// timeout_ms). `transport` must outlive this object.
+  RingComm(sdk::Host host, const strata_transport_vtable* vt, strata_transport_t transport,
+           RingCommOptions options);
+  ~RingComm();
+  RingComm(const RingComm&) = delete;
+  RingComm& operator=(const RingComm&) = delete;
+
+  int32_t rank() const { return opt_.rank; }
+  int32_t world_size() const { return opt_.world_size; }
+  uint64_t chunk_bytes() const { return chunk_bytes_; }
+
+  /// The work buffer, at least `bytes` long. Its contents survive until the
+  /// next call of work() with a larger size.
+  void* work(size_t bytes);
+
+  /// In place on work(): every rank ends with op over all ranks' work
+  /// buffers (`count` elements of `wire`; `op` is SUM, MIN, MAX or PROD).
+  /// Bit-identical on every rank.
+  void all_reduce(const CollectiveDesc& d, DLDataType wire, strata_reduce_op op, size_t count);
+  /// In place on work(): afterwards elements [rank*count/n, (rank+1)*count/n)
+  /// hold the reduction over all ranks. `count` must divide by world_size.
+  void reduce_scatter(const CollectiveDesc& d, DLDataType wire, strata_reduce_op op, size_t count);
+  /// In place on work(): rank 0's first `bytes` bytes land on every rank.
+  void broadcast(const CollectiveDesc& d, size_t bytes);
+  /// Gathers every rank's block (rank r's in work()[0, block_bytes), with
+  /// `axis_len` elements along the gather axis) into one buffer of the blocks
+  /// in rank order, returned; axis_lens[r] receives each rank's length.
+  const void* all_gather(const CollectiveDesc& d, size_t block_bytes, uint64_t axis_len,
+                         std::vector<uint64_t>& axis_lens);
+  /// Returns once every rank has called barrier().
+  void barrier();
+
+  /// Thread-safe, never blocks: fail the current and every later collective.
+  void abort(const std::string& reason);
+
+ private:
+  struct Buffer {
+    sdk::AlignedBuffer mem;
+    strata_mem_region_t mr = nullptr;
+    size_t capacity = 0;
+  };
+  struct Pending;
+  class Op;
+
+  void ensure(Buffer& b, size_t bytes);
+  void release(Buffer& b) noexcept;
+  strata_buffer buffer_of(const Buffer& b, size_t offset, size_t bytes) const;
+  void check_usable() const;
+
+  // The pieces of one collective; `Op` carries the sequence and cleanup.
+  void step0(Op& op, const std::vector<int32_t>& send_to, const std::vector<int32_t>& recv_from,
+             const void* payload, size_t payload_bytes, uint64_t aux);
+  void ring_reduce_scatter(Op& op, DLDataType wire, strata_reduce_op rop, size_t count, int shift);
+  void ring_all_gather(Op& op, size_t esize, size_t count, int shift);
+  void direct_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop, size_t count);
+
+  sdk::Host host_;
+  const strata_transport_vtable* vt_;
+  strata_transport_t transport_;
+  RingCommOptions opt_;
+  strata_comm_t comm_ = nullptr;
+  bool requires_mr_ = false;
+  uint64_t chunk_bytes_ = 0;
+  uint32_t recv_window_ = 4;   // staged receives in flight per ring step
+  uint32_t send_window_ = 64;  // sends in flight before the oldest is waited for
+  uint64_t sequence_ = 0;
+
+  Buffer work_;
+  Buffer stage_;      // recv_window_ chunk slots for reduce-scatter
+  Buffer hdr_recv_;   // one step-0 slot per rank
+  Buffer hdr_send_;   // the step-0 message this rank sends
+  Buffer gather_;     // all_gather result
+
+  mutable std::mutex abort_mu_;
+  std::atomic<bool> broken_{false};
+  std::string broken_reason_;  // guarded by abort_mu_
+};
+
+}  // namespace strata::plugins::ring

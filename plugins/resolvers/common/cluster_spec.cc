@@ -1,0 +1,283 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "cluster_spec.h"
+
+#include <climits>
+#include <iterator>
+
+#include "strata/error.hpp"
+
+namespace strata::resolvers {
+namespace {
+
+constexpr const char* kSpecExample = R"({"worker": ["host1:2222", "host2:2222"]})";
+
+std::string job_list(const ClusterSpec& spec) {
+  std::string out;
+  for (const auto& [job, tasks] : spec.jobs) out += (out.empty() ? "" : ", ") + job;
+  return out.empty() ? std::string("(none)") : out;
+}
+
+std::string index_list(const std::map<int32_t, std::string>& tasks) {
+  std::string out;
+  for (const auto& [index, addr] : tasks) out += (out.empty() ? "" : ", ") + std::to_string(index);
+  return out.empty() ? std::string("(none)") : out;
+}
+
+// Sparse-job keys and string task indices: decimal digits only, so "-1",
+// "+1", "1.0" and " 1" are rejected rather than silently reinterpreted.
+std::optional<int64_t> parse_index(const std::string& s) {
+  if (s.empty() || s.size() > 10) return std::nullopt;
+  int64_t v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return std::nullopt;
+    v = v * 10 + (c - '0');
+  }
+  if (v > INT32_MAX) return std::nullopt;
+  return v;
+}
+
+std::string check_address(const nlohmann::json& addr, const std::string& origin, const std::string& job,
+                          const std::string& which) {
+  if (!addr.is_string() || addr.get_ref<const std::string&>().empty())
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, origin, ": address of task ", which, " of job '", job,
+                 "' must be a non-empty \"host:port\" string, got ", addr.dump(), "; e.g. ", kSpecExample);
+  return addr.get<std::string>();
+}
+
+std::optional<std::string> optional_string(const nlohmann::json& doc, const char* key, const std::string& origin) {
+  auto it = doc.find(key);
+  if (it == doc.end() || it->is_null()) return std::nullopt;
+  if (!it->is_string())
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, origin, ": \"", key, "\" must be a string, got ", it->dump(),
+                 "; e.g. \"", key, "\": \"grpc\"");
+  return it->get<std::string>();
+}
+
+}  // namespace
+
+std::size_t ClusterSpec::num_tasks(const std::string& job) const {
+  auto it = jobs.find(job);
+  return it == jobs.end() ? 0 : it->second.size();
+}
+
+const std::string* ClusterSpec::task_address(const std::string& job, int32_t index) const {
+  auto it = jobs.find(job);
+  if (it == jobs.end()) return nullptr;
+  auto t = it->second.find(index);
+  return t == it->second.end() ? nullptr : &t->second;
+}
+
+ClusterSpec parse_cluster_spec(const nlohmann::json& spec, const std::string& origin) {
+  ClusterSpec out;
+  if (spec.is_null()) return out;
+  if (!spec.is_object())
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, origin, " must be a JSON object mapping job names to addresses, got ",
+                 spec.type_name(), "; set it like ", kSpecExample);
+  for (auto it = spec.begin(); it != spec.end(); ++it) {
+    const std::string& job = it.key();
+    if (job.empty())
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, origin, " has a job with an empty name; name jobs \"chief\", "
+                   "\"worker\", \"evaluator\", \"ps\" or similar");
+    auto& tasks = out.jobs[job];
+    const nlohmann::json& v = it.value();
+    if (v.is_array()) {
+      for (std::size_t i = 0; i < v.size(); ++i)
+        tasks.emplace(static_cast<int32_t>(i), check_address(v[i], origin, job, std::to_string(i)));
+    } else if (v.is_object()) {
+      for (auto t = v.begin(); t != v.end(); ++t) {
+        const auto index = parse_index(t.key());
+        if (!index)
+          STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, origin, ": job '", job, "' has task index \"", t.key(),
+                       "\"; a sparse job maps non-negative decimal task indices to addresses, e.g. "
+                       "{\"worker\": {\"1\": \"host1:2222\", \"3\": \"host3:2222\"}}");
+        tasks.emplace(static_cast<int32_t>(*index), check_address(t.value(), origin, job, t.key()));
+      }
+    } else {
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, origin, ": job '", job,
+                   "' must be a list of addresses or an object {\"<index>\": address}, got ", v.type_name(),
+                   " ", v.dump(), "; e.g. ", kSpecExample);
+    }
+  }
+  out.json = spec;
+  return out;
+}
+
+TfConfig parse_tf_config(std::string_view text) {
+  nlohmann::json doc;
+  try {
+    doc = nlohmann::json::parse(text.begin(), text.end());
+  } catch (const nlohmann::json::parse_error& e) {
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "TF_CONFIG is not valid JSON (error at byte ", e.byte, ": ", e.what(),
+                 "); set it to a JSON object such as {\"cluster\": ", kSpecExample,
+                 ", \"task\": {\"type\": \"worker\", \"index\": 0}}");
+  }
+  if (!doc.is_object())
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "TF_CONFIG must be a JSON object, got ", doc.type_name(),
+                 "; set it like {\"cluster\": ", kSpecExample, ", \"task\": {\"type\": \"worker\", \"index\": 0}}");
+  TfConfig out;
+  if (auto it = doc.find("cluster"); it != doc.end())
+    out.cluster = parse_cluster_spec(*it, "TF_CONFIG \"cluster\"");
+  if (auto it = doc.find("task"); it != doc.end() && !it->is_null()) {
+    if (!it->is_object())
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "TF_CONFIG \"task\" must be an object, got ", it->dump(),
+                   "; set it like {\"type\": \"worker\", \"index\": 0}");
+    out.task_type = optional_string(*it, "type", "TF_CONFIG \"task\"");
+    if (out.task_type && out.task_type->empty())
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "TF_CONFIG task type is empty; set \"task\": {\"type\": "
+                   "\"worker\", \"index\": 0} with a job name of the cluster");
+    if (auto idx = it->find("index"); idx != it->end() && !idx->is_null()) {
+      // TensorFlow applies int() to the index, so "1" is accepted as well as 1.
+      std::optional<int64_t> v;
+      if (idx->is_number_integer()) {
+        v = idx->get<int64_t>();
+      } else if (idx->is_string()) {
+        const auto& s = idx->get_ref<const std::string&>();
+        if (!s.empty() && s[0] == '-' && parse_index(s.substr(1))) v = -*parse_index(s.substr(1));
+        else v = parse_index(s);
+      }
+      if (!v)
+        STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "TF_CONFIG task index must be a whole number, got ",
+                     idx->dump(), "; set \"task\": {\"type\": \"worker\", \"index\": 0}");
+      if (*v < 0)
+        STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "TF_CONFIG task index ", *v,
+                     " is negative; task indices count from 0");
+      if (*v > INT32_MAX)
+        STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "TF_CONFIG task index ", *v, " is too large");
+      out.task_id = static_cast<int32_t>(*v);
+    }
+  }
+  out.rpc_layer = optional_string(doc, "rpc_layer", "TF_CONFIG");
+  out.session_master = optional_string(doc, "session_master", "TF_CONFIG");
+  out.environment = optional_string(doc, "environment", "TF_CONFIG");
+  return out;
+}
+
+void Resolution::validate(const std::string& origin) const {
+  for (const char* single : {"chief", "evaluator"}) {
+    if (cluster.num_tasks(single) > 1)
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, origin, ": the cluster has ", cluster.num_tasks(single), " '",
+                   single, "' tasks; there must be at most one ", single, " (make the others \"worker\" tasks)");
+  }
+  if (task_id && *task_id < 0)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, origin, ": task id ", *task_id,
+                 " is negative; task ids count from 0");
+  if (!task_type) {
+    if (task_id)
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, origin, ": a task id (", *task_id,
+                   ") is set without a task type; set the task type as well (e.g. \"worker\")");
+    return;
+  }
+  if (task_type->empty())
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, origin, ": the task type is empty; use a job of the cluster (",
+                 job_list(cluster), ")");
+  auto job = cluster.jobs.find(*task_type);
+  if (job == cluster.jobs.end()) {
+    // An evaluator usually runs beside the training cluster, not in it.
+    if (*task_type == "evaluator") return;
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, origin, ": task type '", *task_type,
+                 "' is not a job of the cluster (jobs: ", job_list(cluster),
+                 "); set the task type to one of them or add the job to the cluster");
+  }
+  if (!task_id)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, origin, ": task type '", *task_type,
+                 "' has no task index; set the index as well (e.g. \"task\": {\"type\": \"", *task_type,
+                 "\", \"index\": 0})");
+  if (job->second.count(*task_id) == 0) {
+    const bool dense = cluster.json.is_object() && cluster.json.contains(*task_type) &&
+                       cluster.json.at(*task_type).is_array();
+    if (dense)
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, origin, ": task index ", *task_id, " is out of range for job '",
+                   *task_type, "', which has ", job->second.size(), " task(s)",
+                   job->second.empty() ? std::string()
+                                       : " (indices 0.." + std::to_string(job->second.size() - 1) + ")",
+                   "; fix the task index or add the task's address to the job");
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, origin, ": job '", *task_type, "' has no task with index ",
+                 *task_id, " (its indices: ", index_list(job->second),
+                 "); fix the task index or add {\"", *task_id, "\": \"host:port\"} to the job");
+  }
+}
+
+std::string Resolution::master(const char* req_type, int32_t req_id, const char* req_layer,
+                               const std::string& origin) const {
+  const std::string layer = (req_layer != nullptr && req_layer[0] != '\0') ? std::string(req_layer)
+                                                                           : rpc_layer.value_or("");
+  if (req_type == nullptr && session_master) return *session_master;
+  std::optional<std::string> type = req_type != nullptr ? std::optional<std::string>(req_type) : task_type;
+  if (!type) return "";  // this process has no task: TensorFlow returns ''
+  std::optional<int32_t> id = req_id >= 0 ? std::optional<int32_t>(req_id) : task_id;
+  if (!id)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "master(): no task id for task type '", *type,
+                 "'; pass a task id (this process's own index is unknown)");
+  const std::string* addr = cluster.task_address(*type, *id);
+  if (addr == nullptr)
+    STRATA_THROW(STRATA_ERR_NOT_FOUND, "master(): the cluster of ", origin, " has no task ", *type, " ", *id,
+                 " (jobs: ", job_list(cluster), "); an evaluator that runs outside the cluster has no address");
+  return layer.empty() ? *addr : layer + "://" + *addr;
+}
+
+nlohmann::json Resolution::describe() const {
+  auto opt = [](const auto& o) { return o ? nlohmann::json(*o) : nlohmann::json(nullptr); };
+  return {{"cluster_spec", cluster.json},
+          {"task_type", opt(task_type)},
+          {"task_id", opt(task_id)},
+          {"rpc_layer", opt(rpc_layer)},
+          {"environment", opt(environment)},
+          {"num_accelerators", num_accelerators},
+          {"env_after", nlohmann::json::object()}};
+}
+
+nlohmann::json parse_num_accelerators(const nlohmann::json& value, const std::string& origin) {
+  if (value.is_null()) return nlohmann::json::object();
+  bool ok = value.is_object();
+  if (ok)
+    for (const auto& n : value) ok = ok && n.is_number_integer() && n.get<int64_t>() >= 0;
+  if (!ok)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, origin,
+                 " must be an object of non-negative accelerator counts per device type, got ", value.dump(),
+                 "; e.g. {\"GPU\": 2}");
+  return value;
+}
+
+ClusterRole cluster_role(const nlohmann::json& describe) {
+  if (!describe.is_object())
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "a resolver's describe() must be a JSON object, got ",
+                 describe.type_name());
+  const ClusterSpec spec =
+      parse_cluster_spec(describe.value("cluster_spec", nlohmann::json::object()), "describe() \"cluster_spec\"");
+  const nlohmann::json type = describe.value("task_type", nlohmann::json());
+  const nlohmann::json id = describe.value("task_id", nlohmann::json());
+  if (!type.is_null() && !type.is_string())
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "describe() \"task_type\" must be a string or null, got ", type.dump());
+  if (!id.is_null() && !id.is_number_integer())
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "describe() \"task_id\" must be an integer or null, got ", id.dump());
+
+  ClusterRole role;
+  if (spec.jobs.empty() && type.is_null()) {
+    role.is_chief = true;  // a single-process job is its own chief
+    role.id_in_cluster = 0;
+    role.worker_count = 1;
+    return role;
+  }
+  const std::size_t chiefs = spec.num_tasks("chief");
+  role.worker_count = static_cast<int32_t>(chiefs + spec.num_tasks("worker"));
+  if (type.is_null()) return role;
+  const std::string& t = type.get_ref<const std::string&>();
+  if (t == "chief") {
+    role.is_chief = true;
+    role.id_in_cluster = 0;
+    return role;
+  }
+  role.is_chief = false;
+  if (t == "worker" && !id.is_null()) {
+    const auto& workers = spec.jobs.count("worker") ? spec.jobs.at("worker") : std::map<int32_t, std::string>{};
+    auto w = workers.find(id.get<int32_t>());
+    if (w != workers.end()) {
+      const auto rank = static_cast<int32_t>(chiefs + std::distance(workers.begin(), w));
+      role.id_in_cluster = rank;
+      role.is_chief = rank == 0;
+    }
+  }
+  return role;
+}
+
+}  // namespace strata::resolvers

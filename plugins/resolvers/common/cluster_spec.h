@@ -1,0 +1,107 @@
+// SPDX-License-Identifier: Apache-2.0
+// Cluster specs, TF_CONFIG and the tf.distribute multi_worker_util rules,
+// shared by the tf_config and simple resolvers, strata-info and the
+// TF_CONFIG fuzzer. Plain functions over values; no I/O, no environment
+// access (callers pass the TF_CONFIG text), no globals, so every function is
+// thread-safe and reentrant.
+//
+// Errors: every malformed input throws strata::InvalidArgumentError whose
+// message names where the value came from (`origin`, e.g. "TF_CONFIG" or
+// "option 'cluster_spec' of the simple resolver") and how to fix it. Nothing
+// else is thrown except std::bad_alloc.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+namespace strata::resolvers {
+
+/// A validated cluster spec: job name -> (task index -> "host:port").
+/// `json` keeps the spec as given (lists stay lists, sparse dicts stay dicts
+/// with decimal-string keys), which is what describe() reports.
+struct ClusterSpec {
+  std::map<std::string, std::map<int32_t, std::string>> jobs;
+  nlohmann::json json = nlohmann::json::object();
+
+  bool has_job(const std::string& job) const { return jobs.count(job) != 0; }
+  /// Number of tasks of `job` (0 when absent).
+  std::size_t num_tasks(const std::string& job) const;
+  /// Address of (job, index), or nullptr when that task does not exist.
+  const std::string* task_address(const std::string& job, int32_t index) const;
+};
+
+/// Parse and validate a cluster spec: an object whose values are lists of
+/// address strings or objects {"<non-negative index>": address}.
+ClusterSpec parse_cluster_spec(const nlohmann::json& spec, const std::string& origin);
+
+/// The fields of TF_CONFIG that Strata reads; absent ones are nullopt.
+struct TfConfig {
+  ClusterSpec cluster;                       ///< {} when "cluster" is absent
+  std::optional<std::string> task_type;      ///< task.type
+  std::optional<int32_t> task_id;            ///< task.index
+  std::optional<std::string> rpc_layer;      ///< rpc_layer
+  std::optional<std::string> session_master; ///< session_master
+  std::optional<std::string> environment;    ///< environment ("cloud", "google", ...)
+};
+
+/// Parse TF_CONFIG text (a JSON object with optional "cluster", "task",
+/// "rpc_layer", "session_master", "environment"; other keys are ignored, as
+/// TensorFlow does). Does not check the task against the cluster: see
+/// Resolution::validate.
+TfConfig parse_tf_config(std::string_view text);
+
+/// Everything a resolver resolved: the data behind describe() and master().
+struct Resolution {
+  ClusterSpec cluster;
+  std::optional<std::string> task_type;
+  std::optional<int32_t> task_id;
+  std::optional<std::string> rpc_layer;
+  std::optional<std::string> session_master;
+  std::optional<std::string> environment;
+  nlohmann::json num_accelerators = nlohmann::json::object();  ///< {"GPU": 2}
+
+  /// Check the task against the cluster (multi_worker_util rules): the task
+  /// type is a job of the cluster (an "evaluator" may be absent, it runs
+  /// outside the cluster), the index exists in that job, and there is at
+  /// most one chief and one evaluator. `origin` names the source in errors.
+  void validate(const std::string& origin) const;
+
+  /// master(task_type, task_id, rpc_layer) as in TFConfigClusterResolver:
+  /// with no task_type, session_master when set, else this task's address,
+  /// else "" (this process has no task); a negative task_id means this
+  /// task's index. The address is prefixed "<layer>://" when a layer
+  /// applies (`rpc_layer` when non-empty, else the resolved one). Throws
+  /// NotFoundError when the task is not in the cluster (e.g. an evaluator
+  /// that runs outside it) and InvalidArgumentError for a bad request.
+  std::string master(const char* task_type, int32_t task_id, const char* rpc_layer,
+                     const std::string& origin) const;
+
+  /// The shared describe() object: {"cluster_spec", "task_type", "task_id",
+  /// "rpc_layer", "environment", "num_accelerators", "env_after": {}}.
+  nlohmann::json describe() const;
+};
+
+/// Validate a num_accelerators option: an object of non-negative integers.
+nlohmann::json parse_num_accelerators(const nlohmann::json& value, const std::string& origin);
+
+/// A task's place in the collective group (decision 3 of issue 3; TF's
+/// multi_worker_util.is_chief / id_in_cluster / worker_count with the
+/// evaluator never chief). Computed from a describe() object.
+struct ClusterRole {
+  std::optional<bool> is_chief;          ///< null when the task is unknown
+  std::optional<int32_t> id_in_cluster;  ///< rank; null for evaluator, ps, other jobs
+  int32_t worker_count = 1;              ///< chief + workers; 1 for an empty cluster
+};
+
+/// Roles from a describe() object. An empty cluster is a single-process job
+/// (chief, rank 0, one worker). Ranks: chief 0, then workers by ascending
+/// index (so a sparse worker job is numbered densely). Throws
+/// InvalidArgumentError when `describe` is not a valid describe() object.
+ClusterRole cluster_role(const nlohmann::json& describe);
+
+}  // namespace strata::resolvers

@@ -1,0 +1,215 @@
+// SPDX-License-Identifier: Apache-2.0
+// MultiWorkerMirroredStrategy (tf.distribute.MultiWorkerMirroredStrategy):
+// synchronous data parallelism over several processes ("workers"), each
+// with one replica per local device. Variables are mirrored on every
+// replica of every worker and kept equal by all-reducing across all of them
+// through a CrossDeviceOps that spans processes ("ring" over a transport,
+// "tcp" by default).
+//
+// Options:
+//   {"devices": ["cpu:0", ...]          local devices (default ["cpu:0"]),
+//    "cluster": {...}                   a cluster resolver's describe() JSON
+//                                       ({"cluster_spec", "task_type", "task_id", ...});
+//                                       core injects it; absent = one worker,
+//    "communication": {"implementation": "AUTO" | "RING" | "NCCL",
+//                      "bytes_per_pack": 0, "timeout_seconds": null}
+//                                       (tf.distribute.experimental.CommunicationOptions),
+//    "cross_device_ops": {"name", "options"}   override (must span processes),
+//    "transport": {"name": "tcp", "options": {...}}   what the ring runs over,
+//    "timeout_s": 300}                  collective deadline
+//
+// Ranks (the collective group): the chief task (if any) is rank 0, then the
+// worker tasks in index order; world size = chiefs + workers. An evaluator
+// task does not join the group: it gets a one-worker strategy over its
+// local devices (is_chief false), as TF's evaluator runs standalone. A ps
+// task is an error (use parameter_server). The rendezvous store must
+// already reach the chief when there is more than one worker: core's
+// Strategy::create / from_config connects it before creating this strategy.
+//
+// Each instance gets its own communicator, "mwms/<n>" where n counts the
+// instances created in this process, so every worker must create its
+// multi_worker_mirrored strategies in the same order (as in TF).
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <string>
+#include <vector>
+
+#include "strata/sdk/local_strategy.hpp"
+#include "strata/sdk/options.hpp"
+
+namespace strata::plugins {
+namespace {
+
+using nlohmann::json;
+
+constexpr const char* kComp = "multi_worker_mirrored strategy";
+
+std::atomic<uint64_t> g_instances{0};
+
+// This process's place in the collective group.
+struct Placement {
+  uint32_t rank = 0;
+  uint32_t world = 1;
+  bool is_chief = true;
+  json task_type;  // null when the cluster is a single process
+  json task_id;
+};
+
+// Sorted task indices of one job of a cluster spec (list or sparse dict).
+std::vector<int64_t> job_indices(const json& spec, const std::string& job) {
+  std::vector<int64_t> out;
+  if (!spec.contains(job)) return out;
+  const json& j = spec.at(job);
+  if (j.is_array()) {
+    for (size_t i = 0; i < j.size(); ++i) out.push_back(static_cast<int64_t>(i));
+  } else if (j.is_object()) {
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      const std::string& k = it.key();
+      if (k.empty() || k.size() > 9 || k.find_first_not_of("0123456789") != std::string::npos)
+        STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, kComp, ": option 'cluster': job '", job, "' has task index '", k,
+                     "', which is not a non-negative integer");
+      out.push_back(std::stoll(k));
+    }
+    std::sort(out.begin(), out.end());
+  } else {
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, kComp, ": option 'cluster': job '", job,
+                 "' must be a list of addresses or an {index: address} object; got ", j.dump());
+  }
+  return out;
+}
+
+Placement place(const json& cluster) {
+  Placement p;
+  if (cluster.is_null()) return p;
+  if (!cluster.is_object())
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, kComp,
+                 ": option 'cluster' must be a cluster resolver's describe() object; got ", cluster.dump());
+  const json spec = cluster.value("cluster_spec", json::object());
+  if (!spec.is_object() && !spec.is_null())
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, kComp, ": option 'cluster': cluster_spec must be an object; got ",
+                 spec.dump());
+  p.task_type = cluster.value("task_type", json());
+  p.task_id = cluster.value("task_id", json());
+  if (spec.is_null() || spec.empty() || p.task_type.is_null()) return p;  // a single process
+  if (!p.task_type.is_string())
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, kComp, ": option 'cluster': task_type must be a string; got ",
+                 p.task_type.dump());
+  if (!p.task_id.is_number_integer() || p.task_id.get<int64_t>() < 0)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, kComp, ": option 'cluster': task_id must be a non-negative integer; got ",
+                 p.task_id.dump(), " (set \"task\": {\"type\": ..., \"index\": N} in TF_CONFIG)");
+  const std::string type = p.task_type.get<std::string>();
+  const int64_t id = p.task_id.get<int64_t>();
+  if (type == "ps")
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, kComp,
+                 ": this process is a parameter server task (ps ", id,
+                 "); multi_worker_mirrored has no parameter servers: use the parameter_server strategy, "
+                 "or remove the \"ps\" job from the cluster spec");
+  if (type == "evaluator") {
+    // A standalone evaluator: its own one-worker group, never the chief.
+    p.is_chief = false;
+    return p;
+  }
+  if (type != "chief" && type != "worker")
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, kComp, ": task type '", type,
+                 "' cannot join multi_worker_mirrored; its tasks are \"chief\" (at most one) and \"worker\" "
+                 "(plus a standalone \"evaluator\")");
+  const std::vector<int64_t> chiefs = job_indices(spec, "chief");
+  const std::vector<int64_t> workers = job_indices(spec, "worker");
+  if (chiefs.size() > 1)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, kComp, ": option 'cluster': the \"chief\" job has ", chiefs.size(),
+                 " tasks; there must be at most one chief");
+  const std::vector<int64_t>& mine = type == "chief" ? chiefs : workers;
+  const auto it = std::find(mine.begin(), mine.end(), id);
+  if (it == mine.end())
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, kComp, ": this task (", type, " ", id,
+                 ") is not in the cluster spec ", spec.dump(), "; fix the task index or the cluster");
+  p.world = static_cast<uint32_t>(chiefs.size() + workers.size());
+  p.rank = type == "chief" ? 0 : static_cast<uint32_t>(chiefs.size() + (it - mine.begin()));
+  p.is_chief = p.rank == 0;
+  return p;
+}
+
+sdk::LocalStrategyConfig make_config(const char* options_json) {
+  const json o = sdk::parse_options(options_json, kComp);
+  sdk::check_known_keys(o, {"devices", "cluster", "communication", "cross_device_ops", "transport", "timeout_s"},
+                        kComp);
+  sdk::LocalStrategyConfig cfg;
+  cfg.strategy_name = "multi_worker_mirrored";
+  cfg.placement = sdk::VariablePlacement::kPerReplica;
+  sdk::parse_common_options(o, cfg, /*allow_devices=*/true);
+  const bool cdo_override = o.contains("cross_device_ops");
+
+  // CommunicationOptions.
+  std::string impl = "AUTO";
+  int64_t bytes_per_pack = 0;
+  const json comm = o.value("communication", json::object());
+  if (!comm.is_object())
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'communication' of ", kComp,
+                 " must be an object like {\"implementation\": \"RING\", \"bytes_per_pack\": 0}; got ", comm.dump());
+  sdk::check_known_keys(comm, {"implementation", "bytes_per_pack", "timeout_seconds"},
+                        "option 'communication' of " + std::string(kComp));
+  impl = sdk::get_option<std::string>(comm, "implementation", impl, kComp);
+  for (auto& c : impl) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  bytes_per_pack = sdk::get_option<int64_t>(comm, "bytes_per_pack", 0, kComp);
+  if (bytes_per_pack < 0)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'communication.bytes_per_pack' of ", kComp,
+                 " must be >= 0 (0 = the cross_device_ops default); got ", bytes_per_pack);
+  if (comm.contains("timeout_seconds") && !comm.at("timeout_seconds").is_null()) {
+    cfg.timeout_s = sdk::get_option<double>(comm, "timeout_seconds", cfg.timeout_s, kComp);
+    if (!(cfg.timeout_s > 0) || cfg.timeout_s > 1e7)
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'communication.timeout_seconds' of ", kComp,
+                   " must be a number of seconds in (0, 1e7] or null; got ", comm.at("timeout_seconds").dump());
+  }
+  if (impl == "NCCL")
+    STRATA_THROW(STRATA_ERR_UNIMPLEMENTED, kComp,
+                 ": communication implementation NCCL needs a CUDA build; this build has host devices "
+                 "only: use \"AUTO\" or \"RING\"");
+  if (impl != "AUTO" && impl != "RING")
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'communication.implementation' of ", kComp,
+                 " must be \"AUTO\", \"RING\" or \"NCCL\"; got \"", impl, "\"");
+
+  json transport = o.value("transport", json{{"name", "tcp"}});
+  if (transport.is_string()) transport = json{{"name", transport}};
+  if (!transport.is_object() || !transport.contains("name") || !transport.at("name").is_string())
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'transport' of ", kComp,
+                 " must be {\"name\": \"tcp\", \"options\": {...}}; got ", transport.dump());
+  sdk::check_known_keys(transport, {"name", "options", "path"}, "option 'transport' of " + std::string(kComp));
+  transport.erase("path");  // explicit libraries are loaded by the host from the job config
+
+  const Placement p = place(o.value("cluster", json()));
+  cfg.worker_index = p.rank;
+  cfg.num_workers = p.world;
+  cfg.is_chief = p.is_chief;
+  cfg.describe_extra = json{{"task_type", p.task_type},
+                            {"task_id", p.task_id},
+                            {"communication", impl == "AUTO" ? "RING" : impl}};
+
+  // The cross-process CrossDeviceOps: rank, world size and communicator
+  // always come from the cluster; the rest from the options unless the
+  // override sets them.
+  if (!cdo_override) cfg.cross_device_ops = "ring";
+  json cdo = json::parse(cfg.cross_device_ops_options);
+  cdo["rank"] = p.rank;
+  cdo["world_size"] = p.world;
+  cdo["communicator"] = "mwms/" + std::to_string(g_instances.fetch_add(1));
+  if (!cdo.contains("timeout_s")) cdo["timeout_s"] = cfg.timeout_s;
+  if (!cdo.contains("transport")) cdo["transport"] = transport;
+  if (bytes_per_pack > 0 && !cdo.contains("bytes_per_pack")) cdo["bytes_per_pack"] = bytes_per_pack;
+  cfg.cross_device_ops_options = cdo.dump();
+  return cfg;
+}
+
+class MultiWorkerMirroredStrategy : public sdk::LocalStrategy {
+ public:
+  static constexpr const char* kSubsystem = "strategy.multi_worker_mirrored";
+  MultiWorkerMirroredStrategy(sdk::Host host, const char* options_json)
+      : LocalStrategy(std::move(host), make_config(options_json)) {}
+};
+
+}  // namespace
+}  // namespace strata::plugins
+
+STRATA_PLUGIN("strata multi_worker_mirrored strategy", "0.1.0",
+              STRATA_STRATEGY_COMPONENT(strata::plugins::MultiWorkerMirroredStrategy, "multi_worker_mirrored",
+                                        "0.1.0"))

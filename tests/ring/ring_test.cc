@@ -1,0 +1,1031 @@
+// SPDX-License-Identifier: Apache-2.0
+// The ring CrossDeviceOps plugin, loaded through the real plugin host and
+// driven through its C vtable, with ranks as threads of this process over
+// the in-process fixture transport and over tcp (when built), plus a test
+// with real processes over tcp and the TCP rendezvous store.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "strata/plugin_host.hpp"
+#include "strata/store.hpp"
+#include "strata/sdk/kernels.hpp"
+
+namespace strata::test {
+namespace {
+
+using nlohmann::json;
+using sdk::dtype_equal;
+using sdk::kBFloat16;
+using sdk::kFloat16;
+using sdk::kFloat32;
+using sdk::kFloat64;
+using sdk::kInt32;
+using sdk::kInt64;
+
+#ifdef RING_TEST_SANITIZED
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+
+const std::vector<DLDataType> kDtypes = {kFloat32, kFloat64, kFloat16, kBFloat16, kInt32, kInt64};
+
+// ------------------------------------------------------------ tensors ---
+
+struct Tensor {
+  DLDataType dtype;
+  std::vector<int64_t> shape;
+  std::vector<unsigned char> bytes;
+  DLTensor t{};
+  Tensor(DLDataType d, std::vector<int64_t> s) : dtype(d), shape(std::move(s)) {
+    bytes.assign(count() * (d.bits / 8) + 8, 0xAB);
+    t = DLTensor{bytes.data(), {kDLCPU, 0}, int32_t(shape.size()), d, shape.data(), nullptr, 0};
+  }
+  Tensor(const Tensor&) = delete;
+  Tensor& operator=(const Tensor&) = delete;
+  size_t count() const {
+    size_t n = 1;
+    for (int64_t x : shape) n *= size_t(x);
+    return n;
+  }
+  size_t nbytes() const { return count() * (dtype.bits / 8); }
+  void set(size_t i, double v) {
+    void* p = bytes.data();
+    if (dtype_equal(dtype, kFloat32)) static_cast<float*>(p)[i] = float(v);
+    else if (dtype_equal(dtype, kFloat64)) static_cast<double*>(p)[i] = v;
+    else if (dtype_equal(dtype, kFloat16)) static_cast<uint16_t*>(p)[i] = sdk::kernels::float_to_half(float(v));
+    else if (dtype_equal(dtype, kBFloat16)) static_cast<uint16_t*>(p)[i] = sdk::kernels::float_to_bfloat16(float(v));
+    else if (dtype_equal(dtype, kInt32)) static_cast<int32_t*>(p)[i] = int32_t(v);
+    else static_cast<int64_t*>(p)[i] = int64_t(v);
+  }
+  std::vector<unsigned char> data_bytes() const { return {bytes.begin(), bytes.begin() + long(nbytes())}; }
+};
+
+double load(DLDataType d, const unsigned char* p, size_t i) {
+  if (dtype_equal(d, kFloat32)) return reinterpret_cast<const float*>(p)[i];
+  if (dtype_equal(d, kFloat64)) return reinterpret_cast<const double*>(p)[i];
+  if (dtype_equal(d, kFloat16)) return sdk::kernels::half_to_float(reinterpret_cast<const uint16_t*>(p)[i]);
+  if (dtype_equal(d, kBFloat16)) return sdk::kernels::bfloat16_to_float(reinterpret_cast<const uint16_t*>(p)[i]);
+  if (dtype_equal(d, kInt32)) return reinterpret_cast<const int32_t*>(p)[i];
+  return double(reinterpret_cast<const int64_t*>(p)[i]);
+}
+
+// What a value becomes when stored as `d` (rounding as the plugin does).
+double as_dtype(DLDataType d, double v) {
+  Tensor x(d, {1});
+  x.set(0, v);
+  return load(d, x.bytes.data(), 0);
+}
+
+bool is_int(DLDataType d) { return d.code == kDLInt; }
+
+// Small integers: every sum of up to 16 of them is exact in every dtype.
+double value(int rank, int rep, int t, size_t i, bool prod) {
+  if (prod) {
+    const size_t k = (i * 7 + size_t(rank) * 3 + size_t(rep) * 5 + size_t(t)) % 5;
+    return k == 0 ? 2.0 : k == 1 ? -1.0 : 1.0;
+  }
+  return double(int((i * 7 + size_t(rank) * 3 + size_t(rep) * 5 + size_t(t)) % 17) - 8);
+}
+
+// ---------------------------------------------------------------- CDO ---
+
+struct Status {
+  strata_status_t code = STRATA_OK;
+  std::string message;
+};
+
+std::atomic<int> g_comm_id{0};
+std::string unique_comm(const std::string& what) {
+  return "ringtest-" + what + "-" + std::to_string(::getpid()) + "-" + std::to_string(g_comm_id++);
+}
+
+class Cdo {
+ public:
+  explicit Cdo(const std::string& options)
+      : inst_(PluginHost::global().create(STRATA_KIND_CROSS_DEVICE_OPS, "ring", options)),
+        vt_(inst_.vtable_as<strata_cross_device_ops_vtable>()),
+        h_(static_cast<strata_cross_device_ops_t>(inst_.handle())) {}
+  const strata_cross_device_ops_vtable* vt() const { return vt_; }
+  strata_cross_device_ops_t h() const { return h_; }
+
+  Status all_reduce(uint32_t op, std::vector<Tensor*> in, std::vector<Tensor*> out, uint32_t nr) {
+    auto [i, o] = ptrs(in, out);
+    return call([&](strata_error* e) { return vt_->all_reduce(h_, op, uint32_t(in.size() / nr), nr, i.data(), o.data(), e); });
+  }
+  Status reduce(uint32_t op, std::vector<Tensor*> in, std::vector<Tensor*> out, uint32_t nr) {
+    auto [i, o] = ptrs(in, out);
+    return call([&](strata_error* e) { return vt_->reduce(h_, op, uint32_t(in.size() / nr), nr, i.data(), o.data(), e); });
+  }
+  Status broadcast(Tensor& src, std::vector<Tensor*> out) {
+    std::vector<DLTensor*> o;
+    for (Tensor* x : out) o.push_back(&x->t);
+    return call([&](strata_error* e) { return vt_->broadcast(h_, &src.t, uint32_t(o.size()), o.data(), e); });
+  }
+  Status all_gather(std::vector<Tensor*> in, int32_t axis, std::vector<Tensor*> out) {
+    auto [i, o] = ptrs(in, out);
+    return call([&](strata_error* e) { return vt_->all_gather(h_, uint32_t(in.size()), i.data(), axis, o.data(), e); });
+  }
+  Status reduce_scatter(uint32_t op, std::vector<Tensor*> in, std::vector<Tensor*> out) {
+    auto [i, o] = ptrs(in, out);
+    return call([&](strata_error* e) { return vt_->reduce_scatter(h_, op, uint32_t(in.size()), i.data(), o.data(), e); });
+  }
+  Status barrier() {
+    const DLTensor* dummy_in = nullptr;
+    DLTensor* dummy_out = nullptr;
+    return call([&](strata_error* e) { return vt_->all_reduce(h_, STRATA_REDUCE_SUM, 0, 1, &dummy_in, &dummy_out, e); });
+  }
+
+ private:
+  static std::pair<std::vector<const DLTensor*>, std::vector<DLTensor*>> ptrs(const std::vector<Tensor*>& in,
+                                                                             const std::vector<Tensor*>& out) {
+    std::vector<const DLTensor*> i;
+    std::vector<DLTensor*> o;
+    for (Tensor* x : in) i.push_back(&x->t);
+    for (Tensor* x : out) o.push_back(&x->t);
+    return {i, o};
+  }
+  template <class F>
+  static Status call(F f) {
+    strata_error err;
+    strata_error_init(&err);
+    Status s;
+    s.code = f(&err);
+    if (s.code != STRATA_OK) s.message = err.message;
+    return s;
+  }
+
+  PluginInstance inst_;
+  const strata_cross_device_ops_vtable* vt_;
+  strata_cross_device_ops_t h_;
+};
+
+std::string options_for(const std::string& transport, int rank, int world, const std::string& comm,
+                        const json& extra) {
+  json o = {{"transport", {{"name", transport}}}, {"rank", rank}, {"world_size", world}, {"communicator", comm}};
+  for (auto it = extra.begin(); it != extra.end(); ++it) o[it.key()] = it.value();
+  return o.dump();
+}
+
+// Run body(rank, cdo) on `n` threads, each with its own ring instance.
+void run_world(const std::string& transport, int n, const json& extra,
+               const std::function<void(int, Cdo&)>& body,
+               const std::function<json(int)>& per_rank = nullptr) {
+  const std::string comm = unique_comm(transport);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        json ex = extra;
+        if (per_rank) {
+          json more = per_rank(r);
+          for (auto it = more.begin(); it != more.end(); ++it) ex[it.key()] = it.value();
+        }
+        Cdo cdo(options_for(transport, r, n, comm, ex));
+        body(r, cdo);
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "rank " << r << ": " << e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+}
+
+void load_plugins() {
+  static bool done = [] {
+    PluginHost::global().load_explicit(RING_PLUGIN);
+    PluginHost::global().load_explicit(RING_INPROC_TRANSPORT);
+#ifdef RING_HAVE_TCP
+    PluginHost::global().load_explicit(RING_TCP_TRANSPORT);
+#endif
+    return true;
+  }();
+  (void)done;
+}
+
+std::vector<std::string> transports() {
+  std::vector<std::string> v{"ring_test_inproc"};
+#ifdef RING_HAVE_TCP
+  v.push_back("tcp");
+#endif
+  return v;
+}
+
+// ---------------------------------------------------- the op matrix ---
+
+// One collective on every rank; outputs[rank] holds the rank's output bytes.
+using Outputs = std::vector<std::vector<unsigned char>>;
+
+struct World {
+  int n;
+  uint32_t nr;
+};
+
+std::string label(const World& w, DLDataType d, const char* what, size_t size) {
+  return std::string(what) + " " + sdk::dtype_name(d) + " size " + std::to_string(size) + " ranks " +
+         std::to_string(w.n) + " replicas " + std::to_string(w.nr);
+}
+
+// Per rank: run all_reduce/reduce for `op`, return concatenated outputs.
+std::vector<unsigned char> do_all_reduce(Cdo& cdo, int rank, const World& w, DLDataType d, size_t size, uint32_t op,
+                                         bool reduce_only) {
+  std::vector<std::unique_ptr<Tensor>> in, out;
+  std::vector<Tensor*> ip, optr;
+  const bool prod = op == STRATA_REDUCE_PROD;
+  for (uint32_t r = 0; r < w.nr; ++r) {
+    in.push_back(std::make_unique<Tensor>(d, std::vector<int64_t>{int64_t(size)}));
+    for (size_t i = 0; i < size; ++i) in.back()->set(i, value(rank, int(r), 0, i, prod));
+    ip.push_back(in.back().get());
+  }
+  const uint32_t nout = reduce_only ? 1 : w.nr;
+  for (uint32_t r = 0; r < nout; ++r) {
+    out.push_back(std::make_unique<Tensor>(d, std::vector<int64_t>{int64_t(size)}));
+    optr.push_back(out.back().get());
+  }
+  Status s = reduce_only ? cdo.reduce(op, ip, optr, w.nr) : cdo.all_reduce(op, ip, optr, w.nr);
+  EXPECT_EQ(s.code, STRATA_OK) << s.message;
+  std::vector<unsigned char> all;
+  for (auto& o : out) {
+    auto b = o->data_bytes();
+    all.insert(all.end(), b.begin(), b.end());
+  }
+  return all;
+}
+
+double expected_reduce(const World& w, DLDataType d, uint32_t op, size_t i) {
+  const bool prod = op == STRATA_REDUCE_PROD;
+  double acc = 0;
+  bool first = true;
+  for (int k = 0; k < w.n; ++k)
+    for (uint32_t r = 0; r < w.nr; ++r) {
+      const double v = value(k, int(r), 0, i, prod);
+      if (first) acc = v;
+      else if (op == STRATA_REDUCE_MIN) acc = std::min(acc, v);
+      else if (op == STRATA_REDUCE_MAX) acc = std::max(acc, v);
+      else if (op == STRATA_REDUCE_PROD) acc *= v;
+      else acc += v;
+      first = false;
+    }
+  if (op == STRATA_REDUCE_MEAN) {
+    const int div = w.n * int(w.nr);
+    if (is_int(d)) return double(int64_t(acc) / div);
+    if (dtype_equal(d, kFloat64)) return acc / div;
+    return as_dtype(d, double(float(acc) / float(div)));
+  }
+  return as_dtype(d, acc);
+}
+
+void check_all_reduce(const Outputs& outs, const World& w, DLDataType d, size_t size, uint32_t op, uint32_t nout,
+                      const std::string& what) {
+  const size_t esize = d.bits / 8;
+  for (int k = 0; k < w.n; ++k) {
+    ASSERT_EQ(outs[size_t(k)].size(), size * esize * nout) << what;
+    EXPECT_EQ(0, std::memcmp(outs[size_t(k)].data(), outs[0].data(), outs[0].size()))
+        << what << ": rank " << k << " differs from rank 0";
+  }
+  for (uint32_t r = 0; r < nout; ++r)
+    for (size_t i = 0; i < size; ++i) {
+      const double got = load(d, outs[0].data() + r * size * esize, i);
+      const double want = expected_reduce(w, d, op, i);
+      if (got != want) {
+        ADD_FAILURE() << what << " op " << sdk::reduce_op_name(op) << ": output " << r << " element " << i
+                      << " is " << got << ", expected " << want;
+        return;
+      }
+    }
+}
+
+// Size along the gather axis of replica r on rank k.
+int64_t gather_len(size_t size, int k, uint32_t r) { return int64_t(size / 4) + (k + 2 * int(r)) % 3; }
+
+void run_matrix(const std::string& transport, const World& w, const json& extra, const std::vector<size_t>& sizes) {
+  // Every rank runs the same sequence; results land in per-case, per-rank slots.
+  struct Case {
+    std::string what;
+    std::function<std::vector<unsigned char>(Cdo&, int)> run;
+    std::function<void(const Outputs&)> check;
+  };
+  std::vector<Case> cases;
+  for (DLDataType d : kDtypes) {
+    for (size_t size : sizes) {
+      for (uint32_t op : {STRATA_REDUCE_SUM, STRATA_REDUCE_MEAN, STRATA_REDUCE_MIN, STRATA_REDUCE_MAX,
+                          STRATA_REDUCE_PROD}) {
+        if (op == STRATA_REDUCE_PROD && w.n * int(w.nr) > 8) continue;  // keep products exact
+        const std::string what = label(w, d, "all_reduce", size);
+        cases.push_back({what, [=](Cdo& c, int rank) { return do_all_reduce(c, rank, w, d, size, op, false); },
+                         [=](const Outputs& o) { check_all_reduce(o, w, d, size, op, w.nr, what); }});
+      }
+      {
+        const std::string what = label(w, d, "reduce", size);
+        cases.push_back({what,
+                         [=](Cdo& c, int rank) { return do_all_reduce(c, rank, w, d, size, STRATA_REDUCE_SUM, true); },
+                         [=](const Outputs& o) { check_all_reduce(o, w, d, size, STRATA_REDUCE_SUM, 1, what); }});
+      }
+      {
+        const std::string what = label(w, d, "broadcast", size);
+        cases.push_back({what,
+                         [=](Cdo& c, int rank) {
+                           Tensor src(d, {int64_t(size)});
+                           for (size_t i = 0; i < size; ++i) src.set(i, value(rank, 0, 1, i, false));
+                           std::vector<std::unique_ptr<Tensor>> dst;
+                           std::vector<Tensor*> dp;
+                           for (uint32_t r = 0; r < w.nr; ++r) {
+                             dst.push_back(std::make_unique<Tensor>(d, std::vector<int64_t>{int64_t(size)}));
+                             dp.push_back(dst.back().get());
+                           }
+                           Status s = c.broadcast(src, dp);
+                           EXPECT_EQ(s.code, STRATA_OK) << s.message;
+                           std::vector<unsigned char> all;
+                           for (auto& x : dst) {
+                             auto b = x->data_bytes();
+                             all.insert(all.end(), b.begin(), b.end());
+                           }
+                           return all;
+                         },
+                         [=](const Outputs& o) {
+                           Tensor want(d, {int64_t(size)});
+                           for (size_t i = 0; i < size; ++i) want.set(i, value(0, 0, 1, i, false));
+                           const auto wb = want.data_bytes();
+                           for (int k = 0; k < w.n; ++k)
+                             for (uint32_t r = 0; r < w.nr; ++r)
+                               EXPECT_EQ(0, std::memcmp(o[size_t(k)].data() + r * wb.size(), wb.data(), wb.size()))
+                                   << what << ": rank " << k << " replica " << r;
+                         }});
+      }
+      for (int32_t axis : {0, 1}) {
+        const std::string what = label(w, d, axis == 0 ? "all_gather axis 0" : "all_gather axis 1", size);
+        // Inputs [len, 3] (axis 0) or [2, len] (axis 1); element = f(rank, replica, position).
+        auto shape_of = [=](int64_t len) {
+          return axis == 0 ? std::vector<int64_t>{len, 3} : std::vector<int64_t>{2, len};
+        };
+        int64_t total = 0;
+        for (int k = 0; k < w.n; ++k)
+          for (uint32_t r = 0; r < w.nr; ++r) total += gather_len(size, k, r);
+        cases.push_back({what,
+                         [=](Cdo& c, int rank) {
+                           std::vector<std::unique_ptr<Tensor>> in, out;
+                           std::vector<Tensor*> ip, op;
+                           for (uint32_t r = 0; r < w.nr; ++r) {
+                             in.push_back(std::make_unique<Tensor>(d, shape_of(gather_len(size, rank, r))));
+                             for (size_t i = 0; i < in.back()->count(); ++i)
+                               in.back()->set(i, value(rank, int(r), 2, i, false));
+                             ip.push_back(in.back().get());
+                             out.push_back(std::make_unique<Tensor>(d, shape_of(total)));
+                             op.push_back(out.back().get());
+                           }
+                           Status s = c.all_gather(ip, axis, op);
+                           EXPECT_EQ(s.code, STRATA_OK) << s.message;
+                           std::vector<unsigned char> all;
+                           for (auto& x : out) {
+                             auto b = x->data_bytes();
+                             all.insert(all.end(), b.begin(), b.end());
+                           }
+                           return all;
+                         },
+                         [=](const Outputs& o) {
+                           // Reference: concatenation in (rank, replica) order.
+                           Tensor want(d, shape_of(total));
+                           int64_t col = 0;
+                           for (int k = 0; k < w.n; ++k)
+                             for (uint32_t r = 0; r < w.nr; ++r) {
+                               const int64_t len = gather_len(size, k, r);
+                               for (int64_t a = 0; a < len; ++a)
+                                 for (int64_t b = 0; b < (axis == 0 ? 3 : 2); ++b) {
+                                   const size_t src = size_t(axis == 0 ? a * 3 + b : b * len + a);
+                                   const size_t dst = size_t(axis == 0 ? (col + a) * 3 + b : b * total + col + a);
+                                   want.set(dst, value(k, int(r), 2, src, false));
+                                 }
+                               col += len;
+                             }
+                           const auto wb = want.data_bytes();
+                           for (int k = 0; k < w.n; ++k)
+                             for (uint32_t r = 0; r < w.nr; ++r)
+                               EXPECT_EQ(0, std::memcmp(o[size_t(k)].data() + r * wb.size(), wb.data(), wb.size()))
+                                   << what << ": rank " << k << " replica " << r;
+                         }});
+      }
+      for (uint32_t op : {STRATA_REDUCE_SUM, STRATA_REDUCE_MEAN}) {
+        const std::string what = label(w, d, "reduce_scatter", size);
+        const int64_t parts = int64_t(w.n) * w.nr;
+        const int64_t rows = parts * int64_t(size / size_t(2 * parts));  // may be 0
+        cases.push_back({what,
+                         [=](Cdo& c, int rank) {
+                           std::vector<std::unique_ptr<Tensor>> in, out;
+                           std::vector<Tensor*> ip, opp;
+                           for (uint32_t r = 0; r < w.nr; ++r) {
+                             in.push_back(std::make_unique<Tensor>(d, std::vector<int64_t>{rows, 2}));
+                             for (size_t i = 0; i < in.back()->count(); ++i)
+                               in.back()->set(i, value(rank, int(r), 0, i, false));
+                             ip.push_back(in.back().get());
+                             out.push_back(std::make_unique<Tensor>(d, std::vector<int64_t>{rows / parts, 2}));
+                             opp.push_back(out.back().get());
+                           }
+                           Status s = c.reduce_scatter(op, ip, opp);
+                           EXPECT_EQ(s.code, STRATA_OK) << s.message;
+                           std::vector<unsigned char> all;
+                           for (auto& x : out) {
+                             auto b = x->data_bytes();
+                             all.insert(all.end(), b.begin(), b.end());
+                           }
+                           return all;
+                         },
+                         [=](const Outputs& o) {
+                           const size_t slice = size_t(rows / parts) * 2;
+                           const size_t esize = d.bits / 8;
+                           for (int k = 0; k < w.n; ++k)
+                             for (uint32_t r = 0; r < w.nr; ++r)
+                               for (size_t i = 0; i < slice; ++i) {
+                                 const size_t g = (size_t(k) * w.nr + r) * slice + i;
+                                 const double got = load(d, o[size_t(k)].data() + r * slice * esize, i);
+                                 const double want = expected_reduce(w, d, op, g);
+                                 if (got != want) {
+                                   ADD_FAILURE() << what << " " << sdk::reduce_op_name(op) << ": rank " << k
+                                                 << " replica " << r << " element " << i << " is " << got
+                                                 << ", expected " << want;
+                                   return;
+                                 }
+                               }
+                         }});
+      }
+    }
+  }
+  std::vector<Outputs> results(cases.size(), Outputs(size_t(w.n)));
+  run_world(transport, w.n, extra, [&](int rank, Cdo& cdo) {
+    for (size_t c = 0; c < cases.size(); ++c) results[c][size_t(rank)] = cases[c].run(cdo, rank);
+  });
+  for (size_t c = 0; c < cases.size(); ++c) {
+    SCOPED_TRACE(cases[c].what);
+    cases[c].check(results[c]);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+class RingTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override { load_plugins(); }
+  const std::string& transport() const { return GetParam(); }
+};
+
+std::vector<size_t> matrix_sizes() {
+  if (kSanitized) return {0, 1, 7, 13, 1001, 9000};
+  return {0, 1, 7, 13, 1001, 40000};
+}
+
+// Direct exchange for small payloads, ring with 1 MiB chunks above 32 KiB.
+TEST_P(RingTest, AllOpsAllDtypesDefaultOptions) {
+  for (World w : {World{2, 1}, World{3, 2}, World{4, 1}, World{8, 1}}) {
+    if (kSanitized && w.n == 8) continue;
+    run_matrix(transport(), w, json::object(), matrix_sizes());
+    if (HasFailure()) return;
+  }
+}
+
+// Always the ring, with tiny chunks: counts below world_size, empty and
+// uneven segments, many chunks per segment in flight.
+TEST_P(RingTest, AllOpsAllDtypesRingSmallChunks) {
+  const json extra = {{"direct_max_bytes", 0}, {"chunk_bytes", 64}};
+  for (World w : {World{2, 2}, World{3, 1}, World{5, 2}, World{8, 1}}) {
+    // 64-byte chunks over real sockets are slow; 8 ranks run in process only.
+    if ((kSanitized || transport() == "tcp") && w.n > 5) continue;
+    if (kSanitized && w.n > 3) continue;
+    run_matrix(transport(), w, extra, kSanitized ? std::vector<size_t>{0, 1, 7, 13, 1001}
+                                                 : std::vector<size_t>{0, 1, 7, 13, 1001, 5003});
+    if (HasFailure()) return;
+  }
+}
+
+// Random (non-integer) float data: results are bit-identical on every rank
+// and from run to run, and close to a float64 reference.
+TEST_P(RingTest, BitIdenticalAcrossRanksAndRuns) {
+  const size_t size = kSanitized ? 20011 : 200011;
+  const int n = 3;
+  std::vector<std::vector<float>> data(n);
+  uint32_t seed = 12345;
+  for (auto& v : data) {
+    v.resize(size);
+    for (float& x : v) {
+      seed = seed * 1664525u + 1013904223u;
+      x = float(seed >> 8) / float(1 << 24) * 2.0f - 1.0f;
+    }
+  }
+  std::vector<std::vector<unsigned char>> first;
+  for (int run = 0; run < 2; ++run) {
+    Outputs outs(n);
+    run_world(transport(), n, {{"chunk_bytes", 4096}}, [&](int rank, Cdo& cdo) {
+      Tensor in(kFloat32, {int64_t(size)}), out(kFloat32, {int64_t(size)});
+      std::memcpy(in.bytes.data(), data[size_t(rank)].data(), size * 4);
+      Status s = cdo.all_reduce(STRATA_REDUCE_SUM, {&in}, {&out}, 1);
+      EXPECT_EQ(s.code, STRATA_OK) << s.message;
+      outs[size_t(rank)] = out.data_bytes();
+    });
+    for (int k = 1; k < n; ++k) ASSERT_EQ(outs[size_t(k)], outs[0]) << "rank " << k << " differs from rank 0";
+    for (size_t i = 0; i < size; ++i) {
+      const double want = double(data[0][i]) + double(data[1][i]) + double(data[2][i]);
+      ASSERT_NEAR(load(kFloat32, outs[0].data(), i), want, 1e-5) << i;
+    }
+    if (run == 0) first = outs;
+    else EXPECT_EQ(first[0], outs[0]) << "results differ between two runs";
+  }
+}
+
+TEST_P(RingTest, LargeAllReduce) {
+  const size_t size = kSanitized ? (size_t(8) << 20) / 4 : (size_t(64) << 20) / 4;
+  Outputs outs(2);
+  const auto t0 = std::chrono::steady_clock::now();
+  run_world(transport(), 2, json::object(), [&](int rank, Cdo& cdo) {
+    Tensor in(kFloat32, {int64_t(size)});
+    float* p = reinterpret_cast<float*>(in.bytes.data());
+    for (size_t i = 0; i < size; ++i) p[i] = float(int(i % 1000) - 500 + rank);
+    Status s = cdo.all_reduce(STRATA_REDUCE_SUM, {&in}, {&in}, 1);  // in place
+    EXPECT_EQ(s.code, STRATA_OK) << s.message;
+    outs[size_t(rank)] = in.data_bytes();
+  });
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  RecordProperty("seconds", std::to_string(secs));
+  ASSERT_EQ(outs[0], outs[1]);
+  for (size_t i = 0; i < size; ++i) {
+    const float want = float(2 * (int(i % 1000) - 500) + 1);
+    if (load(kFloat32, outs[0].data(), i) != want) {
+      FAIL() << "element " << i << " is " << load(kFloat32, outs[0].data(), i) << ", expected " << want;
+    }
+  }
+}
+
+// Mixed dtypes and sizes in one batch; small bytes_per_pack splits them
+// into several collectives (counted through the host's fingerprint record).
+TEST_P(RingTest, BatchPacking) {
+  struct Spec {
+    DLDataType d;
+    int64_t n;
+  };
+  const std::vector<Spec> specs = {{kFloat32, 10}, {kFloat32, 300}, {kInt32, 7},   {kFloat16, 50},
+                                   {kFloat32, 1},  {kFloat64, 0},   {kBFloat16, 33}, {kFloat32, 2000}};
+  // float32: [10] (40 B) | [300] (1200 B) | [1] (4 B) | [2000]: 4 packs; the
+  // other dtypes one each: 8 collectives for 1024-byte packs.
+  const int n = 3;
+  const uint32_t nr = 2;
+  const std::string comm = unique_comm("pack");
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < n; ++rank)
+    threads.emplace_back([&, rank] {
+      try {
+        Cdo cdo(options_for(transport(), rank, n, comm, {{"bytes_per_pack", 1024}, {"direct_max_bytes", 512}}));
+        std::vector<std::unique_ptr<Tensor>> in, out;
+        std::vector<Tensor*> ip, op;
+        for (size_t t = 0; t < specs.size(); ++t)
+          for (uint32_t r = 0; r < nr; ++r) {
+            in.push_back(std::make_unique<Tensor>(specs[t].d, std::vector<int64_t>{specs[t].n}));
+            for (size_t i = 0; i < size_t(specs[t].n); ++i) in.back()->set(i, value(rank, int(r), int(t), i, false));
+            ip.push_back(in.back().get());
+            out.push_back(std::make_unique<Tensor>(specs[t].d, std::vector<int64_t>{specs[t].n}));
+            op.push_back(out.back().get());
+          }
+        for (int iter = 0; iter < 2; ++iter) {
+          Status s = cdo.all_reduce(STRATA_REDUCE_MEAN, ip, op, nr);
+          ASSERT_EQ(s.code, STRATA_OK) << s.message;
+          for (size_t t = 0; t < specs.size(); ++t)
+            for (uint32_t r = 0; r < nr; ++r)
+              for (size_t i = 0; i < size_t(specs[t].n); ++i) {
+                double acc = 0;
+                for (int k = 0; k < n; ++k)
+                  for (uint32_t q = 0; q < nr; ++q) acc += value(k, int(q), int(t), i, false);
+                const DLDataType d = specs[t].d;
+                const double want = is_int(d)                     ? double(int64_t(acc) / (n * int(nr)))
+                                    : dtype_equal(d, kFloat64) ? acc / (n * nr)
+                                                               : as_dtype(d, double(float(acc) / float(n * nr)));
+                const double got = load(d, op[t * nr + r]->bytes.data(), i);
+                ASSERT_EQ(got, want) << "tensor " << t << " replica " << r << " element " << i;
+              }
+        }
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "rank " << rank << ": " << e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  const json last = json::parse(PluginHost::global().last_collectives_json());
+  ASSERT_TRUE(last.contains(comm)) << last.dump();
+  EXPECT_EQ(last[comm]["sequence"].get<uint64_t>(), 15u) << "two batches of 8 packs each: sequences 0..15";
+}
+
+// Started all-reduces overlap with the caller's work and complete in order;
+// a blocking call queues behind them.
+TEST_P(RingTest, StartWaitOverlaps) {
+  const int n = 3;
+  const std::vector<size_t> sizes = {5, 100000, 3, 70000};
+  run_world(transport(), n, {{"chunk_bytes", 8192}}, [&](int rank, Cdo& cdo) {
+    std::vector<std::unique_ptr<Tensor>> ts;
+    std::vector<strata_cdo_request_t> reqs;
+    std::vector<std::vector<const DLTensor*>> ins;
+    std::vector<std::vector<DLTensor*>> outs;
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      ts.push_back(std::make_unique<Tensor>(kFloat32, std::vector<int64_t>{int64_t(sizes[k])}));
+      for (size_t i = 0; i < sizes[k]; ++i) ts.back()->set(i, value(rank, 0, int(k), i, false));
+      ins.push_back({&ts.back()->t});
+      outs.push_back({&ts.back()->t});  // in place
+      strata_error err;
+      strata_error_init(&err);
+      strata_cdo_request_t req = nullptr;
+      ASSERT_EQ(STRATA_OK, cdo.vt()->all_reduce_start(cdo.h(), STRATA_REDUCE_SUM, 1, 1, ins.back().data(),
+                                                      outs.back().data(), &req, &err))
+          << err.message;
+      reqs.push_back(req);
+    }
+    // A blocking call while four are pending runs after them.
+    Tensor b(kInt64, {9}), bo(kInt64, {9});
+    for (size_t i = 0; i < 9; ++i) b.set(i, double(rank + 1));
+    Status s = cdo.all_reduce(STRATA_REDUCE_SUM, {&b}, {&bo}, 1);
+    ASSERT_EQ(s.code, STRATA_OK) << s.message;
+    for (size_t i = 0; i < 9; ++i) EXPECT_EQ(load(kInt64, bo.bytes.data(), i), double(n * (n + 1) / 2));
+    // Wait out of order.
+    for (size_t k : {size_t(2), size_t(0), size_t(3), size_t(1)}) {
+      strata_error err;
+      strata_error_init(&err);
+      ASSERT_EQ(STRATA_OK, cdo.vt()->request_wait(cdo.h(), reqs[k], 10000, &err)) << err.message;
+      for (size_t i = 0; i < sizes[k]; ++i) {
+        double want = 0;
+        for (int q = 0; q < n; ++q) want += value(q, 0, int(k), i, false);
+        ASSERT_EQ(load(kFloat32, ts[k]->bytes.data(), i), want) << "request " << k << " element " << i;
+      }
+    }
+    strata_error err;
+    strata_error_init(&err);
+    EXPECT_EQ(STRATA_ERR_INVALID_ARGUMENT, cdo.vt()->request_wait(cdo.h(), reqs[0], 10, &err))
+        << "a request may be waited for once";
+  });
+}
+
+TEST_P(RingTest, BarrierWaitsForEveryRank) {
+  const int n = 4;
+  std::atomic<int64_t> late_arrival_ns{0};
+  std::vector<int64_t> returned(n);
+  run_world(transport(), n, json::object(), [&](int rank, Cdo& cdo) {
+    for (int round = 0; round < 3; ++round) {
+      if (rank == 2 && round == 1) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        late_arrival_ns = std::chrono::steady_clock::now().time_since_epoch().count();
+      }
+      Status s = cdo.barrier();
+      ASSERT_EQ(s.code, STRATA_OK) << s.message;
+      if (round == 1) returned[size_t(rank)] = std::chrono::steady_clock::now().time_since_epoch().count();
+    }
+  });
+  for (int k = 0; k < n; ++k) EXPECT_GE(returned[size_t(k)], late_arrival_ns.load()) << "rank " << k;
+}
+
+// ------------------------------------------------------------ failures ---
+
+struct Mismatch {
+  std::string name;
+  std::function<Status(Cdo&)> rank1;
+  std::string rank1_text;
+};
+
+Status ar_float(Cdo& c, DLDataType d, size_t n) {
+  Tensor x(d, {int64_t(n)});
+  return c.all_reduce(STRATA_REDUCE_SUM, {&x}, {&x}, 1);
+}
+
+TEST_P(RingTest, MismatchedCollectivesFailOnBothSides) {
+  const std::vector<Mismatch> cases = {
+      {"op", [](Cdo& c) {
+         Tensor x(kFloat32, {10}), o(kFloat32, {10 * 2});
+         return c.all_gather({&x}, 0, {&o});
+       }, "rank 1 called all_gather(float32 x 10)"},
+      {"size", [](Cdo& c) { return ar_float(c, kFloat32, 1001); }, "rank 1 called all_reduce(SUM, float32 x 1001)"},
+      {"dtype", [](Cdo& c) { return ar_float(c, kFloat64, 1000); }, "rank 1 called all_reduce(SUM, float64 x 1000)"},
+      {"direct_vs_ring", [](Cdo& c) { return ar_float(c, kFloat32, 100000); },
+       "rank 1 called all_reduce(SUM, float32 x 100000)"},
+  };
+  for (int n : {2, 3}) {
+    for (const Mismatch& m : cases) {
+      SCOPED_TRACE(m.name + " with " + std::to_string(n) + " ranks");
+      std::vector<Status> st(static_cast<size_t>(n)), after(static_cast<size_t>(n));
+      run_world(transport(), n, {{"timeout_s", 20}}, [&](int rank, Cdo& cdo) {
+        st[size_t(rank)] = rank == 1 ? m.rank1(cdo) : ar_float(cdo, kFloat32, 1000);
+        after[size_t(rank)] = ar_float(cdo, kFloat32, 4);
+      });
+      for (int k = 0; k < n; ++k) {
+        EXPECT_NE(st[size_t(k)].code, STRATA_OK) << "rank " << k << " did not fail";
+        EXPECT_EQ(after[size_t(k)].code, STRATA_ERR_FAILED_PRECONDITION) << after[size_t(k)].message;
+      }
+      for (int k : {0, 1}) {
+        EXPECT_EQ(st[size_t(k)].code, STRATA_ERR_INVALID_ARGUMENT) << "rank " << k << ": " << st[size_t(k)].message;
+        EXPECT_NE(st[size_t(k)].message.find("collective mismatch at #0"), std::string::npos) << st[size_t(k)].message;
+        EXPECT_NE(st[size_t(k)].message.find("rank 0 called all_reduce(SUM, float32 x 1000)"), std::string::npos)
+            << st[size_t(k)].message;
+        EXPECT_NE(st[size_t(k)].message.find(m.rank1_text), std::string::npos) << st[size_t(k)].message;
+      }
+    }
+  }
+}
+
+// A rank that never calls the collective: the others fail within their
+// timeout, naming it, instead of hanging.
+TEST_P(RingTest, StoppedRankTimesOut) {
+  const int n = 3;
+  std::vector<Status> st(n);
+  std::vector<double> secs(n);
+  std::atomic<int> finished{0};
+  run_world(transport(), n, {{"timeout_s", 1}}, [&](int rank, Cdo& cdo) {
+    if (rank == 2) {
+      // Stay alive (connections open) until the others gave up.
+      const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (finished.load() < n - 1 && std::chrono::steady_clock::now() < limit)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      return;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    st[size_t(rank)] = ar_float(cdo, kFloat32, 50000);
+    secs[size_t(rank)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ++finished;
+  });
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_NE(st[size_t(k)].code, STRATA_OK);
+    EXPECT_LT(secs[size_t(k)], 10.0) << "rank " << k;
+    EXPECT_NE(st[size_t(k)].message.find("all_reduce #0"), std::string::npos) << st[size_t(k)].message;
+  }
+  // Rank 1's left and right neighbour is rank 2 or rank 0; the one that
+  // timed out names rank 2 as the culprit.
+  bool named = false;
+  for (int k = 0; k < 2; ++k)
+    named = named || (st[size_t(k)].code == STRATA_ERR_DEADLINE_EXCEEDED &&
+                      st[size_t(k)].message.find("rank 2") != std::string::npos);
+  EXPECT_TRUE(named) << st[0].message << "\n" << st[1].message;
+}
+
+// A failing rank aborts its communicator: ranks that were waiting on it
+// fail fast, long before their own (60 s) deadline.
+TEST_P(RingTest, AbortPropagatesFast) {
+  const int n = 4;
+  std::vector<Status> st(n);
+  std::vector<double> secs(n);
+  run_world(transport(), n, {{"timeout_s", 60}, {"direct_max_bytes", 0}}, [&](int rank, Cdo& cdo) {
+    const auto t0 = std::chrono::steady_clock::now();
+    // Rank 0 disagrees with everyone; its neighbours 1 and 3 see it and
+    // abort, which must unblock rank 2 (whose neighbours agree with it).
+    st[size_t(rank)] = ar_float(cdo, kFloat32, rank == 0 ? 1000 : 100000);
+    secs[size_t(rank)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  });
+  for (int k = 0; k < n; ++k) {
+    EXPECT_NE(st[size_t(k)].code, STRATA_OK) << "rank " << k;
+    EXPECT_LT(secs[size_t(k)], 10.0) << "rank " << k << ": " << st[size_t(k)].message;
+  }
+  EXPECT_NE(st[2].message.find("all_reduce #0"), std::string::npos) << st[2].message;
+}
+
+// A rank that destroys its instance (connections closed) makes the others
+// fail fast too.
+TEST_P(RingTest, DestroyedRankFailsOthersFast) {
+  const int n = 3;
+  std::vector<Status> st(n);
+  std::vector<double> secs(n);
+  run_world(transport(), n, {{"timeout_s", 60}}, [&](int rank, Cdo& cdo) {
+    if (rank == 1) return;  // destroyed at once
+    const auto t0 = std::chrono::steady_clock::now();
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    st[size_t(rank)] = ar_float(cdo, kFloat32, 100000);
+    secs[size_t(rank)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  });
+  for (int k : {0, 2}) {
+    EXPECT_NE(st[size_t(k)].code, STRATA_OK) << "rank " << k;
+    EXPECT_LT(secs[size_t(k)], 10.0) << "rank " << k;
+    EXPECT_NE(st[size_t(k)].message.find("rank 1"), std::string::npos) << st[size_t(k)].message;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, RingTest, ::testing::ValuesIn(transports()),
+                         [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
+
+// ------------------------------------------------------ plain options ---
+
+class RingOptionsTest : public ::testing::Test {
+ protected:
+  void SetUp() override { load_plugins(); }
+};
+
+TEST_F(RingOptionsTest, RejectsUnknownAndInvalidOptions) {
+  auto expect_error = [](const std::string& opts, const std::string& text) {
+    try {
+      Cdo c(opts);
+      ADD_FAILURE() << "accepted " << opts;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), STRATA_ERR_INVALID_ARGUMENT) << e.what();
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+  };
+  expect_error(R"({"num_packs": 2})", "unknown option 'num_packs'");
+  expect_error(R"({"rank": 3, "world_size": 2})", "option 'rank'");
+  expect_error(R"({"world_size": 0})", "world_size");
+  expect_error(R"({"timeout_s": 0})", "timeout_s");
+  expect_error(R"({"transport": {"name": "tcp", "bogus": 1}})", "unknown option 'bogus'");
+  expect_error(R"({"transport": 7})", "option 'transport'");
+}
+
+TEST_F(RingOptionsTest, SingleProcessNeedsNoTransport) {
+  Cdo c(R"({"transport": {"name": "no_such_transport"}})");
+  Tensor a(kFloat32, {3}), b(kFloat32, {3}), o1(kFloat32, {3}), o2(kFloat32, {3});
+  for (size_t i = 0; i < 3; ++i) {
+    a.set(i, double(i));
+    b.set(i, 10.0);
+  }
+  Status s = c.all_reduce(STRATA_REDUCE_MEAN, {&a, &b}, {&o1, &o2}, 2);
+  ASSERT_EQ(s.code, STRATA_OK) << s.message;
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(load(kFloat32, o1.bytes.data(), i), (double(i) + 10.0) / 2);
+    EXPECT_EQ(load(kFloat32, o2.bytes.data(), i), (double(i) + 10.0) / 2);
+  }
+  EXPECT_EQ(c.barrier().code, STRATA_OK);
+}
+
+TEST_F(RingOptionsTest, RegisteredMemoryTransport) {
+  // A transport that requires registered memory sees only registered buffers.
+  Outputs outs(2);
+  run_world("ring_test_inproc", 2, {{"transport", {{"name", "ring_test_inproc"}, {"options", {{"requires_mr", true}}}}},
+                                    {"chunk_bytes", 1024}},
+            [&](int rank, Cdo& cdo) {
+              for (size_t size : {size_t(3), size_t(5000)}) {
+                Tensor x(kInt32, {int64_t(size)});
+                for (size_t i = 0; i < size; ++i) x.set(i, double(rank + 1));
+                Status s = cdo.all_reduce(STRATA_REDUCE_SUM, {&x}, {&x}, 1);
+                ASSERT_EQ(s.code, STRATA_OK) << s.message;
+                for (size_t i = 0; i < size; ++i) ASSERT_EQ(load(kInt32, x.bytes.data(), i), 3.0);
+              }
+            });
+}
+
+
+// ------------------------------------------------- real processes ---
+
+#ifdef RING_HAVE_TCP
+// Real processes: this executable re-runs itself as RingProcessTest.Child
+// with RING_CHILD_* set. Rank 0 serves the TCP rendezvous store on an
+// ephemeral port and writes its address to a file; the others connect to it.
+extern "C" char** environ;
+
+pid_t spawn_child(int rank, int world, const std::string& store, const std::string& addr_file, int crash_rank) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e)
+    if (std::strncmp(*e, "RING_CHILD_", 11) != 0) env.emplace_back(*e);
+  env.push_back("RING_CHILD_RANK=" + std::to_string(rank));
+  env.push_back("RING_CHILD_WORLD=" + std::to_string(world));
+  env.push_back("RING_CHILD_STORE=" + store);
+  env.push_back("RING_CHILD_ADDR_FILE=" + addr_file);
+  env.push_back("RING_CHILD_CRASH=" + std::to_string(crash_rank));
+  env.push_back("STRATA_AUTH_TOKEN=ring-test-token");
+  env.push_back("STRATA_LOG_LEVEL=warn");
+  std::vector<char*> envp;
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::string self(4096, '\0');
+  const ssize_t len = ::readlink("/proc/self/exe", self.data(), self.size() - 1);
+  if (len <= 0) return -1;
+  self.resize(size_t(len));
+  std::string filter = "--gtest_filter=RingProcessTest.Child";
+  char* argv[] = {self.data(), filter.data(), nullptr};
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the test
+    ::execve(self.c_str(), argv, envp.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+// Reap every child by the deadline; kill the rest. Returns exit statuses.
+std::vector<int> reap(std::vector<pid_t>& pids, std::chrono::seconds limit) {
+  std::vector<int> status(pids.size(), -1);
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  size_t left = 0;
+  for (pid_t p : pids) left += p > 0 ? 1 : 0;
+  while (left > 0 && std::chrono::steady_clock::now() < deadline) {
+    for (size_t i = 0; i < pids.size(); ++i) {
+      int st = 0;
+      if (pids[i] > 0 && ::waitpid(pids[i], &st, WNOHANG) == pids[i]) {
+        status[i] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        pids[i] = -1;
+        --left;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (size_t i = 0; i < pids.size(); ++i)
+    if (pids[i] > 0) {
+      ::kill(pids[i], SIGKILL);
+      ::waitpid(pids[i], nullptr, 0);
+      pids[i] = -1;
+    }
+  return status;
+}
+
+std::vector<int> run_processes(int world, int crash_rank) {
+  const std::string addr_file = ::testing::TempDir() + "ring-store-" + std::to_string(::getpid()) + "-" +
+                                std::to_string(g_comm_id++);
+  std::remove(addr_file.c_str());
+  std::vector<pid_t> pids{spawn_child(0, world, "127.0.0.1:0", addr_file, crash_rank)};
+  std::string addr;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (addr.empty() && std::chrono::steady_clock::now() < deadline) {
+    std::ifstream f(addr_file);
+    std::getline(f, addr);
+    if (addr.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    int st = 0;
+    if (addr.empty() && ::waitpid(pids[0], &st, WNOHANG) == pids[0]) {
+      pids[0] = -1;
+      break;
+    }
+  }
+  if (!addr.empty())
+    for (int r = 1; r < world; ++r) pids.push_back(spawn_child(r, world, addr, addr_file, crash_rank));
+  std::vector<int> st = reap(pids, std::chrono::seconds(90));
+  std::remove(addr_file.c_str());
+  if (addr.empty()) ADD_FAILURE() << "rank 0 never published the store address";
+  return st;
+}
+
+TEST(RingProcessTest, Child) {
+  const char* rank_s = std::getenv("RING_CHILD_RANK");
+  if (rank_s == nullptr) GTEST_SKIP() << "runs only as a child process of the other RingProcessTest tests";
+  load_plugins();
+  const int rank = std::atoi(rank_s);
+  const int world = std::atoi(std::getenv("RING_CHILD_WORLD"));
+  const int crash = std::atoi(std::getenv("RING_CHILD_CRASH"));
+  StoreConfig cfg;
+  cfg.address = std::getenv("RING_CHILD_STORE");
+  cfg.serve = rank == 0;
+  cfg.timeout_s = 30;
+  PluginHost::global().connect_store(cfg);
+  if (rank == 0) {
+    const std::string file = std::getenv("RING_CHILD_ADDR_FILE");
+    {
+      std::ofstream f(file + ".tmp");
+      f << PluginHost::global().store_address() << "\n";
+    }
+    std::rename((file + ".tmp").c_str(), file.c_str());
+  }
+  Cdo cdo(options_for("tcp", rank, world, "proc", {{"timeout_s", 20}}));
+  for (size_t size : {size_t(1), size_t(1000), size_t(300001)}) {
+    Tensor x(kInt64, {int64_t(size)});
+    for (size_t i = 0; i < size; ++i) x.set(i, double(int64_t(i) * (rank + 1)));
+    Status s = cdo.all_reduce(STRATA_REDUCE_SUM, {&x}, {&x}, 1);
+    ASSERT_EQ(s.code, STRATA_OK) << s.message;
+    const double f = world * (world + 1) / 2;
+    for (size_t i = 0; i < size; ++i) ASSERT_EQ(load(kInt64, x.bytes.data(), i), double(i) * f) << i;
+  }
+  {
+    Tensor in(kFloat32, {int64_t(rank + 1)}), out(kFloat32, {int64_t(world * (world + 1) / 2)});
+    for (int i = 0; i <= rank; ++i) in.set(size_t(i), double(rank));
+    Status s = cdo.all_gather({&in}, 0, {&out});
+    ASSERT_EQ(s.code, STRATA_OK) << s.message;
+    size_t pos = 0;
+    for (int k = 0; k < world; ++k)
+      for (int i = 0; i <= k; ++i) ASSERT_EQ(load(kFloat32, out.bytes.data(), pos++), double(k));
+  }
+  if (crash < 0) return;
+  ASSERT_EQ(cdo.barrier().code, STRATA_OK);
+  if (rank == crash) ::_exit(7);  // dies without closing anything cleanly
+  const auto t0 = std::chrono::steady_clock::now();
+  Status s = ar_float(cdo, kFloat32, 200000);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(s.code, STRATA_OK);
+  EXPECT_LT(secs, 15.0);
+  EXPECT_NE(s.message.find("all_reduce #"), std::string::npos) << s.message;
+  std::cerr << "rank " << rank << " failed as expected: " << s.message << "\n";
+}
+
+TEST(RingProcessTest, CollectivesAcrossProcesses) {
+  if (std::getenv("RING_CHILD_RANK") != nullptr) GTEST_SKIP();
+  const std::vector<int> st = run_processes(3, -1);
+  for (size_t r = 0; r < st.size(); ++r) EXPECT_EQ(st[r], 0) << "rank " << r;
+  EXPECT_EQ(st.size(), 3u);
+}
+
+TEST(RingProcessTest, CrashedProcessFailsTheOthers) {
+  if (std::getenv("RING_CHILD_RANK") != nullptr) GTEST_SKIP();
+  const std::vector<int> st = run_processes(3, 2);
+  ASSERT_EQ(st.size(), 3u);
+  EXPECT_EQ(st[0], 0);
+  EXPECT_EQ(st[1], 0);
+  EXPECT_EQ(st[2], 7);
+}
+#endif  // RING_HAVE_TCP
+
+}  // namespace
+}  // namespace strata::test

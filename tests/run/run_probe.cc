@@ -1,0 +1,108 @@
+// SPDX-License-Identifier: Apache-2.0
+// Test program for strata-run: reports what the launcher gave it and exits
+// as told.
+//
+//   run_probe --dir D [--sleep S] [--fail-rank R [--fail-code C | --fail-signal N] [--fail-after S]]
+//             [--ignore-term]
+//
+// Writes D/pid.<rank> (its pid) at start and D/term.<rank> when it gets
+// SIGTERM (then exits 0, or keeps running with --ignore-term). Prints
+// "rank=", "tf_config=", "token=" and "config=" lines to stdout, one line to
+// stderr, and one line written in three pieces (to check whole-line output).
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+
+namespace {
+
+char g_term_path[4096];
+volatile sig_atomic_t g_ignore_term = 0;
+
+void on_term(int) {
+  int fd = ::open(g_term_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd >= 0) {
+    ::write(fd, "term\n", 5);
+    ::close(fd);
+  }
+  if (!g_ignore_term) ::_exit(0);
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "w");
+  if (f == nullptr) std::exit(90);
+  std::fputs(text.c_str(), f);
+  std::fclose(f);
+  std::rename(tmp.c_str(), path.c_str());
+}
+
+void sleep_s(double s) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(s);
+  while (std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string dir;
+  double sleep = 0, fail_after = 0;
+  int fail_rank = -1, fail_code = 1, fail_signal = 0;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) std::exit(91);
+      return argv[++i];
+    };
+    if (a == "--dir") dir = next();
+    else if (a == "--sleep") sleep = std::stod(next());
+    else if (a == "--fail-rank") fail_rank = std::stoi(next());
+    else if (a == "--fail-code") fail_code = std::stoi(next());
+    else if (a == "--fail-signal") fail_signal = std::stoi(next());
+    else if (a == "--fail-after") fail_after = std::stod(next());
+    else if (a == "--ignore-term") g_ignore_term = 1;
+    else return 92;
+  }
+  const char* rank_env = std::getenv("STRATA_RANK");
+  const int rank = rank_env != nullptr ? std::atoi(rank_env) : -1;
+  std::snprintf(g_term_path, sizeof g_term_path, "%s/term.%d", dir.c_str(), rank);
+  struct sigaction sa{};
+  sa.sa_handler = &on_term;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGTERM, &sa, nullptr);
+  if (!dir.empty()) write_file(dir + "/pid." + std::to_string(rank), std::to_string(::getpid()));
+
+  auto env = [](const char* name) {
+    const char* v = std::getenv(name);
+    return std::string(v != nullptr ? v : "-");
+  };
+  std::printf("rank=%d\n", rank);
+  std::printf("tf_config=%s\n", env("TF_CONFIG").c_str());
+  std::printf("token=%s\n", env("STRATA_AUTH_TOKEN").c_str());
+  std::printf("config=%s\n", env("STRATA_CONFIG").c_str());
+  std::fflush(stdout);
+  for (const char* piece : {"chunked-a", "-b", "-c\n"}) {
+    std::fputs(piece, stdout);
+    std::fflush(stdout);
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  }
+  std::fprintf(stderr, "probe stderr rank=%d\n", rank);
+  std::fflush(stderr);
+
+  if (rank == fail_rank) {
+    sleep_s(fail_after);
+    if (fail_signal != 0) {
+      ::signal(fail_signal, SIG_DFL);
+      ::raise(fail_signal);
+    }
+    return fail_code;
+  }
+  sleep_s(sleep);
+  return 0;
+}

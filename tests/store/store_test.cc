@@ -1,0 +1,486 @@
+// SPDX-License-Identifier: Apache-2.0
+// Tests of the TCP rendezvous store through PluginHost::connect_store and the
+// host services table. Each PluginHost has its own services table, so
+// several hosts in one process behave like several processes; the forked
+// tests use real separate processes.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "strata/error.hpp"
+#include "strata/plugin_host.hpp"
+#include "strata/store.hpp"
+
+namespace strata {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+void append(void* user, const char* data, uint64_t len) {
+  static_cast<std::string*>(user)->append(data, len);
+}
+
+// Thin wrappers over the C table (what plugins call), throwing on failure.
+struct Store {
+  const strata_host_api* api;
+  void set(const std::string& k, const std::string& v, int64_t ms = 5000) const {
+    strata_error e;
+    strata_error_init(&e);
+    detail::check_status(api->store_set(api, k.c_str(), v.data(), v.size(), ms, &e), e, "set");
+  }
+  std::string get(const std::string& k, int64_t ms = 5000) const {
+    strata_error e;
+    strata_error_init(&e);
+    std::string out;
+    detail::check_status(api->store_get(api, k.c_str(), append, &out, ms, &e), e, "get");
+    return out;
+  }
+  int64_t add(const std::string& k, int64_t d, int64_t ms = 5000) const {
+    strata_error e;
+    strata_error_init(&e);
+    int64_t r = 0;
+    detail::check_status(api->store_add(api, k.c_str(), d, &r, ms, &e), e, "add");
+    return r;
+  }
+  void wait(const std::vector<std::string>& keys, int64_t ms = 5000) const {
+    std::vector<const char*> p;
+    for (const auto& k : keys) p.push_back(k.c_str());
+    strata_error e;
+    strata_error_init(&e);
+    detail::check_status(api->store_wait(api, p.data(), p.size(), ms, &e), e, "wait");
+  }
+};
+
+StoreConfig serve_cfg(const std::string& token = "") {
+  StoreConfig c;
+  c.address = "127.0.0.1:0";
+  c.serve = true;
+  c.auth_token = token;
+  c.timeout_s = 10;
+  return c;
+}
+
+StoreConfig client_cfg(const std::string& address, const std::string& token = "", double t = 10) {
+  StoreConfig c;
+  c.address = address;
+  c.auth_token = token;
+  c.timeout_s = t;
+  return c;
+}
+
+uint16_t port_of(const std::string& address) {
+  return static_cast<uint16_t>(std::stoi(address.substr(address.rfind(':') + 1)));
+}
+
+// A port that nothing listens on (bound then released).
+uint16_t unused_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+int raw_connect(uint16_t port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(port);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// True when the peer closes `fd` within `ms` (reads and discards data).
+bool closed_by_peer(int fd, int ms) {
+  const auto deadline = Clock::now() + std::chrono::milliseconds(ms);
+  char buf[256];
+  while (Clock::now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 50) <= 0) continue;
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) return true;
+  }
+  return false;
+}
+
+// Wait for `pid` up to `ms`; kill and reap it on timeout. Returns the exit
+// status, or -1 when it had to be killed.
+int reap(pid_t pid, int ms) {
+  const auto deadline = Clock::now() + std::chrono::milliseconds(ms);
+  int status = 0;
+  while (Clock::now() < deadline) {
+    if (::waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, &status, 0);
+  return -1;
+}
+
+TEST(StoreTest, ServeOnEphemeralPortAndShareAcrossHosts) {
+  PluginHost server;
+  server.connect_store(serve_cfg());
+  const std::string addr = server.store_address();
+  ASSERT_NE(port_of(addr), 0) << addr;
+  EXPECT_EQ(addr.rfind("127.0.0.1:", 0), 0u) << addr;
+
+  PluginHost a, b;
+  EXPECT_EQ(a.store_address(), "");
+  a.connect_store(client_cfg(addr));
+  b.connect_store(client_cfg(addr));
+  EXPECT_EQ(a.store_address(), addr);
+  Store sa{a.host_api()}, sb{b.host_api()}, ss{server.host_api()};
+
+  sa.set("k", std::string("v\0w", 3));
+  EXPECT_EQ(sb.get("k"), std::string("v\0w", 3));
+  EXPECT_EQ(ss.get("k"), std::string("v\0w", 3));
+  sb.set("k", "");
+  EXPECT_EQ(sa.get("k"), "");
+
+  EXPECT_EQ(sa.add("n", 5), 5);
+  EXPECT_EQ(sb.add("n", -2), 3);
+  EXPECT_EQ(ss.get("n"), "3");
+  EXPECT_THROW(sa.add("k", 1), InvalidArgumentError);  // "" is not an integer
+
+  // get and wait block server-side until another host sets the key.
+  std::thread setter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    sb.set("late", "x");
+    sb.set("late2", "y");
+  });
+  const auto t0 = Clock::now();
+  EXPECT_EQ(sa.get("late"), "x");
+  ss.wait({"late", "late2", "n"});
+  EXPECT_GE(Clock::now() - t0, std::chrono::milliseconds(100));
+  setter.join();
+
+  // The in-process store of a host that did not connect is separate.
+  PluginHost local;
+  Store sl{local.host_api()};
+  EXPECT_THROW(sl.get("k", 50), DeadlineExceededError);
+}
+
+TEST(StoreTest, ManyThreadsCountConcurrently) {
+  PluginHost server;
+  server.connect_store(serve_cfg());
+  PluginHost client;
+  client.connect_store(client_cfg(server.store_address()));
+  Store s{client.host_api()}, ss{server.host_api()};
+  constexpr int kThreads = 8, kAdds = 50;
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      try {
+        // Half the threads first block on a key only the last adder sets.
+        if (t % 2 == 0) s.get("go");
+        for (int i = 0; i < kAdds; ++i) s.add("counter", 1);
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << e.what();
+        ++failures;
+      }
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ss.set("go", "1");
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(ss.get("counter"), std::to_string(kThreads * kAdds));
+}
+
+TEST(StoreTest, GetAndWaitHonourDeadlines) {
+  PluginHost server;
+  server.connect_store(serve_cfg());
+  Store s{server.host_api()};
+  s.set("present", "1");
+  auto t0 = Clock::now();
+  try {
+    s.get("missing", 200);
+    FAIL() << "get of a missing key returned";
+  } catch (const DeadlineExceededError& e) {
+    EXPECT_NE(std::string(e.what()).find("missing"), std::string::npos) << e.what();
+  }
+  auto dt = Clock::now() - t0;
+  EXPECT_GE(dt, std::chrono::milliseconds(190));
+  EXPECT_LT(dt, std::chrono::seconds(5));
+  try {
+    s.wait({"present", "absent"}, 100);
+    FAIL() << "wait for a missing key returned";
+  } catch (const DeadlineExceededError& e) {
+    EXPECT_NE(std::string(e.what()).find("'absent'"), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find("'present'"), std::string::npos) << e.what();
+  }
+  // The connection is still usable after a timed-out request.
+  EXPECT_EQ(s.get("present"), "1");
+}
+
+TEST(StoreTest, LimitsAreEnforcedWithClearErrors) {
+  PluginHost server;
+  server.connect_store(serve_cfg());
+  Store s{server.host_api()};
+  try {
+    s.set("big", std::string((64u << 20) + 1, 'x'));
+    FAIL() << "oversized value accepted";
+  } catch (const InvalidArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find("accepts values up to"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(s.set(std::string(5000, 'k'), "v"), InvalidArgumentError);
+  const std::string large(1u << 20, 'y');
+  s.set("large", large);
+  EXPECT_EQ(s.get("large"), large);
+}
+
+TEST(StoreTest, ServerAbsentFailsAtTheDeadline) {
+  PluginHost h;
+  const std::string addr = "127.0.0.1:" + std::to_string(unused_port());
+  const auto t0 = Clock::now();
+  try {
+    h.connect_store(client_cfg(addr, "", 0.5));
+    FAIL() << "connected to nothing";
+  } catch (const DeadlineExceededError& e) {
+    EXPECT_NE(std::string(e.what()).find(addr), std::string::npos) << e.what();
+  }
+  EXPECT_GE(Clock::now() - t0, std::chrono::milliseconds(450));
+  EXPECT_EQ(h.store_address(), "");
+}
+
+TEST(StoreTest, BadAddressAndDoubleConnectAreRejected) {
+  PluginHost h;
+  EXPECT_THROW(h.connect_store(client_cfg("no-port")), InvalidArgumentError);
+  EXPECT_THROW(h.connect_store(client_cfg("127.0.0.1:0")), InvalidArgumentError);
+  h.connect_store(serve_cfg());
+  EXPECT_THROW(h.connect_store(serve_cfg()), FailedPreconditionError);
+}
+
+TEST(StoreTest, PortTakenIsAlreadyExists) {
+  PluginHost a;
+  a.connect_store(serve_cfg());
+  PluginHost b;
+  StoreConfig c = serve_cfg();
+  c.address = a.store_address();
+  try {
+    b.connect_store(c);
+    FAIL() << "served twice on one port";
+  } catch (const AlreadyExistsError& e) {
+    EXPECT_NE(std::string(e.what()).find(std::to_string(port_of(a.store_address()))), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(StoreTest, GarbageClosesOnlyThatConnection) {
+  PluginHost server;
+  server.connect_store(serve_cfg());
+  const uint16_t port = port_of(server.store_address());
+  Store s{server.host_api()};
+  const std::vector<std::string> garbage = {
+      std::string("\xff\xff\xff\xff", 4),                          // oversize frame
+      std::string("\x00\x00\x00\x00", 4),                          // empty frame
+      std::string("\x05\x00\x00\x00\x02\x01\x00\x00\x00", 9),      // SET before HELLO
+      std::string("\x01\x00\x00\x00\x63", 5),                      // unknown op
+      std::string("\x03\x00\x00\x00\x01\x53\x52", 7),              // truncated HELLO
+      "GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+  };
+  for (const auto& g : garbage) {
+    const int fd = raw_connect(port);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::send(fd, g.data(), g.size(), MSG_NOSIGNAL), static_cast<ssize_t>(g.size()));
+    EXPECT_TRUE(closed_by_peer(fd, 3000)) << "server kept a connection that sent garbage";
+    ::close(fd);
+  }
+  // A connection that hangs up mid-frame does not disturb the server either.
+  const int fd = raw_connect(port);
+  ASSERT_GE(fd, 0);
+  ::send(fd, "\x10\x00", 2, MSG_NOSIGNAL);
+  ::close(fd);
+  s.set("still", "alive");
+  EXPECT_EQ(s.get("still"), "alive");
+}
+
+TEST(StoreTest, AbortUnblocksAGet) {
+  PluginHost server;
+  server.connect_store(serve_cfg());
+  PluginHost client;
+  client.connect_store(client_cfg(server.store_address()));
+  const strata_host_api* api = client.host_api();
+  std::thread aborter([api] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    api->request_abort(api, "test abort");
+  });
+  const auto t0 = Clock::now();
+  EXPECT_THROW(Store{api}.get("never", 20000), AbortedError);
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(5));
+  aborter.join();
+  EXPECT_THROW(Store{api}.set("x", "y"), AbortedError);
+}
+
+TEST(StoreTest, ServerGoneIsUnavailable) {
+  PluginHost client;
+  {
+    PluginHost server;
+    server.connect_store(serve_cfg());
+    client.connect_store(client_cfg(server.store_address()));
+    Store{client.host_api()}.set("a", "b");
+  }
+  try {
+    Store{client.host_api()}.get("a", 1000);
+    FAIL() << "store still answered after the server stopped";
+  } catch (const Error& e) {
+    // A pooled connection sees the close (UNAVAILABLE); a fresh one cannot
+    // connect before the deadline (DEADLINE_EXCEEDED). Both name the store.
+    EXPECT_TRUE(e.code() == STRATA_ERR_UNAVAILABLE || e.code() == STRATA_ERR_DEADLINE_EXCEEDED) << e.what();
+    EXPECT_NE(std::string(e.what()).find("rendezvous store at 127.0.0.1:"), std::string::npos) << e.what();
+  }
+}
+
+// Child processes report through exit codes; they never return into gtest.
+[[noreturn]] void child_exit(int code) { ::_exit(code); }
+
+TEST(StoreTest, ForkedClientsRendezvousWithAServerStartedLater) {
+  // Fork before this process starts any thread; the children connect with
+  // retries while the server is not up yet (as ranks racing the chief).
+  const uint16_t port = unused_port();
+  const std::string addr = "127.0.0.1:" + std::to_string(port);
+  constexpr int kChildren = 3;
+  std::vector<pid_t> pids;
+  for (int i = 0; i < kChildren; ++i) {
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      int code = 0;
+      try {
+        PluginHost h;
+        h.connect_store(client_cfg(addr, "secret", 20));
+        Store s{h.host_api()};
+        s.add("arrived", 1);  // before the key the parent waits for
+        s.set("child/" + std::to_string(i), std::to_string(i * 10));
+        if (s.get("go", 20000) != "now") code = 2;
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "child %d: %s\n", i, e.what());
+        code = 1;
+      }
+      child_exit(code);
+    }
+    pids.push_back(pid);
+  }
+  int result[kChildren];
+  {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    PluginHost server;
+    StoreConfig c = serve_cfg("secret");
+    c.address = addr;
+    server.connect_store(c);
+    Store s{server.host_api()};
+    std::vector<std::string> keys;
+    for (int i = 0; i < kChildren; ++i) keys.push_back("child/" + std::to_string(i));
+    try {
+      s.wait(keys, 20000);
+      for (int i = 0; i < kChildren; ++i) EXPECT_EQ(s.get(keys[i]), std::to_string(i * 10));
+      EXPECT_EQ(s.get("arrived"), "3");
+      s.set("go", "now");
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << e.what();
+    }
+    for (int i = 0; i < kChildren; ++i) result[i] = reap(pids[i], 20000);
+  }
+  for (int i = 0; i < kChildren; ++i) EXPECT_EQ(result[i], 0) << "child " << i;
+}
+
+TEST(StoreTest, WrongTokenIsRefusedAndLoggedByTheServer) {
+  char log_path[] = "/tmp/strata-store-test-XXXXXX";
+  const int log_fd = ::mkstemp(log_path);
+  ASSERT_GE(log_fd, 0);
+  int ready[2], done[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  ASSERT_EQ(::pipe(done), 0);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::dup2(log_fd, 2);
+    ::close(ready[0]);
+    ::close(done[1]);
+    int code = 0;
+    try {
+      PluginHost server;
+      server.connect_store(serve_cfg("right-token"));
+      const std::string addr = server.store_address();
+      (void)!::write(ready[1], addr.data(), addr.size());
+      ::close(ready[1]);
+      char c;
+      pollfd p{done[0], POLLIN, 0};
+      ::poll(&p, 1, 30000);  // until the parent is done (or gone)
+      (void)!::read(done[0], &c, 1);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "server child: %s\n", e.what());
+      code = 1;
+    }
+    child_exit(code);
+  }
+  ::close(ready[1]);
+  ::close(done[0]);
+  std::string addr;
+  {
+    pollfd p{ready[0], POLLIN, 0};
+    ASSERT_EQ(::poll(&p, 1, 20000), 1);
+    char buf[128];
+    const ssize_t n = ::read(ready[0], buf, sizeof buf);
+    ASSERT_GT(n, 0);
+    addr.assign(buf, static_cast<size_t>(n));
+  }
+  {
+    PluginHost wrong;
+    try {
+      wrong.connect_store(client_cfg(addr, "wrong-token"));
+      ADD_FAILURE() << "a wrong token was accepted";
+    } catch (const PermissionDeniedError& e) {
+      EXPECT_NE(std::string(e.what()).find("STRATA_AUTH_TOKEN differs from the chief's"), std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find(addr), std::string::npos) << e.what();
+    }
+    PluginHost none;
+    EXPECT_THROW(none.connect_store(client_cfg(addr, "")), PermissionDeniedError);
+    PluginHost right;
+    right.connect_store(client_cfg(addr, "right-token"));
+    Store{right.host_api()}.set("ok", "1");
+    EXPECT_EQ(Store{right.host_api()}.get("ok"), "1");
+  }
+  ::close(done[1]);
+  EXPECT_EQ(reap(pid, 20000), 0);
+  ::close(ready[0]);
+  std::ifstream f(log_path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  ::close(log_fd);
+  ::unlink(log_path);
+  EXPECT_NE(ss.str().find("refused store connection from 127.0.0.1:"), std::string::npos) << ss.str();
+  EXPECT_NE(ss.str().find("wrong auth token"), std::string::npos) << ss.str();
+}
+
+}  // namespace
+}  // namespace strata

@@ -1,0 +1,664 @@
+// SPDX-License-Identifier: Apache-2.0
+// Tests of the "tcp" transport plugin, loaded through the plugin host. Ranks
+// run as threads (each with its own transport instance; the host's
+// in-process store is shared) or as forked processes that rendezvous
+// through the TCP store (PluginHost::connect_store).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "frame.h"
+#include "strata/error.hpp"
+#include "strata/plugin_host.hpp"
+
+namespace strata {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+namespace tcpw = transport::tcp;
+
+strata_buffer make_buf(void* data, uint64_t bytes) {
+  strata_buffer b{};
+  STRATA_INIT_HEADER(&b, strata_buffer);
+  b.data = data;
+  b.bytes = bytes;
+  b.device = DLDevice{kDLCPU, 0};
+  return b;
+}
+
+// One rank's transport instance and communicator, throwing on errors.
+class Rank {
+ public:
+  Rank(PluginHost& host, const std::string& options) : inst_(host.create(STRATA_KIND_TRANSPORT, "tcp", options)) {
+    vt_ = inst_.vtable_as<strata_transport_vtable>();
+  }
+  ~Rank() {
+    if (comm_ != nullptr) vt_->comm_destroy(comm_);
+  }
+  void join(const std::string& name, int rank, int world, int64_t timeout_ms = 20000) {
+    strata_error e;
+    strata_error_init(&e);
+    detail::check_status(vt_->comm_create(handle(), name.c_str(), rank, world, timeout_ms, &comm_, &e), e,
+                         "comm_create");
+  }
+  strata_request_t isend(int peer, uint64_t tag, const void* data, uint64_t bytes) {
+    strata_buffer b = make_buf(const_cast<void*>(data), bytes);
+    strata_request_t r = nullptr;
+    strata_error e;
+    strata_error_init(&e);
+    detail::check_status(vt_->isend(comm_, peer, tag, &b, &r, &e), e, "isend");
+    return r;
+  }
+  strata_request_t irecv(int peer, uint64_t tag, void* data, uint64_t bytes) {
+    strata_buffer b = make_buf(data, bytes);
+    strata_request_t r = nullptr;
+    strata_error e;
+    strata_error_init(&e);
+    detail::check_status(vt_->irecv(comm_, peer, tag, &b, &r, &e), e, "irecv");
+    return r;
+  }
+  uint64_t wait(strata_request_t r, int64_t ms = 20000) {
+    uint64_t n = 0;
+    strata_error e;
+    strata_error_init(&e);
+    detail::check_status(vt_->wait(comm_, r, ms, &n, &e), e, "wait");
+    return n;
+  }
+  bool test(strata_request_t r, uint64_t* n) {
+    int32_t done = 0;
+    strata_error e;
+    strata_error_init(&e);
+    detail::check_status(vt_->test(comm_, r, &done, n, &e), e, "test");
+    return done != 0;
+  }
+  void cancel(strata_request_t r) { vt_->cancel(comm_, r); }
+  void abort(const char* why) { vt_->comm_abort(comm_, why); }
+  strata_transport_caps caps() {
+    strata_transport_caps c{};
+    STRATA_INIT_HEADER(&c, strata_transport_caps);
+    strata_error e;
+    strata_error_init(&e);
+    detail::check_status(vt_->get_caps(handle(), &c, &e), e, "get_caps");
+    return c;
+  }
+
+ private:
+  strata_transport_t handle() const { return static_cast<strata_transport_t>(inst_.handle()); }
+  PluginInstance inst_;
+  const strata_transport_vtable* vt_ = nullptr;
+  strata_comm_t comm_ = nullptr;
+};
+
+// Run fn(rank) on `world` threads; rethrow the first failure.
+void run_ranks(int world, const std::function<void(int)>& fn) {
+  std::vector<std::thread> threads;
+  std::vector<std::exception_ptr> errors(world);
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        fn(r);
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+std::string unique_name(const char* base) {
+  static std::atomic<int> n{0};
+  return std::string(base) + "-" + std::to_string(n++);
+}
+
+uint8_t pattern(uint64_t i, uint64_t salt) { return static_cast<uint8_t>((i * 131 + salt * 7 + (i >> 11)) & 0xff); }
+
+TEST(TcpTest, OptionsAreValidatedAndCapsReported) {
+  PluginHost host;
+  try {
+    Rank r(host, R"({"bogus": 1})");
+    FAIL() << "unknown option accepted";
+  } catch (const InvalidArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find("'bogus'"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(Rank(host, R"({"ports": "x-9"})"), InvalidArgumentError);
+  EXPECT_THROW(Rank(host, R"({"ports": "30-20"})"), InvalidArgumentError);
+  EXPECT_THROW(Rank(host, R"({"connections_per_peer": 9})"), InvalidArgumentError);
+  EXPECT_THROW(Rank(host, R"({"bind": "not-an-ip"})"), InvalidArgumentError);
+  EXPECT_THROW(Rank(host, R"({"bind": "::1"})"), InvalidArgumentError);  // ipv6 false
+  EXPECT_THROW(Rank(host, R"({"timeout_s": 0})"), InvalidArgumentError);
+  Rank ok(host, R"({"ports": "0", "connections_per_peer": 1, "socket_buffer_bytes": 0})");
+  const auto caps = ok.caps();
+  EXPECT_TRUE(caps.flags & STRATA_TRANSPORT_CAP_P2P);
+  EXPECT_TRUE(caps.flags & STRATA_TRANSPORT_CAP_MEM_HOST);
+  EXPECT_TRUE(caps.flags & STRATA_TRANSPORT_CAP_THREAD_SAFE);
+  EXPECT_FALSE(caps.flags & STRATA_TRANSPORT_CAP_NATIVE_COLLECTIVES);
+  EXPECT_EQ(caps.preferred_chunk_bytes, 1u << 20);
+}
+
+void ping_pong(const std::string& options, int iters, const char* label) {
+  PluginHost host;
+  const std::string name = unique_name("pingpong");
+  double usec = 0;
+  run_ranks(2, [&](int rank) {
+    Rank r(host, options);
+    r.join(name, rank, 2);
+    uint64_t v = 0;
+    const auto t0 = Clock::now();
+    for (int i = 0; i < iters; ++i) {
+      if (rank == 0) {
+        uint64_t out = static_cast<uint64_t>(i), in = 0;
+        r.wait(r.isend(1, 7, &out, 8));
+        ASSERT_EQ(r.wait(r.irecv(1, 7, &in, 8)), 8u);
+        ASSERT_EQ(in, out + 1000);
+      } else {
+        ASSERT_EQ(r.wait(r.irecv(0, 7, &v, 8)), 8u);
+        v += 1000;
+        r.wait(r.isend(0, 7, &v, 8));
+      }
+    }
+    if (rank == 0)
+      usec = std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / iters / 2;
+  });
+  std::printf("[ tcp ] %s: one-way latency %.1f us (8-byte ping-pong, %d round trips)\n", label, usec, iters);
+}
+
+TEST(TcpTest, PingPongIPv4) { ping_pong(R"({"connections_per_peer": 1})", 2000, "IPv4 127.0.0.1"); }
+
+TEST(TcpTest, PingPongIPv6) {
+  const int fd = ::socket(AF_INET6, SOCK_STREAM, 0);
+  sockaddr_in6 a{};
+  a.sin6_family = AF_INET6;
+  a.sin6_addr = in6addr_loopback;
+  const bool have_v6 = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  if (fd >= 0) ::close(fd);
+  if (!have_v6) GTEST_SKIP() << "no IPv6 loopback (::1) on this machine";
+  ping_pong(R"({"ipv6": true, "bind": "::1"})", 200, "IPv6 ::1");
+}
+
+TEST(TcpTest, ManyTagsKeepPostingOrderAcrossThreeRanks) {
+  PluginHost host;
+  const std::string name = unique_name("tags");
+  constexpr int kWorld = 3, kTags = 5, kPerTag = 40;
+  run_ranks(kWorld, [&](int rank) {
+    Rank r(host, R"({"connections_per_peer": 3})");
+    r.join(name, rank, kWorld);
+    std::vector<strata_request_t> sends;
+    std::vector<std::vector<uint64_t>> out(kWorld * kTags);
+    for (int peer = 0; peer < kWorld; ++peer) {
+      if (peer == rank) continue;
+      for (int t = 0; t < kTags; ++t)
+        for (int i = 0; i < kPerTag; ++i) out[peer * kTags + t].push_back(rank * 1000000 + t * 1000 + i);
+      // Interleave tags so per-tag order must be kept among other tags' traffic.
+      for (int i = 0; i < kPerTag; ++i)
+        for (int t = 0; t < kTags; ++t) sends.push_back(r.isend(peer, 100 + t, &out[peer * kTags + t][i], 8));
+    }
+    // Receive tags in a different order from the sending one; half of the
+    // messages have arrived already (unexpected path), the rest not.
+    std::this_thread::sleep_for(std::chrono::milliseconds(rank == 1 ? 50 : 0));
+    for (int peer = 0; peer < kWorld; ++peer) {
+      if (peer == rank) continue;
+      for (int t = kTags - 1; t >= 0; --t) {
+        std::vector<uint64_t> in(kPerTag);
+        std::vector<strata_request_t> recvs;
+        for (int i = 0; i < kPerTag; ++i) recvs.push_back(r.irecv(peer, 100 + t, &in[i], 8));
+        for (auto q : recvs) ASSERT_EQ(r.wait(q), 8u);
+        for (int i = 0; i < kPerTag; ++i) ASSERT_EQ(in[i], uint64_t(peer * 1000000 + t * 1000 + i));
+      }
+    }
+    for (auto s : sends) r.wait(s);
+  });
+}
+
+void exchange_sizes(const std::string& options, const std::vector<uint64_t>& sizes, bool report) {
+  PluginHost host;
+  const std::string name = unique_name("sizes");
+  run_ranks(2, [&](int rank) {
+    Rank r(host, options);
+    r.join(name, rank, 2);
+    const int peer = 1 - rank;
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      const uint64_t n = sizes[k];
+      std::vector<uint8_t> out(n), in(n + 16, 0xEE);
+      for (uint64_t i = 0; i < n; ++i) out[i] = pattern(i, k + rank);
+      // Receive posted first on one side, second on the other: both paths.
+      strata_request_t rq, sq;
+      if (rank == 0) {
+        rq = r.irecv(peer, k, in.data(), n + 16);
+        sq = r.isend(peer, k, out.data(), n);
+      } else {
+        sq = r.isend(peer, k, out.data(), n);
+        std::this_thread::sleep_for(std::chrono::milliseconds(n > (1u << 20) ? 20 : 1));
+        rq = r.irecv(peer, k, in.data(), n + 16);
+      }
+      ASSERT_EQ(r.wait(sq, 60000), n);
+      ASSERT_EQ(r.wait(rq, 60000), n) << "size " << n;
+      for (uint64_t i = 0; i < n; ++i)
+        if (in[i] != pattern(i, k + peer)) FAIL() << "size " << n << ": byte " << i << " differs";
+      ASSERT_EQ(in[n], 0xEE) << "wrote past the message";
+    }
+    if (report) {
+      // Bandwidth: both ranks send 64 MiB to each other at once, several times.
+      const uint64_t n = 64ull << 20;
+      std::vector<uint8_t> out(n, 1), in(n);
+      const int reps = 4;
+      const auto t0 = Clock::now();
+      for (int i = 0; i < reps; ++i) {
+        auto rq = r.irecv(peer, 999, in.data(), n);
+        auto sq = r.isend(peer, 999, out.data(), n);
+        r.wait(sq, 60000);
+        r.wait(rq, 60000);
+      }
+      const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (rank == 0)
+        std::printf("[ tcp ] %s: 64 MiB bidirectional exchange %.2f GB/s per direction\n", options.c_str(),
+                    reps * n / s / 1e9);
+    }
+  });
+}
+
+TEST(TcpTest, SizesFromZeroTo64MiBOneConnection) {
+  exchange_sizes(R"({"connections_per_peer": 1})", {0, 1, 7, 4096, (256u << 10) - 1, 1u << 20, 64u << 20}, true);
+}
+
+TEST(TcpTest, LargeMessagesAreStripedAcrossConnections) {
+  // 4 connections: messages >= 512 KiB travel as several stripes whose frames
+  // may arrive out of order relative to later messages.
+  exchange_sizes(R"({"connections_per_peer": 4})",
+                 {0, 3, 512u << 10, (512u << 10) + 1, (1u << 20) + 3, 5u << 20, 16u << 20, 64u << 20}, true);
+}
+
+TEST(TcpTest, StripedAndSmallMessagesInterleaveInOrder) {
+  PluginHost host;
+  const std::string name = unique_name("interleave");
+  run_ranks(2, [&](int rank) {
+    Rank r(host, R"({"connections_per_peer": 2})");
+    r.join(name, rank, 2);
+    constexpr int kMsgs = 30;
+    std::vector<std::vector<uint8_t>> bufs(kMsgs);
+    std::vector<strata_request_t> reqs;
+    for (int i = 0; i < kMsgs; ++i) {
+      const uint64_t n = (i % 3 == 0) ? (1u << 20) + i : 16 + i;  // big, small, small, ...
+      bufs[i].resize(n);
+      if (rank == 0) {
+        for (uint64_t j = 0; j < n; ++j) bufs[i][j] = pattern(j, i);
+        reqs.push_back(r.isend(1, 5, bufs[i].data(), n));
+      } else {
+        reqs.push_back(r.irecv(0, 5, bufs[i].data(), n));
+      }
+    }
+    for (int i = 0; i < kMsgs; ++i) ASSERT_EQ(r.wait(reqs[i]), bufs[i].size());
+    if (rank == 1) {
+      for (int i = 0; i < kMsgs; ++i)
+        for (uint64_t j = 0; j < bufs[i].size(); ++j) ASSERT_EQ(bufs[i][j], pattern(j, i)) << i << "/" << j;
+    }
+  });
+}
+
+TEST(TcpTest, ReceiveBufferTooSmallFailsThatRequest) {
+  PluginHost host;
+  const std::string name = unique_name("small");
+  run_ranks(2, [&](int rank) {
+    Rank r(host, R"({"connections_per_peer": 1})");
+    r.join(name, rank, 2);
+    std::vector<char> big(100, 'x'), small(10);
+    if (rank == 0) {
+      r.wait(r.isend(1, 1, big.data(), big.size()));
+      r.wait(r.isend(1, 2, big.data(), 5));
+    } else {
+      try {
+        r.wait(r.irecv(0, 1, small.data(), small.size()));
+        FAIL() << "a 100-byte message fit a 10-byte buffer";
+      } catch (const InvalidArgumentError& e) {
+        EXPECT_NE(std::string(e.what()).find("100 bytes"), std::string::npos) << e.what();
+      }
+      EXPECT_EQ(r.wait(r.irecv(0, 2, small.data(), small.size())), 5u);  // still usable
+    }
+  });
+}
+
+TEST(TcpTest, TestNeverBlocksAndCancelReleasesAPostedReceive) {
+  PluginHost host;
+  const std::string name = unique_name("test");
+  run_ranks(2, [&](int rank) {
+    Rank r(host, R"({})");
+    r.join(name, rank, 2);
+    uint64_t v = 0;
+    if (rank == 1) {
+      auto q = r.irecv(0, 3, &v, 8);
+      uint64_t n = 0;
+      const auto t0 = Clock::now();
+      EXPECT_FALSE(r.test(q, &n));
+      EXPECT_LT(Clock::now() - t0, std::chrono::milliseconds(100));
+      r.cancel(q);
+      // Tell rank 0 to send; the cancelled receive must not take the message.
+      r.wait(r.isend(0, 4, &v, 8));
+      uint64_t got = 0;
+      auto q2 = r.irecv(0, 3, &got, 8);
+      while (!r.test(q2, &n)) std::this_thread::yield();
+      EXPECT_EQ(n, 8u);
+      EXPECT_EQ(got, 42u);
+    } else {
+      r.wait(r.irecv(1, 4, &v, 8));
+      uint64_t x = 42;
+      r.wait(r.isend(1, 3, &x, 8));
+    }
+    EXPECT_THROW(r.isend(rank, 0, &v, 8), InvalidArgumentError);  // to itself
+    EXPECT_THROW(r.irecv(7, 0, &v, 8), InvalidArgumentError);      // no such rank
+  });
+}
+
+TEST(TcpTest, WaitHasADeadlineAndAbortUnblocksItFromAnotherThread) {
+  PluginHost host;
+  const std::string name = unique_name("abort");
+  std::atomic<bool> done{false};
+  run_ranks(2, [&](int rank) {
+    Rank r(host, R"({})");
+    r.join(name, rank, 2);
+    if (rank == 1) {
+      // Stay connected (and silent) until rank 0 is finished.
+      while (!done.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    } else {
+      struct Done {
+        std::atomic<bool>& d;
+        ~Done() { d = true; }
+      } mark{done};
+      uint64_t v = 0;
+      auto q = r.irecv(1, 9, &v, 8);
+      try {
+        r.wait(q, 100);
+        FAIL() << "wait returned without a message";
+      } catch (const DeadlineExceededError& e) {
+        EXPECT_NE(std::string(e.what()).find("rank 1 (127.0.0.1:"), std::string::npos) << e.what();
+      }
+      std::thread aborter([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        r.abort("test says stop");
+      });
+      const auto t0 = Clock::now();
+      try {
+        r.wait(q, 20000);
+        FAIL() << "wait returned after abort";
+      } catch (const AbortedError& e) {
+        EXPECT_NE(std::string(e.what()).find("test says stop"), std::string::npos) << e.what();
+      }
+      EXPECT_LT(Clock::now() - t0, std::chrono::seconds(5));
+      aborter.join();
+      EXPECT_THROW(r.wait(r.isend(1, 1, &v, 8)), AbortedError);
+    }
+  });
+}
+
+TEST(TcpTest, AMissingRankIsNamedAtTheDeadline) {
+  PluginHost host;
+  const std::string name = unique_name("missing");
+  run_ranks(2, [&](int rank) {
+    Rank r(host, R"({})");
+    try {
+      r.join(name, rank, 3, 500);  // rank 2 never comes
+      FAIL() << "comm_create succeeded without rank 2";
+    } catch (const DeadlineExceededError& e) {
+      const std::string msg = e.what();
+      if (rank == 0) {
+        EXPECT_NE(msg.find("rank 2 never published its address"), std::string::npos) << msg;
+      } else {
+        EXPECT_NE(msg.find("rank 2"), std::string::npos) << msg;
+      }
+    }
+  });
+  // Rank 1 alone waits for rank 0 to connect.
+  Rank alone(host, R"({})");
+  try {
+    alone.join(unique_name("alone"), 1, 2, 300);
+    FAIL() << "comm_create succeeded without rank 0";
+  } catch (const DeadlineExceededError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank(s) 0 never connected"), std::string::npos) << e.what();
+  }
+}
+
+TEST(TcpTest, TakenPortRangeIsAClearError) {
+  // Hold a port, then ask for exactly that one.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(fd, 1), 0);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  const std::string port = std::to_string(ntohs(a.sin_port));
+  PluginHost host;
+  Rank r(host, R"({"bind": "127.0.0.1", "ports": ")" + port + "-" + port + R"("})");
+  try {
+    r.join(unique_name("port"), 0, 1, 1000);
+    ADD_FAILURE() << "bound a taken port";
+  } catch (const UnavailableError& e) {
+    EXPECT_NE(std::string(e.what()).find(port + "-" + port), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("widen the 'ports' option"), std::string::npos) << e.what();
+  }
+  ::close(fd);
+}
+
+// Plays rank 1 by hand: publishes its own listening socket, accepts rank 0's
+// connection, answers the handshake, then writes garbage.
+TEST(TcpTest, GarbageFromAPeerFailsItsRequestsNamingIt) {
+  PluginHost host;
+  const std::string name = unique_name("garbage");
+  const int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(lfd, 4), 0);
+  socklen_t len = sizeof a;
+  ::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
+  const std::string addr = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  const strata_host_api* api = host.host_api();
+  const std::string key = name + "/addr/1";
+  strata_error err;
+  strata_error_init(&err);
+  ASSERT_EQ(api->store_set(api, key.c_str(), addr.data(), addr.size(), 1000, &err), STRATA_OK);
+
+  std::thread fake([&] {
+    const int fd = ::accept(lfd, nullptr, nullptr);
+    if (fd < 0) return;
+    uint8_t hs[tcpw::kFrameHeaderBytes + tcpw::kHandshakeBytes];
+    size_t got = 0;
+    while (got < sizeof hs) {
+      const ssize_t n = ::recv(fd, hs + got, sizeof hs - got, 0);
+      if (n <= 0) break;
+      got += static_cast<size_t>(n);
+    }
+    tcpw::FrameHeader h;
+    h.flags = tcpw::kFlagHandshake;
+    h.length = h.total = tcpw::kHandshakeBytes;
+    tcpw::encode_header(h, hs);
+    tcpw::Handshake me;
+    me.name_hash = tcpw::comm_name_hash(name);
+    me.rank = 1;
+    me.world = 2;
+    me.conn_index = 0;
+    me.conns_per_peer = 1;
+    tcpw::encode_handshake(me, hs + tcpw::kFrameHeaderBytes);
+    (void)!::send(fd, hs, sizeof hs, MSG_NOSIGNAL);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const char junk[64] = "this is not a strata frame header, it is garbage!!";
+    (void)!::send(fd, junk, sizeof junk, MSG_NOSIGNAL);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    ::close(fd);
+  });
+  {
+    Rank r(host, R"({"connections_per_peer": 1})");
+    r.join(name, 0, 2, 5000);
+    uint64_t v = 0;
+    auto q = r.irecv(1, 0, &v, 8);
+    try {
+      r.wait(q, 10000);
+      ADD_FAILURE() << "garbage was accepted as a message";
+    } catch (const DataLossError& e) {
+      EXPECT_NE(std::string(e.what()).find("malformed frame from rank 1 (" + addr + ")"), std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("bad frame magic"), std::string::npos) << e.what();
+    }
+  }
+  fake.join();
+  ::close(lfd);
+}
+
+// ------------------------------------------------------ forked processes ---
+
+uint16_t unused_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+int reap(pid_t pid, int ms) {
+  const auto deadline = Clock::now() + std::chrono::milliseconds(ms);
+  int status = 0;
+  while (Clock::now() < deadline) {
+    if (::waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, &status, 0);
+  return -1;
+}
+
+// Kills and reaps every child on every path out of a test.
+struct Children {
+  std::vector<pid_t> pids;
+  ~Children() {
+    for (pid_t p : pids) {
+      ::kill(p, SIGKILL);
+      int st;
+      ::waitpid(p, &st, 0);
+    }
+  }
+};
+
+// fn(rank) in a child process per rank 1..world-1 (exit code 0 = pass);
+// the parent is rank 0 and serves the store.
+template <class F>
+void forked_ranks(int world, const std::string& store_addr, Children& kids, F fn) {
+  for (int rank = 1; rank < world; ++rank) {
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      int code = 0;
+      try {
+        PluginHost host;
+        StoreConfig c;
+        c.address = store_addr;
+        c.timeout_s = 20;
+        c.auth_token = "tok";
+        host.connect_store(c);
+        code = fn(host, rank);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+        code = 1;
+      }
+      ::_exit(code);
+    }
+    kids.pids.push_back(pid);
+  }
+}
+
+TEST(TcpTest, ForkedProcessesRingExchangeOverTheTcpStore) {
+  const std::string store = "127.0.0.1:" + std::to_string(unused_port());
+  constexpr int kWorld = 3;
+  constexpr uint64_t kBytes = 3u << 20;
+  auto body = [](PluginHost& host, int rank) -> int {
+    Rank r(host, R"({"connections_per_peer": 2})");
+    r.join("ring", rank, kWorld);
+    std::vector<uint8_t> out(kBytes), in(kBytes);
+    for (uint64_t i = 0; i < kBytes; ++i) out[i] = pattern(i, rank);
+    const int next = (rank + 1) % kWorld, prev = (rank + kWorld - 1) % kWorld;
+    auto rq = r.irecv(prev, 1, in.data(), kBytes);
+    auto sq = r.isend(next, 1, out.data(), kBytes);
+    r.wait(sq);
+    if (r.wait(rq) != kBytes) return 3;
+    for (uint64_t i = 0; i < kBytes; ++i)
+      if (in[i] != pattern(i, prev)) return 4;
+    // Final barrier so nobody closes while a peer still reads.
+    uint8_t b = 0;
+    auto bs = r.isend(next, 2, &b, 1);
+    r.wait(r.irecv(prev, 2, &b, 1));
+    r.wait(bs);
+    return 0;
+  };
+  Children kids;
+  forked_ranks(kWorld, store, kids, body);
+  PluginHost host;
+  StoreConfig c;
+  c.address = store;
+  c.serve = true;
+  c.auth_token = "tok";
+  host.connect_store(c);
+  EXPECT_EQ(body(host, 0), 0);
+  for (size_t i = 0; i < kids.pids.size(); ++i) EXPECT_EQ(reap(kids.pids[i], 30000), 0) << "rank " << i + 1;
+  kids.pids.clear();
+}
+
+TEST(TcpTest, AKilledPeerProcessIsUnavailableNamingIt) {
+  const std::string store = "127.0.0.1:" + std::to_string(unused_port());
+  Children kids;
+  forked_ranks(2, store, kids, [](PluginHost& host, int rank) -> int {
+    Rank r(host, R"({})");
+    r.join("victim", rank, 2);
+    uint64_t v = 0;
+    r.wait(r.irecv(0, 1, &v, 8));
+    r.wait(r.isend(0, 1, &v, 8));
+    ::pause();  // until SIGKILL
+    return 0;
+  });
+  PluginHost host;
+  StoreConfig c;
+  c.address = store;
+  c.serve = true;
+  c.auth_token = "tok";
+  host.connect_store(c);
+  Rank r(host, R"({})");
+  r.join("victim", 0, 2);
+  uint64_t v = 5;
+  r.wait(r.isend(1, 1, &v, 8));
+  r.wait(r.irecv(1, 1, &v, 8));
+  std::vector<uint8_t> big(1u << 20);
+  auto q = r.irecv(1, 2, big.data(), big.size());
+  ::kill(kids.pids[0], SIGKILL);
+  const auto t0 = Clock::now();
+  try {
+    r.wait(q, 10000);
+    ADD_FAILURE() << "receive from a killed peer succeeded";
+  } catch (const UnavailableError& e) {
+    EXPECT_NE(std::string(e.what()).find("lost connection to rank 1 (127.0.0.1:"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(5));
+  EXPECT_THROW(r.wait(r.isend(1, 3, &v, 8)), UnavailableError);
+}
+
+}  // namespace
+}  // namespace strata

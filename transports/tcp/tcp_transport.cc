@@ -1,0 +1,1023 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "tcp_transport.h"
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include <boost/asio.hpp>
+
+#include "frame.h"
+#include "strata/sdk/options.hpp"
+
+namespace strata::transport::tcp {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using Clock = std::chrono::steady_clock;
+using detail::str_cat;
+
+namespace {
+
+constexpr uint64_t kStripeMinBytes = 256 << 10;  // smallest stripe of a striped message
+constexpr uint64_t kPreferredChunkBytes = 1 << 20;
+
+bool split_host_port(const std::string& a, std::string* host, uint16_t* port) {
+  const size_t colon = a.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 >= a.size()) return false;
+  std::string h = a.substr(0, colon);
+  if (h.size() >= 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
+  char* end = nullptr;
+  const long p = std::strtol(a.c_str() + colon + 1, &end, 10);
+  if (*end != '\0' || p <= 0 || p > 65535) return false;
+  *host = h;
+  *port = static_cast<uint16_t>(p);
+  return true;
+}
+
+std::string join_host_port(const std::string& host, uint16_t port) {
+  return host.find(':') != std::string::npos ? str_cat("[", host, "]:", port) : str_cat(host, ":", port);
+}
+
+// The local address the kernel would use to reach `host` (no packet is sent).
+std::string route_to(const std::string& host, bool ipv6) {
+  try {
+    asio::io_context io;
+    tcp::resolver resolver(io);
+    auto results = resolver.resolve(ipv6 ? tcp::v6() : tcp::v4(), host, "9");
+    for (const auto& r : results) {
+      asio::ip::udp::socket s(io);
+      boost::system::error_code ec;
+      const asio::ip::udp::endpoint ep(r.endpoint().address(), 9);
+      s.open(ep.protocol(), ec);
+      if (!ec) s.connect(ep, ec);
+      if (!ec) return s.local_endpoint().address().to_string();
+    }
+  } catch (const std::exception&) {
+  }
+  return "";
+}
+
+}  // namespace
+
+// ------------------------------------------------------------- requests ---
+
+struct Request {
+  bool is_send = false;
+  int32_t peer = -1;
+  uint64_t tag = 0;
+  char* data = nullptr;
+  uint64_t bytes = 0;
+  uint64_t seq = 0;          // sends: message number to this peer
+  uint64_t moved = 0;        // bytes delivered when finished
+  int pending_frames = 0;    // sends: frames not yet written
+  int io_refs = 0;           // frames being read/written into/from `data` right now, or queued
+  bool finished = false;
+  strata_status_t status = STRATA_OK;
+  std::string error;
+};
+
+// One incoming message, from its first frame until its receive has it all.
+struct InMsg {
+  uint64_t tag = 0;
+  uint64_t total = 0;
+  uint64_t received = 0;
+  Request* req = nullptr;     // matched receive, or null (unexpected / orphaned)
+  bool direct = false;        // bytes go straight into req->data
+  bool orphan = false;        // its receive was cancelled or failed: drop when complete
+  std::vector<char> staging;  // when !direct
+};
+
+struct SendFrame {
+  std::array<uint8_t, kFrameHeaderBytes> header;
+  const char* data;
+  uint64_t length;
+  Request* req;
+};
+
+struct Conn {
+  explicit Conn(asio::io_context& io) : socket(io) {}
+  tcp::socket socket;
+  int peer = -1;
+  int index = 0;
+  std::array<uint8_t, kFrameHeaderBytes> rx_header{};
+  FrameHeader rx{};
+  bool parked = false;  // holds rx for a message whose lower-numbered predecessors are unknown
+  bool eof = false;     // the peer closed this connection cleanly
+  std::deque<SendFrame> sendq;
+  bool writing = false;
+  std::array<uint8_t, kFrameHeaderBytes + kHandshakeBytes> hs{};  // handshake I/O
+};
+
+struct Peer {
+  std::string address;
+  std::vector<std::unique_ptr<Conn>> conns;
+  uint64_t send_seq = 0;
+  uint64_t next_announce = 0;  // lowest incoming seq not seen yet
+  std::map<uint64_t, std::unique_ptr<InMsg>> msgs;
+  std::unordered_map<uint64_t, std::deque<Request*>> posted;      // unmatched receives by tag
+  std::unordered_map<uint64_t, std::deque<uint64_t>> unexpected;  // unmatched messages by tag
+  bool failed = false;
+  strata_status_t fail_code = STRATA_OK;
+  std::string fail_reason;
+};
+
+// ---------------------------------------------------------------- comm ---
+
+class TcpComm : public sdk::CommBase {
+ public:
+  TcpComm(sdk::Host host, const Options& opts, std::string name, int32_t rank, int32_t world)
+      : host_(std::move(host)), opts_(opts), name_(std::move(name)), rank_(rank), world_(world),
+        peers_(static_cast<size_t>(world)) {}
+  ~TcpComm() override;
+
+  void setup(int64_t timeout_ms);
+
+  void abort(const char* reason) noexcept override {
+    try {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (aborted_) return;
+      aborted_ = true;
+      const std::string why = str_cat("communicator '", name_, "' aborted: ", reason);
+      for (int p = 0; p < world_; ++p)
+        if (p != rank_) fail_peer_locked(p, STRATA_ERR_ABORTED, why, false);
+    } catch (...) {
+    }
+  }
+  strata_mem_region_t mem_register(void* data, uint64_t bytes, DLDevice device) override {
+    if (device.device_type != kDLCPU)
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "the tcp transport moves host memory only (got device type ",
+                   static_cast<int>(device.device_type), "); stage device buffers in host memory");
+    // No registration is needed for sockets; hand back a non-null token.
+    return reinterpret_cast<strata_mem_region_t>(&region_token_);
+  }
+  void mem_deregister(strata_mem_region_t) noexcept override {}
+  strata_request_t isend(int32_t peer, uint64_t tag, const strata_buffer& buf) override;
+  strata_request_t irecv(int32_t peer, uint64_t tag, const strata_buffer& buf) override;
+  bool test(strata_request_t req, uint64_t* bytes) override;
+  uint64_t wait(strata_request_t req, int64_t timeout_ms) override;
+  void cancel(strata_request_t req) noexcept override;
+
+ private:
+  std::string peer_name(int p) const { return str_cat("rank ", p, " (", peers_[p].address, ")"); }
+  std::string describe(const Request& r) const {
+    return r.is_send ? str_cat("isend #", r.seq, " to ", peer_name(r.peer), " (tag ", r.tag, ", ", r.bytes, " bytes)")
+                     : str_cat("irecv from ", peer_name(r.peer), " (tag ", r.tag, ", up to ", r.bytes, " bytes)");
+  }
+  void check_buffer(int32_t peer, const strata_buffer& buf, const char* op) const;
+  Request* lookup_locked(strata_request_t h) const {
+    auto* r = reinterpret_cast<Request*>(h);
+    if (h == nullptr || live_.count(r) == 0)
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "request ", static_cast<void*>(h),
+                   " is not a live request of communicator '", name_, "' (already released?)");
+    return r;
+  }
+  static bool visible(const Request& r) { return r.finished && r.io_refs == 0; }
+  uint64_t release_locked(Request* r);  // deletes r; throws its error
+  void finish_locked(Request* r, strata_status_t code, const std::string& error);
+  void fail_peer_locked(int p, strata_status_t code, const std::string& reason, bool log);
+  void start_write_locked(Conn* c);
+  void write_next(Conn* c);
+  void read_header(Conn* c);
+  void process_header(Conn* c);
+  void on_payload(Conn* c, InMsg* m, Request* user_req, const boost::system::error_code& ec);
+  void on_io_error(Conn* c, const boost::system::error_code& ec, const char* what);
+  void complete_msg_locked(int p, uint64_t seq, InMsg* m);
+  void match_posted_locked(Peer& peer, Request* r);
+
+  sdk::Host host_;
+  Options opts_;
+  std::string name_;
+  int32_t rank_, world_;
+  asio::io_context io_;  // first: destroyed after every socket
+  std::vector<Peer> peers_;
+  std::thread thread_;
+  std::unique_ptr<asio::executor_work_guard<asio::io_context::executor_type>> work_;
+  char region_token_ = 0;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::unordered_set<Request*> live_;
+  uint64_t unexpected_bytes_ = 0;
+  bool aborted_ = false;
+};
+
+TcpComm::~TcpComm() {
+  abort("communicator destroyed");
+  if (thread_.joinable()) {
+    work_.reset();
+    asio::post(io_, [this] { io_.stop(); });
+    thread_.join();
+  }
+  for (Request* r : live_) delete r;
+}
+
+void TcpComm::check_buffer(int32_t peer, const strata_buffer& buf, const char* op) const {
+  if (peer < 0 || peer >= world_ || peer == rank_)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, op, ": peer ", peer, " is not another rank of communicator '",
+                 name_, "' (world size ", world_, ", this is rank ", rank_, ")");
+  if (buf.device.device_type != kDLCPU)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, op,
+                 ": the tcp transport moves host memory only; stage device buffers in host memory");
+  if (buf.data == nullptr && buf.bytes != 0)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, op, ": buffer data is NULL but bytes = ", buf.bytes);
+}
+
+void TcpComm::finish_locked(Request* r, strata_status_t code, const std::string& error) {
+  if (r->finished) return;
+  r->finished = true;
+  r->status = code;
+  r->error = error;
+  cv_.notify_all();
+}
+
+uint64_t TcpComm::release_locked(Request* r) {
+  live_.erase(r);
+  std::unique_ptr<Request> owned(r);
+  if (r->status != STRATA_OK) detail::throw_status(r->status, r->error);
+  return r->moved;
+}
+
+void TcpComm::fail_peer_locked(int p, strata_status_t code, const std::string& reason, bool log) {
+  Peer& peer = peers_[p];
+  if (peer.failed) return;
+  peer.failed = true;
+  peer.fail_code = code;
+  peer.fail_reason = reason;
+  if (log) host_.warn(reason);
+  for (auto& [tag, q] : peer.posted)
+    for (Request* r : q) finish_locked(r, code, str_cat(describe(*r), ": ", reason));
+  peer.posted.clear();
+  for (auto& [seq, m] : peer.msgs)
+    if (m->req != nullptr) {
+      finish_locked(m->req, code, str_cat(describe(*m->req), ": ", reason));
+      m->orphan = true;
+    }
+  for (auto& c : peer.conns) {
+    if (!c) continue;  // never connected (failed setup)
+    // Frames not yet started are dropped; the one being written finishes
+    // (with an error) once the socket closes.
+    while (c->sendq.size() > (c->writing ? 1u : 0u)) {
+      SendFrame& f = c->sendq.back();
+      f.req->io_refs--;
+      finish_locked(f.req, code, str_cat(describe(*f.req), ": ", reason));
+      c->sendq.pop_back();
+    }
+    if (c->writing) {
+      Request* r = c->sendq.front().req;
+      finish_locked(r, code, str_cat(describe(*r), ": ", reason));
+    }
+  }
+  // Sockets belong to the io thread; close them there.
+  asio::post(io_, [this, p] {
+    for (auto& c : peers_[p].conns) {
+      boost::system::error_code ec;
+      if (c) c->socket.close(ec);
+    }
+  });
+  cv_.notify_all();
+}
+
+// ---------------------------------------------------------------- sends ---
+
+strata_request_t TcpComm::isend(int32_t peer, uint64_t tag, const strata_buffer& buf) {
+  check_buffer(peer, buf, "isend");
+  auto req = std::make_unique<Request>();
+  req->is_send = true;
+  req->peer = peer;
+  req->tag = tag;
+  req->data = static_cast<char*>(buf.data);
+  req->bytes = buf.bytes;
+  std::lock_guard<std::mutex> lock(mu_);
+  Peer& p = peers_[peer];
+  req->seq = p.send_seq;
+  if (p.failed) {
+    // Fail as a request so the caller sees the peer's error at test/wait.
+    Request* r = req.release();
+    live_.insert(r);
+    finish_locked(r, p.fail_code, str_cat(describe(*r), ": ", p.fail_reason));
+    return reinterpret_cast<strata_request_t>(r);
+  }
+  p.send_seq++;
+  const size_t nconn = p.conns.size();
+  uint64_t stripes = 1;
+  if (nconn > 1 && buf.bytes >= 2 * kStripeMinBytes)
+    stripes = std::min<uint64_t>(nconn, buf.bytes / kStripeMinBytes);
+  const uint64_t per = (buf.bytes + stripes - 1) / stripes;
+  Request* r = req.release();
+  live_.insert(r);
+  r->pending_frames = static_cast<int>(stripes);
+  for (uint64_t i = 0; i < stripes; ++i) {
+    FrameHeader h;
+    h.tag = tag;
+    h.seq = r->seq;
+    h.offset = std::min(buf.bytes, i * per);
+    h.length = std::min(per, buf.bytes - h.offset);
+    h.total = buf.bytes;
+    Conn* c = p.conns[(r->seq + i) % nconn].get();
+    SendFrame f;
+    encode_header(h, f.header.data());
+    f.data = r->data != nullptr ? r->data + h.offset : nullptr;
+    f.length = h.length;
+    f.req = r;
+    r->io_refs++;
+    c->sendq.push_back(f);
+    if (!c->writing) start_write_locked(c);
+  }
+  return reinterpret_cast<strata_request_t>(r);
+}
+
+void TcpComm::start_write_locked(Conn* c) {
+  c->writing = true;
+  asio::post(io_, [this, c] { write_next(c); });
+}
+
+void TcpComm::write_next(Conn* c) {
+  const SendFrame* f;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (c->sendq.empty()) {
+      c->writing = false;
+      return;
+    }
+    f = &c->sendq.front();  // deque front stays put while other frames are pushed
+  }
+  const std::array<asio::const_buffer, 2> bufs = {asio::buffer(f->header),
+                                                  asio::buffer(f->data, f->length)};
+  asio::async_write(c->socket, bufs, [this, c](const boost::system::error_code& ec, size_t) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      SendFrame f = c->sendq.front();
+      c->sendq.pop_front();
+      Request* r = f.req;
+      r->io_refs--;
+      if (!ec) {
+        if (--r->pending_frames == 0) {
+          r->moved = r->bytes;
+          finish_locked(r, STRATA_OK, "");
+        }
+      } else {
+        finish_locked(r, STRATA_ERR_UNAVAILABLE, describe(*r) + ": " + ec.message());
+      }
+      cv_.notify_all();
+      if (ec) {
+        c->writing = false;
+        // The read side reports the loss with the peer's name; make sure it does.
+        if (!peers_[c->peer].failed)
+          fail_peer_locked(c->peer, STRATA_ERR_UNAVAILABLE,
+                           str_cat("lost connection to ", peer_name(c->peer), ": ", ec.message()), true);
+        return;
+      }
+      if (c->sendq.empty()) {
+        c->writing = false;
+        return;
+      }
+    }
+    write_next(c);
+  });
+}
+
+// ------------------------------------------------------------- receives ---
+
+strata_request_t TcpComm::irecv(int32_t peer, uint64_t tag, const strata_buffer& buf) {
+  check_buffer(peer, buf, "irecv");
+  auto req = std::make_unique<Request>();
+  req->peer = peer;
+  req->tag = tag;
+  req->data = static_cast<char*>(buf.data);
+  req->bytes = buf.bytes;
+  std::lock_guard<std::mutex> lock(mu_);
+  Peer& p = peers_[peer];
+  Request* r = req.release();
+  live_.insert(r);
+  // Messages that fully arrived before the peer left are still delivered.
+  auto it = p.unexpected.find(tag);
+  const bool buffered = it != p.unexpected.end() && !it->second.empty();
+  if (p.failed && (!buffered || p.msgs.at(it->second.front())->received != p.msgs.at(it->second.front())->total)) {
+    finish_locked(r, p.fail_code, str_cat(describe(*r), ": ", p.fail_reason));
+    return reinterpret_cast<strata_request_t>(r);
+  }
+  if (!buffered) {
+    p.posted[tag].push_back(r);
+    return reinterpret_cast<strata_request_t>(r);
+  }
+  const uint64_t seq = it->second.front();
+  it->second.pop_front();
+  if (it->second.empty()) p.unexpected.erase(it);
+  InMsg* m = p.msgs.at(seq).get();
+  if (m->total > r->bytes) {
+    m->orphan = true;
+    finish_locked(r, STRATA_ERR_INVALID_ARGUMENT,
+                  str_cat(describe(*r), ": the message is ", m->total, " bytes; post a buffer at least that large"));
+  } else {
+    m->req = r;
+  }
+  if (m->received == m->total) complete_msg_locked(peer, seq, m);
+  return reinterpret_cast<strata_request_t>(r);
+}
+
+void TcpComm::complete_msg_locked(int p, uint64_t seq, InMsg* m) {
+  Peer& peer = peers_[p];
+  if (m->req == nullptr && !m->orphan) return;  // unexpected: wait for its receive
+  if (m->req != nullptr && !m->req->finished) {
+    if (!m->direct && m->total > 0) std::memcpy(m->req->data, m->staging.data(), m->total);
+    m->req->moved = m->total;
+    finish_locked(m->req, STRATA_OK, "");
+  }
+  unexpected_bytes_ -= m->staging.size();
+  peer.msgs.erase(seq);
+}
+
+void TcpComm::read_header(Conn* c) {
+  asio::async_read(c->socket, asio::buffer(c->rx_header),
+                   [this, c](const boost::system::error_code& ec, size_t) {
+                     if (ec) return on_io_error(c, ec, "reading a frame header");
+                     std::string bad = decode_header(c->rx_header.data(), c->rx_header.size(), &c->rx);
+                     if (bad.empty() && c->rx.flags != kFlagData) bad = "unexpected handshake frame after setup";
+                     if (!bad.empty()) {
+                       std::lock_guard<std::mutex> lock(mu_);
+                       fail_peer_locked(c->peer, STRATA_ERR_DATA_LOSS,
+                                        str_cat("malformed frame from ", peer_name(c->peer), " on connection ",
+                                                c->index, ": ", bad),
+                                        true);
+                       return;
+                     }
+                     process_header(c);
+                   });
+}
+
+void TcpComm::process_header(Conn* c) {
+  const FrameHeader& h = c->rx;
+  const int p = c->peer;
+  InMsg* m = nullptr;
+  char* dest = nullptr;
+  Request* user_req = nullptr;  // whose buffer this frame lands in, if any
+  std::vector<Conn*> unpark;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Peer& peer = peers_[p];
+    if (peer.failed) return;
+    auto it = peer.msgs.find(h.seq);
+    if (it != peer.msgs.end()) {
+      m = it->second.get();
+    } else if (h.seq == peer.next_announce) {
+      // First frame of the next message: match it to a posted receive now, so
+      // that (when there is one) its bytes land directly in the user buffer.
+      auto owned = std::make_unique<InMsg>();
+      m = owned.get();
+      m->tag = h.tag;
+      m->total = h.total;
+      auto pq = peer.posted.find(h.tag);
+      if (pq != peer.posted.end() && !pq->second.empty()) {
+        Request* r = pq->second.front();
+        pq->second.pop_front();
+        if (pq->second.empty()) peer.posted.erase(pq);
+        if (h.total > r->bytes) {
+          finish_locked(r, STRATA_ERR_INVALID_ARGUMENT,
+                        str_cat(describe(*r), ": the message is ", h.total,
+                                " bytes; post a buffer at least that large"));
+          m->orphan = true;
+        } else {
+          m->req = r;
+          m->direct = true;
+        }
+      } else {
+        peer.unexpected[h.tag].push_back(h.seq);
+      }
+      if (!m->direct) {
+        if (unexpected_bytes_ + h.total > opts_.max_unexpected_bytes) {
+          fail_peer_locked(p, STRATA_ERR_FAILED_PRECONDITION,
+                           str_cat(peer_name(p), " sent a ", h.total, "-byte message (tag ", h.tag,
+                                   ") before its receive was posted, and buffering it would exceed "
+                                   "max_unexpected_bytes = ", opts_.max_unexpected_bytes,
+                                   "; post receives earlier or raise the option"),
+                           true);
+          return;
+        }
+        m->staging.resize(h.total);
+        unexpected_bytes_ += h.total;
+      }
+      peer.msgs.emplace(h.seq, std::move(owned));
+      peer.next_announce++;
+      for (auto& other : peer.conns)
+        if (other->parked) {
+          other->parked = false;
+          unpark.push_back(other.get());
+        }
+    } else if (h.seq > peer.next_announce) {
+      // A stripe of a later message overtook an earlier one on another
+      // connection; wait until the earlier one is announced.
+      c->parked = true;
+      return;
+    } else {
+      fail_peer_locked(p, STRATA_ERR_DATA_LOSS,
+                       str_cat("malformed frame from ", peer_name(p), ": message #", h.seq,
+                               " was already complete"),
+                       true);
+      return;
+    }
+    if (m->tag != h.tag || m->total != h.total) {
+      fail_peer_locked(p, STRATA_ERR_DATA_LOSS,
+                       str_cat("malformed frame from ", peer_name(p), ": message #", h.seq,
+                               " changed tag or size between stripes"),
+                       true);
+      return;
+    }
+    if (m->direct && m->req != nullptr) {
+      user_req = m->req;
+      dest = user_req->data != nullptr ? user_req->data + h.offset : nullptr;
+      user_req->io_refs++;
+    } else {
+      if (m->staging.size() < m->total) {  // orphaned direct message: drain
+        unexpected_bytes_ += m->total - m->staging.size();
+        m->staging.resize(m->total);
+      }
+      dest = m->staging.data() + h.offset;
+    }
+  }
+  for (Conn* o : unpark) asio::post(io_, [this, o] { process_header(o); });
+  asio::async_read(c->socket, asio::buffer(dest, h.length),
+                   [this, c, m, user_req](const boost::system::error_code& ec, size_t) {
+                     on_payload(c, m, user_req, ec);
+                   });
+}
+
+void TcpComm::on_payload(Conn* c, InMsg* m, Request* user_req, const boost::system::error_code& ec) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Peer& peer = peers_[c->peer];
+    const uint64_t seq = c->rx.seq;
+    if (user_req != nullptr) {
+      user_req->io_refs--;
+      cv_.notify_all();
+    }
+    if (ec) {
+      // `m` may already be gone if the peer failed meanwhile; only touch it when listed.
+    } else if (peer.msgs.count(seq) != 0 && peer.msgs[seq].get() == m) {
+      m->received += c->rx.length;
+      if (m->received == m->total) complete_msg_locked(c->peer, seq, m);
+    }
+  }
+  if (ec) return on_io_error(c, ec, "reading a payload");
+  read_header(c);
+}
+
+void TcpComm::on_io_error(Conn* c, const boost::system::error_code& ec, const char* what) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (peers_[c->peer].failed) return;
+  const bool eof = ec == asio::error::eof;
+  if (eof) {
+    // A peer that finished closes all its connections; bytes it sent on the
+    // others may still be unread, so only the last close ends the peer.
+    c->eof = true;
+    for (auto& other : peers_[c->peer].conns)
+      if (!other->eof && !other->parked) return;
+  }
+  const std::string cause = eof ? std::string("connection closed by the peer (its process exited or destroyed the communicator)")
+                                : ec.message();
+  bool pending = !peers_[c->peer].posted.empty();
+  for (auto& [seq, m] : peers_[c->peer].msgs) pending = pending || m->req != nullptr;
+  for (auto& other : peers_[c->peer].conns) pending = pending || !other->sendq.empty();
+  fail_peer_locked(c->peer, STRATA_ERR_UNAVAILABLE,
+                   str_cat("lost connection to ", peer_name(c->peer), " while ", what, ": ", cause),
+                   pending || !eof);
+}
+
+// ------------------------------------------------------ test/wait/cancel ---
+
+bool TcpComm::test(strata_request_t h, uint64_t* bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Request* r = lookup_locked(h);
+  if (!visible(*r)) return false;
+  *bytes = release_locked(r);
+  return true;
+}
+
+uint64_t TcpComm::wait(strata_request_t h, int64_t timeout_ms) {
+  if (timeout_ms < 0) timeout_ms = static_cast<int64_t>(opts_.timeout_s * 1000.0);
+  std::unique_lock<std::mutex> lock(mu_);
+  Request* r = lookup_locked(h);
+  if (!cv_.wait_until(lock, Clock::now() + std::chrono::milliseconds(timeout_ms), [&] { return visible(*r); }))
+    STRATA_THROW(STRATA_ERR_DEADLINE_EXCEEDED, describe(*r), ": not complete after ", timeout_ms,
+                 " ms; the peer may be stalled or has not posted the matching ",
+                 r->is_send ? "irecv" : "isend", " (the request is still pending)");
+  return release_locked(r);
+}
+
+void TcpComm::cancel(strata_request_t h) noexcept {
+  try {
+    std::unique_lock<std::mutex> lock(mu_);
+    Request* r = lookup_locked(h);
+    if (!r->finished) {
+      Peer& peer = peers_[r->peer];
+      if (r->is_send) {
+        // A partly queued message cannot be skipped in the byte stream.
+        fail_peer_locked(r->peer, STRATA_ERR_CANCELLED,
+                         str_cat(describe(*r), " was cancelled before it was sent; the connection to ",
+                                 peer_name(r->peer), " is closed because its byte stream cannot skip it"),
+                         true);
+      } else {
+        bool was_posted = false;
+        auto pq = peer.posted.find(r->tag);
+        if (pq != peer.posted.end()) {
+          auto pos = std::find(pq->second.begin(), pq->second.end(), r);
+          if (pos != pq->second.end()) {
+            pq->second.erase(pos);
+            was_posted = true;
+            if (pq->second.empty()) peer.posted.erase(pq);
+          }
+        }
+        if (!was_posted)
+          for (auto& [seq, m] : peer.msgs)
+            if (m->req == r) {
+              m->req = nullptr;
+              m->orphan = true;
+              m->direct = false;  // later stripes drain into staging
+            }
+        finish_locked(r, STRATA_ERR_CANCELLED, describe(*r) + ": cancelled");
+      }
+    }
+    // Bytes may still be moving into or out of the user's buffer; wait for
+    // them (bounded: the socket is closed or the frame completes).
+    cv_.wait_for(lock, std::chrono::seconds(30), [&] { return r->io_refs == 0; });
+    if (r->io_refs == 0) {
+      live_.erase(r);
+      delete r;
+    }
+  } catch (...) {
+  }
+}
+
+// ---------------------------------------------------------------- setup ---
+
+void TcpComm::setup(int64_t timeout_ms) {
+  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  auto left_ms = [&] {
+    return std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count());
+  };
+  const int nconn = opts_.connections_per_peer;
+  const uint64_t hash = comm_name_hash(name_);
+  const std::string who = str_cat("comm_create('", name_, "') rank ", rank_, " of ", world_);
+
+  // Listen.
+  std::string bind = opts_.bind;
+  std::string advertise;
+  const auto store_addr = host_.get_config("/rendezvous/address");
+  std::string store_host;
+  if (store_addr) {
+    uint16_t port = 0;
+    std::string a;
+    try {
+      a = nlohmann::json::parse(*store_addr).get<std::string>();
+    } catch (const std::exception&) {
+    }
+    if (!split_host_port(a, &store_host, &port)) store_host.clear();
+  }
+  if (bind.empty()) {
+    bind = store_host.empty() ? "" : route_to(store_host, opts_.ipv6);
+    if (bind.empty()) bind = opts_.ipv6 ? "::1" : "127.0.0.1";
+  }
+  boost::system::error_code ec;
+  const auto bind_addr = asio::ip::make_address(bind, ec);
+  if (ec)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "tcp transport option 'bind' = '", bind,
+                 "' is not an IP address; pass e.g. \"0.0.0.0\" or \"127.0.0.1\"");
+  if (bind_addr.is_unspecified()) {
+    advertise = store_host.empty() ? "" : route_to(store_host, bind_addr.is_v6());
+    if (advertise.empty()) advertise = bind_addr.is_v6() ? "::1" : "127.0.0.1";
+  } else {
+    advertise = bind_addr.to_string();
+  }
+  tcp::acceptor acceptor(io_);
+  uint16_t bound = 0;
+  std::string last_error;
+  for (uint32_t port = opts_.port_lo; port <= opts_.port_hi; ++port) {
+    const tcp::endpoint ep(bind_addr, static_cast<uint16_t>(port));
+    boost::system::error_code e;
+    acceptor.open(ep.protocol(), e);
+    if (e)
+      STRATA_THROW(STRATA_ERR_UNAVAILABLE, who, ": cannot open a ", bind_addr.is_v6() ? "IPv6" : "IPv4",
+                   " socket (", e.message(), ")", bind_addr.is_v6() ? "; set \"ipv6\": false" : "");
+    acceptor.bind(ep, e);
+    if (!e) acceptor.listen(asio::socket_base::max_listen_connections, e);
+    if (!e) {
+      bound = acceptor.local_endpoint().port();
+      break;
+    }
+    last_error = e.message();
+    acceptor.close(e);
+    if (port == opts_.port_hi) break;
+  }
+  if (bound == 0)
+    STRATA_THROW(STRATA_ERR_UNAVAILABLE, who, ": no port in \"", opts_.ports_text, "\" is free on ", bind,
+                 " (last error: ", last_error, "); widen the 'ports' option or use \"0\" for an ephemeral port");
+  const std::string my_addr = join_host_port(advertise, bound);
+  peers_[rank_].address = my_addr;
+  host_.store_set(str_cat(name_, "/addr/", rank_), my_addr, left_ms());
+
+  for (int p = 0; p < world_; ++p) {
+    if (p == rank_) continue;
+    peers_[p].conns.resize(static_cast<size_t>(nconn));
+  }
+  // Addresses of the ranks this one connects to.
+  for (int p = rank_ + 1; p < world_; ++p) {
+    try {
+      peers_[p].address = host_.store_get(str_cat(name_, "/addr/", p), left_ms());
+    } catch (const Error& e) {
+      if (e.code() == STRATA_ERR_DEADLINE_EXCEEDED)
+        STRATA_THROW(STRATA_ERR_DEADLINE_EXCEEDED, who, ": rank ", p, " never published its address (key '",
+                     name_, "/addr/", p, "') within ", timeout_ms,
+                     " ms; check that every rank creates this communicator with the same name and world size");
+      throw;
+    }
+  }
+
+  int pending = (world_ - 1) * nconn;
+  std::string failure;
+  strata_status_t failure_code = STRATA_OK;
+  auto fail = [&](strata_status_t code, const std::string& msg) {
+    if (failure.empty()) {
+      failure = msg;
+      failure_code = code;
+    }
+  };
+  auto tune = [&](tcp::socket& s) {
+    boost::system::error_code e;
+    s.set_option(tcp::no_delay(true), e);
+    if (opts_.socket_buffer_bytes > 0) {
+      s.set_option(asio::socket_base::send_buffer_size(static_cast<int>(opts_.socket_buffer_bytes)), e);
+      s.set_option(asio::socket_base::receive_buffer_size(static_cast<int>(opts_.socket_buffer_bytes)), e);
+    }
+  };
+  auto check_hs = [&](const Conn& c, const std::array<uint8_t, kFrameHeaderBytes + kHandshakeBytes>& buf,
+                      Handshake* hs) -> std::string {
+    FrameHeader h;
+    std::string bad = decode_header(buf.data(), kFrameHeaderBytes, &h);
+    if (bad.empty() && h.flags != kFlagHandshake) bad = "the first frame is not a handshake";
+    if (bad.empty()) bad = decode_handshake(buf.data() + kFrameHeaderBytes, kHandshakeBytes, hs);
+    if (!bad.empty()) return bad;
+    if (hs->name_hash != hash)
+      return "it belongs to another communicator (name hash differs); give every rank the same communicator name";
+    if (hs->world != world_)
+      return str_cat("it has world size ", hs->world, " but this rank has ", world_,
+                     "; start every rank with the same world size");
+    if (static_cast<int>(hs->conns_per_peer) != nconn)
+      return str_cat("it uses connections_per_peer = ", hs->conns_per_peer, " but this rank uses ", nconn,
+                     "; give every rank the same transport options");
+    return "";
+  };
+  auto my_hs = [&](Conn& c, int index) {
+    FrameHeader h;
+    h.flags = kFlagHandshake;
+    h.length = h.total = kHandshakeBytes;
+    encode_header(h, c.hs.data());
+    Handshake hs;
+    hs.name_hash = hash;
+    hs.rank = rank_;
+    hs.world = world_;
+    hs.conn_index = static_cast<uint32_t>(index);
+    hs.conns_per_peer = static_cast<uint32_t>(nconn);
+    encode_handshake(hs, c.hs.data() + kFrameHeaderBytes);
+  };
+
+  // Accept from lower ranks.
+  std::vector<std::unique_ptr<Conn>> accepted;
+  std::function<void()> do_accept;
+  int to_accept = rank_ * nconn;
+  do_accept = [&] {
+    auto conn = std::make_unique<Conn>(io_);
+    Conn* c = conn.get();
+    accepted.push_back(std::move(conn));
+    acceptor.async_accept(c->socket, [&, c](const boost::system::error_code& e) {
+      if (e) return;
+      if (--to_accept > 0) do_accept();
+      tune(c->socket);
+      asio::async_read(c->socket, asio::buffer(c->hs), [&, c](const boost::system::error_code& e2, size_t) {
+        boost::system::error_code ignored;
+        const auto remote = c->socket.remote_endpoint(ignored);
+        const std::string from = join_host_port(remote.address().to_string(), remote.port());
+        if (e2 == asio::error::operation_aborted) return;
+        if (e2) {
+          host_.warn(who, ": dropped a connection from ", from, " that closed before its handshake (", e2.message(), ")");
+          ++to_accept;
+          do_accept();
+          return;
+        }
+        FrameHeader fh;
+        if (!decode_header(c->hs.data(), kFrameHeaderBytes, &fh).empty() || fh.flags != kFlagHandshake) {
+          // Not a Strata rank (a port scanner, a stale client): drop it, keep waiting.
+          host_.warn(who, ": dropped a connection from ", from, " that did not open with a handshake");
+          c->socket.close(ignored);
+          ++to_accept;
+          do_accept();
+          return;
+        }
+        Handshake hs;
+        std::string bad = check_hs(*c, c->hs, &hs);
+        if (bad.empty() && hs.rank >= rank_)
+          bad = str_cat("rank ", hs.rank, " connected, but only lower ranks connect to rank ", rank_);
+        if (bad.empty() && peers_[hs.rank].conns[hs.conn_index] != nullptr)
+          bad = str_cat("rank ", hs.rank, " opened connection ", hs.conn_index, " twice");
+        if (!bad.empty()) {
+          fail(STRATA_ERR_FAILED_PRECONDITION, str_cat(who, ": rejected a connection from ", from, ": ", bad));
+          c->socket.close(ignored);
+          return;
+        }
+        c->peer = hs.rank;
+        c->index = static_cast<int>(hs.conn_index);
+        if (peers_[hs.rank].address.empty()) peers_[hs.rank].address = from;
+        my_hs(*c, c->index);
+        asio::async_write(c->socket, asio::buffer(c->hs), [&, c](const boost::system::error_code& e3, size_t) {
+          if (e3) return fail(STRATA_ERR_UNAVAILABLE, str_cat(who, ": lost ", peer_name(c->peer), " during the handshake: ", e3.message()));
+          for (auto& a : accepted)
+            if (a.get() == c) peers_[c->peer].conns[c->index] = std::move(a);
+          --pending;
+        });
+      });
+    });
+  };
+  if (to_accept > 0) do_accept();
+
+  // Connect to higher ranks.
+  for (int p = rank_ + 1; p < world_; ++p) {
+    std::string h;
+    uint16_t port = 0;
+    if (!split_host_port(peers_[p].address, &h, &port))
+      STRATA_THROW(STRATA_ERR_DATA_LOSS, who, ": rank ", p, " published a malformed address '", peers_[p].address, "'");
+    const auto addr = asio::ip::make_address(h, ec);
+    if (ec)
+      STRATA_THROW(STRATA_ERR_DATA_LOSS, who, ": rank ", p, " published '", peers_[p].address, "', not an IP address");
+    for (int i = 0; i < nconn; ++i) {
+      peers_[p].conns[i] = std::make_unique<Conn>(io_);
+      Conn* c = peers_[p].conns[i].get();
+      c->peer = p;
+      c->index = i;
+      c->socket.async_connect(tcp::endpoint(addr, port), [&, c](const boost::system::error_code& e) {
+        if (e) return fail(STRATA_ERR_UNAVAILABLE, str_cat(who, ": cannot connect to ", peer_name(c->peer), ": ", e.message()));
+        tune(c->socket);
+        my_hs(*c, c->index);
+        asio::async_write(c->socket, asio::buffer(c->hs), [&, c](const boost::system::error_code& e2, size_t) {
+          if (e2) return fail(STRATA_ERR_UNAVAILABLE, str_cat(who, ": lost ", peer_name(c->peer), " during the handshake: ", e2.message()));
+          asio::async_read(c->socket, asio::buffer(c->hs), [&, c](const boost::system::error_code& e3, size_t) {
+            if (e3)
+              return fail(STRATA_ERR_UNAVAILABLE, str_cat(who, ": ", peer_name(c->peer), " closed the connection during the handshake (",
+                                                          e3.message(), "); see its log for the reason"));
+            Handshake hs;
+            std::string bad = check_hs(*c, c->hs, &hs);
+            if (bad.empty() && (hs.rank != c->peer || static_cast<int>(hs.conn_index) != c->index))
+              bad = str_cat("it answered as rank ", hs.rank, " (a stale address from an earlier run?)");
+            if (!bad.empty()) return fail(STRATA_ERR_FAILED_PRECONDITION, str_cat(who, ": ", peer_name(c->peer), " is incompatible: ", bad));
+            --pending;
+          });
+        });
+      });
+    }
+  }
+
+  while (pending > 0 && failure.empty() && Clock::now() < deadline) io_.run_one_until(deadline);
+  boost::system::error_code ignored;
+  acceptor.close(ignored);
+  if (pending > 0 || !failure.empty()) {
+    for (int p = 0; p < world_; ++p)
+      for (auto& c : peers_[p].conns)
+        if (c) c->socket.close(ignored);
+    for (auto& c : accepted)
+      if (c) c->socket.close(ignored);
+    io_.restart();
+    io_.poll();  // run the cancelled handlers while their captures are alive
+    if (!failure.empty()) detail::throw_status(failure_code, failure);
+    std::string missing;
+    for (int p = 0; p < rank_; ++p) {
+      bool all = true;
+      for (auto& c : peers_[p].conns) all = all && c != nullptr;
+      if (!all) missing += str_cat(missing.empty() ? "" : ", ", p);
+    }
+    if (rank_ + 1 < world_ && missing.empty()) missing = "a higher rank (handshake unanswered)";
+    STRATA_THROW(STRATA_ERR_DEADLINE_EXCEEDED, who, ": rank(s) ", missing, " never connected within ", timeout_ms,
+                 " ms; check that every rank creates communicator '", name_, "' and can reach ", my_addr);
+  }
+  // An accept re-armed after a dropped stranger may still be outstanding:
+  // run its cancellation now, while the locals it captures are alive.
+  io_.restart();
+  io_.poll();
+  accepted.clear();
+  io_.restart();
+  for (int p = 0; p < rank_; ++p) peers_[p].address = host_.store_get(str_cat(name_, "/addr/", p), left_ms());
+  work_ = std::make_unique<asio::executor_work_guard<asio::io_context::executor_type>>(io_.get_executor());
+  for (int p = 0; p < world_; ++p)
+    for (auto& c : peers_[p].conns) {
+      Conn* cp = c.get();
+      asio::post(io_, [this, cp] { read_header(cp); });
+    }
+  thread_ = std::thread([this] {
+    for (;;) {
+      try {
+        io_.run();
+        return;
+      } catch (const std::exception& e) {
+        host_.error("communicator '", name_, "' io thread: ", e.what());
+      }
+    }
+  });
+}
+
+// ------------------------------------------------------------ transport ---
+
+TcpTransport::TcpTransport(sdk::Host host, const char* options_json) : host_(std::move(host)) {
+  const std::string comp = "transport 'tcp'";
+  const auto o = sdk::parse_options(options_json, comp);
+  sdk::check_known_keys(o,
+                        {"bind", "ports", "connections_per_peer", "ipv6", "socket_buffer_bytes", "timeout_s",
+                         "max_unexpected_bytes"},
+                        comp);
+  opts_.bind = sdk::get_option<std::string>(o, "bind", "", comp);
+  opts_.ipv6 = sdk::get_option<bool>(o, "ipv6", false, comp);
+  opts_.connections_per_peer = sdk::get_option<int>(o, "connections_per_peer", 2, comp);
+  if (opts_.connections_per_peer < 1 || opts_.connections_per_peer > 8)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'connections_per_peer' of ", comp, " must be 1..8, got ",
+                 opts_.connections_per_peer);
+  opts_.socket_buffer_bytes = sdk::get_option<int64_t>(o, "socket_buffer_bytes", 4 << 20, comp);
+  if (opts_.socket_buffer_bytes < 0 || opts_.socket_buffer_bytes > (1ll << 30))
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'socket_buffer_bytes' of ", comp,
+                 " must be 0 (kernel default) .. 1 GiB, got ", opts_.socket_buffer_bytes);
+  opts_.max_unexpected_bytes = sdk::get_option<uint64_t>(o, "max_unexpected_bytes", 1ull << 30, comp);
+  double def_timeout = 300;
+  if (host_ && host_.api()->get_config != nullptr) {
+    if (auto t = host_.get_config("/timeouts/collective_s")) {
+      try {
+        def_timeout = nlohmann::json::parse(*t).get<double>();
+      } catch (const std::exception&) {
+      }
+    }
+  }
+  opts_.timeout_s = sdk::get_option<double>(o, "timeout_s", def_timeout, comp);
+  if (!(opts_.timeout_s > 0))
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'timeout_s' of ", comp, " must be > 0, got ", opts_.timeout_s);
+  opts_.ports_text = sdk::get_option<std::string>(o, "ports", "0", comp);
+  {
+    const std::string& s = opts_.ports_text;
+    const size_t dash = s.find('-');
+    auto parse = [&](const std::string& t) -> long {
+      char* end = nullptr;
+      const long v = t.empty() ? -1 : std::strtol(t.c_str(), &end, 10);
+      if (t.empty() || *end != '\0' || v < 0 || v > 65535)
+        STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'ports' of ", comp, " is '", s,
+                     "'; use \"0\" (ephemeral), a port such as \"29500\" or a range such as \"29500-29600\"");
+      return v;
+    };
+    const long lo = parse(dash == std::string::npos ? s : s.substr(0, dash));
+    const long hi = dash == std::string::npos ? lo : parse(s.substr(dash + 1));
+    if (hi < lo || (lo == 0 && hi != 0))
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'ports' of ", comp, " is '", s,
+                   "'; a range must be low-high with 0 < low <= high");
+    opts_.port_lo = static_cast<uint16_t>(lo);
+    opts_.port_hi = static_cast<uint16_t>(hi);
+  }
+  if (!opts_.bind.empty()) {
+    boost::system::error_code ec;
+    const auto a = asio::ip::make_address(opts_.bind, ec);
+    if (ec)
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'bind' of ", comp, " is '", opts_.bind,
+                   "', not an IP address; pass e.g. \"0.0.0.0\" or \"127.0.0.1\"");
+    if (a.is_v6() != opts_.ipv6)
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'bind' of ", comp, " is '", opts_.bind, "', an IPv",
+                   a.is_v6() ? 6 : 4, " address, but 'ipv6' is ", opts_.ipv6 ? "true" : "false",
+                   "; make them agree");
+  }
+}
+
+strata_transport_caps TcpTransport::caps() {
+  strata_transport_caps c{};
+  c.flags = STRATA_TRANSPORT_CAP_P2P | STRATA_TRANSPORT_CAP_MEM_HOST | STRATA_TRANSPORT_CAP_THREAD_SAFE;
+  c.max_inflight = 0;
+  c.max_message_bytes = kMaxMessageBytes;
+  c.preferred_chunk_bytes = kPreferredChunkBytes;
+  return c;
+}
+
+std::unique_ptr<sdk::CommBase> TcpTransport::comm_create(const char* name, int32_t rank, int32_t world_size,
+                                                         int64_t timeout_ms) {
+  if (name == nullptr || name[0] == '\0')
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "comm_create: the communicator name is empty; pass a name shared by every rank");
+  if (world_size < 1 || rank < 0 || rank >= world_size)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "comm_create('", name, "'): rank ", rank, " is not in 0..",
+                 world_size - 1, " (world size ", world_size, ")");
+  if (timeout_ms < 0) timeout_ms = static_cast<int64_t>(opts_.timeout_s * 1000.0);
+  auto comm = std::make_unique<TcpComm>(host_, opts_, name, rank, world_size);
+  comm->setup(timeout_ms);
+  return comm;
+}
+
+}  // namespace strata::transport::tcp
+
+STRATA_PLUGIN("strata-transport-tcp", "0.1.0",
+              STRATA_TRANSPORT_COMPONENT(strata::transport::tcp::TcpTransport, "tcp", "0.1.0"));

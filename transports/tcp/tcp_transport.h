@@ -1,0 +1,68 @@
+// SPDX-License-Identifier: Apache-2.0
+// The "tcp" transport: point-to-point messages between the ranks of a
+// communicator over TCP, on Boost.Asio.
+//
+// Options (JSON object; unknown keys are rejected):
+//   "bind"                 address to listen on. Default: with a TCP rendezvous
+//                          store, the local address that routes to the store's
+//                          host; without one (every rank in this process),
+//                          127.0.0.1 (::1 with ipv6). "0.0.0.0"/"::" listen on
+//                          every interface and publish the routing address.
+//   "ports"                "0" (ephemeral, default), "29500" or "29500-29600".
+//   "connections_per_peer" 1..8 (default 2); messages >= 512 KiB are striped.
+//   "ipv6"                 false (default) / true.
+//   "socket_buffer_bytes"  SO_SNDBUF/SO_RCVBUF (default 4194304; 0 = kernel).
+//   "timeout_s"            deadline for comm_create and wait given a negative
+//                          timeout (default /timeouts/collective_s, else 300).
+//   "max_unexpected_bytes" bound on bytes buffered for messages that arrive
+//                          before their receive is posted (default 1 GiB).
+//
+// Model. comm_create listens, publishes "<name>/addr/<rank>" = "host:port"
+// in the host store, reads the peers' addresses, connects to every higher
+// rank and accepts from every lower one (connections_per_peer sockets per
+// pair, each opened with a handshake naming communicator, rank, world and
+// connection index). Then one io thread per communicator moves all bytes.
+// Sends are matched to receives per (peer, tag) in posting order; a receive
+// posted before its message arrives gets the bytes written straight into its
+// buffer, otherwise the message is staged and copied once when the receive
+// is posted. Caps: P2P | MEM_HOST | THREAD_SAFE (every call may come from any
+// thread). A lost peer fails that peer's requests (and later ones) with
+// UNAVAILABLE naming its rank and address; malformed data fails them with
+// DATA_LOSS; abort fails everything with ABORTED.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "strata/sdk/plugin.hpp"
+
+namespace strata::transport::tcp {
+
+struct Options {
+  std::string bind;  // "" = default (see above)
+  uint16_t port_lo = 0, port_hi = 0;
+  std::string ports_text = "0";
+  int connections_per_peer = 2;
+  bool ipv6 = false;
+  int64_t socket_buffer_bytes = 4 << 20;
+  double timeout_s = 300;
+  uint64_t max_unexpected_bytes = 1ull << 30;
+};
+
+class TcpComm;
+
+class TcpTransport : public sdk::TransportBase {
+ public:
+  using Comm = TcpComm;
+  static constexpr const char* kSubsystem = "transport.tcp";
+  TcpTransport(sdk::Host host, const char* options_json);
+  strata_transport_caps caps() override;
+  std::unique_ptr<sdk::CommBase> comm_create(const char* name, int32_t rank, int32_t world_size,
+                                             int64_t timeout_ms) override;
+
+ private:
+  sdk::Host host_;
+  Options opts_;
+};
+
+}  // namespace strata::transport::tcp
