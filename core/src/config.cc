@@ -142,6 +142,8 @@ Config Config::from_json(const std::string& text, const std::string& origin) {
     }
     STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, origin, ":", line, ":", col,
                  ": malformed JSON (", e.what(), "); fix the syntax there (quotes around keys, no trailing commas)");
+  } catch (const Json::exception& e) {  // e.g. a number too large for a double
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, origin, ": invalid JSON (", e.what(), "); fix the value it names");
   }
   validate(c.impl_->doc, origin);
   return c;
@@ -229,7 +231,7 @@ void Config::set(const std::string& json_pointer, const std::string& value_json)
   Json value;
   try {
     value = Json::parse(value_json);
-  } catch (const Json::parse_error& e) {
+  } catch (const Json::exception& e) {
     STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "value for ", json_pointer, " is not valid JSON (", e.what(),
                  "); quote strings, e.g. '\"mirrored\"'");
   }

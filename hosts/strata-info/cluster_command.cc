@@ -79,7 +79,7 @@ nlohmann::json parse_cluster_options(const std::vector<std::string>& options, nl
     const std::string key = opt.substr(0, eq);
     try {
       base[key] = nlohmann::json::parse(opt.substr(eq + 1));
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {
       STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "--option '", opt, "': the value of '", key,
                    "' is not valid JSON (", e.what(), "); quote strings as JSON, e.g. --option '", key,
                    "=\"worker\"'");
@@ -136,7 +136,7 @@ nlohmann::ordered_json run_cluster_command(strata::PluginHost& host, const strat
   nlohmann::json desc;
   try {
     desc = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {
     STRATA_THROW(STRATA_ERR_INTERNAL, "cluster resolver '", name, "' returned invalid JSON from describe() (",
                  e.what(), "); fix the plugin");
   }

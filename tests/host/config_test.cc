@@ -69,6 +69,14 @@ TEST(ConfigTest, UnknownTopLevelKeyListsValidKeys) {
       << msg;
 }
 
+TEST(ConfigTest, NumberOverflowIsAnErrorNotACrash) {
+  // Found by the TF_CONFIG fuzzer: nlohmann-json reports this as out_of_range, not parse_error.
+  EXPECT_TRUE(contains(expect_throw<InvalidArgumentError>([] {
+                         Config::from_json(R"({"timeouts": {"collective_s": 1e999999}})", "job.json");
+                       }),
+                       "job.json"));
+}
+
 TEST(ConfigTest, RendezvousSectionIsValidated) {
   const Config ok = Config::from_json(R"({"rendezvous": {"auth_token": "s3cret", "address": "10.0.0.1:2222"}})");
   EXPECT_TRUE(ok.has("rendezvous"));

@@ -166,6 +166,9 @@ std::vector<Case> cases() {
        "TF_CONFIG is not set: "},
       {"invalid_json", "tf_config", R"({"cluster": {"worker": ["a:1",)", obj, nullptr, nullptr, nullptr,
        STRATA_ERR_INVALID_ARGUMENT, "TF_CONFIG is not valid JSON (error at byte"},
+      // Found by tf_config_fuzz: a number too large for a double.
+      {"number_overflow", "tf_config", R"({"cluster": {"worker": 1e999999}})", obj, nullptr, nullptr, nullptr,
+       STRATA_ERR_INVALID_ARGUMENT, "TF_CONFIG is not valid JSON ("},
       {"not_an_object", "tf_config", R"(["a:1"])", obj, nullptr, nullptr, nullptr, STRATA_ERR_INVALID_ARGUMENT,
        "TF_CONFIG must be a JSON object, got array"},
       {"cluster_not_object", "tf_config", R"({"cluster": ["a:1"]})", obj, nullptr, nullptr, nullptr,

@@ -110,6 +110,10 @@ TfConfig parse_tf_config(std::string_view text) {
     STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "TF_CONFIG is not valid JSON (error at byte ", e.byte, ": ", e.what(),
                  "); set it to a JSON object such as {\"cluster\": ", kSpecExample,
                  ", \"task\": {\"type\": \"worker\", \"index\": 0}}");
+  } catch (const nlohmann::json::exception& e) {  // e.g. a number too large for a double
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "TF_CONFIG is not valid JSON (", e.what(),
+                 "); set it to a JSON object such as {\"cluster\": ", kSpecExample,
+                 ", \"task\": {\"type\": \"worker\", \"index\": 0}}");
   }
   if (!doc.is_object())
     STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "TF_CONFIG must be a JSON object, got ", doc.type_name(),
