@@ -36,7 +36,7 @@ struct Args {
   std::string config_file;
   std::string strategy;
   std::string devices;
-  int steps = 300;
+  int steps = 1000;
   std::int64_t global_batch = 512;
   double lr = 0.5;
   std::uint64_t seed = 42;
