@@ -23,7 +23,16 @@ namespace {
 // Which strategy (if any) the current thread is running a replica of.
 thread_local const void* tls_replica_owner = nullptr;
 
+// Busy-wait budget before blocking on a condition variable. Spinning only
+// pays when every replica thread has a core of its own; with more replicas
+// than cores a spinning thread steals the core the thread it waits for needs
+// (measured on a loaded 2-core machine: mirrored:4 dispatch 334 us -> ~65 us
+// per run without the spin), so then we block at once.
 constexpr int kSpinIterations = 4000;
+int spin_budget(uint32_t threads) {
+  const unsigned cores = std::thread::hardware_concurrency();
+  return cores != 0 && threads <= cores ? kSpinIterations : 0;
+}
 constexpr uint64_t kVariableMagic = 0x5354524154415641ull;
 
 inline void cpu_relax() {
@@ -153,6 +162,7 @@ struct LocalStrategy::Impl {
   Host host;
   LocalStrategyConfig cfg;
   uint32_t n = 1;      // local replicas
+  int spin = 0;        // spin_budget(n), fixed at construction
   uint32_t W = 1;      // workers in the collective group
   uint32_t total = 1;  // replicas in sync: W * n
   std::chrono::nanoseconds timeout{};
@@ -219,7 +229,7 @@ struct LocalStrategy::Impl {
     uint64_t seen = 0;
     for (;;) {
       uint64_t g = gen.load(std::memory_order_acquire);
-      for (int i = 0; g == seen && i < kSpinIterations; ++i) {
+      for (int i = 0; g == seen && i < spin; ++i) {
         cpu_relax();
         g = gen.load(std::memory_order_acquire);
       }
@@ -656,6 +666,7 @@ LocalStrategy::LocalStrategy(Host host, LocalStrategyConfig config) : impl_(std:
   if (m.cfg.parameter_device.empty()) m.cfg.parameter_device = m.cfg.devices[0];
   parse_device(m.cfg.parameter_device, "parameter_device");
   m.n = static_cast<uint32_t>(m.cfg.devices.size());
+  m.spin = spin_budget(m.n);
   if (m.cfg.num_workers == 0 || m.cfg.worker_index >= m.cfg.num_workers)
     STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, m.cfg.strategy_name, ": worker_index ", m.cfg.worker_index,
                  " is not below num_workers ", m.cfg.num_workers,
@@ -752,7 +763,7 @@ void LocalStrategy::run(strata_replica_fn fn, void* user) {
   }
   m.execute(0);
   if (m.n > 1) {
-    for (int i = 0; i < kSpinIterations && m.remaining.load(std::memory_order_acquire) != 0; ++i) cpu_relax();
+    for (int i = 0; i < m.spin && m.remaining.load(std::memory_order_acquire) != 0; ++i) cpu_relax();
     std::unique_lock<std::mutex> l(m.done_mu);
     m.done_cv.wait(l, [&] { return m.remaining.load(std::memory_order_acquire) == 0; });
   }
