@@ -115,7 +115,6 @@ struct BadCase {
   strata_status_t code;
   std::vector<std::string> causes;
 };
-
 void PrintTo(const BadCase& c, std::ostream* os) { *os << c.case_name; }
 
 class BadPluginTest : public ::testing::TestWithParam<BadCase> {};

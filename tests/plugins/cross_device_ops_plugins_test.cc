@@ -23,6 +23,8 @@ struct CdoCase {
   std::string options;
   std::string label;
 };
+// Short names in test listings (gtest would otherwise dump the raw bytes).
+void PrintTo(const CdoCase& c, std::ostream* os) { *os << c.label; }
 
 struct Cdo {
   PluginInstance inst;

@@ -27,6 +27,8 @@ struct StrategyCase {
   std::string name;
   uint32_t replicas;
 };
+// Short names in test listings (gtest would otherwise dump the raw bytes).
+void PrintTo(const StrategyCase& c, std::ostream* os) { *os << c.name << " x" << c.replicas; }
 
 std::string options_for(const StrategyCase& c, nlohmann::json extra = nlohmann::json::object()) {
   nlohmann::json o = std::move(extra);

@@ -105,6 +105,8 @@ struct Case {
   strata_status_t code = STRATA_OK;
   const char* error = "";
 };
+// Short names in test listings (gtest would otherwise dump the raw bytes).
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 std::vector<Case> cases() {
   const json obj = json::object();

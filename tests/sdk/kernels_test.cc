@@ -68,6 +68,10 @@ struct Case {
   DLDataType dtype;
   strata_reduce_op op;
 };
+// Short names in test listings (gtest would otherwise dump the raw bytes).
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << int(c.dtype.code) << "/" << int(c.dtype.bits) << " op " << int(c.op);
+}
 
 class KernelsTest : public ::testing::TestWithParam<Case> {};
 
