@@ -293,12 +293,19 @@ double expected_reduce(const World& w, DLDataType d, uint32_t op, size_t i) {
   return as_dtype(d, acc);
 }
 
+// memcmp/memcpy must not see a null pointer even for 0 bytes (empty vectors
+// have a null data()), so the zero-size cases go through these.
+bool same_bytes(const void* a, const void* b, size_t n) { return n == 0 || std::memcmp(a, b, n) == 0; }
+void copy_bytes(void* dst, const void* src, size_t n) {
+  if (n != 0) std::memcpy(dst, src, n);
+}
+
 void check_all_reduce(const Outputs& outs, const World& w, DLDataType d, size_t size, uint32_t op, uint32_t nout,
                       const std::string& what) {
   const size_t esize = d.bits / 8;
   for (int k = 0; k < w.n; ++k) {
     ASSERT_EQ(outs[size_t(k)].size(), size * esize * nout) << what;
-    EXPECT_EQ(0, std::memcmp(outs[size_t(k)].data(), outs[0].data(), outs[0].size()))
+    EXPECT_TRUE(same_bytes(outs[size_t(k)].data(), outs[0].data(), outs[0].size()))
         << what << ": rank " << k << " differs from rank 0";
   }
   for (uint32_t r = 0; r < nout; ++r)
@@ -366,7 +373,7 @@ void run_matrix(const std::string& transport, const World& w, const json& extra,
                            const auto wb = want.data_bytes();
                            for (int k = 0; k < w.n; ++k)
                              for (uint32_t r = 0; r < w.nr; ++r)
-                               EXPECT_EQ(0, std::memcmp(o[size_t(k)].data() + r * wb.size(), wb.data(), wb.size()))
+                               EXPECT_TRUE(same_bytes(o[size_t(k)].data() + r * wb.size(), wb.data(), wb.size()))
                                    << what << ": rank " << k << " replica " << r;
                          }});
       }
@@ -418,7 +425,7 @@ void run_matrix(const std::string& transport, const World& w, const json& extra,
                            const auto wb = want.data_bytes();
                            for (int k = 0; k < w.n; ++k)
                              for (uint32_t r = 0; r < w.nr; ++r)
-                               EXPECT_EQ(0, std::memcmp(o[size_t(k)].data() + r * wb.size(), wb.data(), wb.size()))
+                               EXPECT_TRUE(same_bytes(o[size_t(k)].data() + r * wb.size(), wb.data(), wb.size()))
                                    << what << ": rank " << k << " replica " << r;
                          }});
       }
@@ -531,7 +538,7 @@ TEST_P(RingTest, BitIdenticalAcrossRanksAndRuns) {
     Outputs outs(n);
     run_world(transport(), n, {{"chunk_bytes", 4096}}, [&](int rank, Cdo& cdo) {
       Tensor in(kFloat32, {int64_t(size)}), out(kFloat32, {int64_t(size)});
-      std::memcpy(in.bytes.data(), data[size_t(rank)].data(), size * 4);
+      copy_bytes(in.bytes.data(), data[size_t(rank)].data(), size * 4);
       Status s = cdo.all_reduce(STRATA_REDUCE_SUM, {&in}, {&out}, 1);
       EXPECT_EQ(s.code, STRATA_OK) << s.message;
       outs[size_t(rank)] = out.data_bytes();
