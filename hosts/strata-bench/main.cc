@@ -5,6 +5,8 @@
 //
 //   strata-bench dispatch   run() overhead per step for each strategy vs a direct call
 //   strata-bench allreduce  in-process all-reduce across CPU replicas vs memcpy bandwidth
+//   strata-bench allreduce|broadcast|allgather --transport tcp -n N
+//                           collectives across N processes (see multiproc.h)
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -17,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "multiproc.h"
 #include "sizes.h"
 #include "strata/strata.hpp"
 
@@ -168,13 +171,21 @@ int main(int argc, char** argv) {
                "Examples:\n"
                "  strata-bench dispatch\n"
                "  strata-bench allreduce --replicas 2,4 --sizes 4K:64M\n"
-               "  strata-bench allreduce --sizes 4096,16M --json\n"};
+               "  strata-bench allreduce --sizes 4096,16M --json\n"
+               "  strata-bench allreduce --transport tcp -n 4 --sizes 4K:64M\n"
+               "  strata-bench allgather -n 3 --sizes 4K,1M --json\n"};
   app.require_subcommand(1);
   app.fallthrough();  // --json and --repeats may follow the subcommand
   bool json = false;
   int repeats = 5;
+  int worker_rank = -1;
   app.add_flag("--json", json, "Print results as one JSON document {\"results\": [...]}");
-  app.add_option("--repeats", repeats, "Samples per figure (the median is reported)")->capture_default_str()->check(CLI::Range(1, 1000));
+  auto* repeats_opt = app.add_option("--repeats", repeats,
+                                     "Samples per figure (the median is reported; multi-process default 7 batches)")
+                          ->capture_default_str()
+                          ->check(CLI::Range(1, 1000));
+  // Internal: set by the multi-process launcher on the workers it starts.
+  app.add_option("--bench-worker-rank", worker_rank)->group("");
 
   auto* dispatch = app.add_subcommand("dispatch", "run() dispatch overhead per step for each strategy against a direct call");
   std::string strategies = "default,one_device,mirrored:1,mirrored:2,mirrored:4,central_storage:2";
@@ -182,15 +193,57 @@ int main(int argc, char** argv) {
   dispatch->add_option("--strategies", strategies, "Comma list of NAME or NAME:REPLICAS")->capture_default_str();
   dispatch->add_option("--iters", iters, "run() calls per sample")->capture_default_str()->check(CLI::PositiveNumber);
 
-  auto* allreduce = app.add_subcommand("allreduce", "In-process all-reduce (float32 SUM) across CPU replicas vs memcpy bandwidth");
+  auto* allreduce = app.add_subcommand(
+      "allreduce", "All-reduce (SUM): in-process across CPU replicas vs memcpy bandwidth, or with --transport across "
+                   "processes");
   std::string replicas = "2,4", sizes = "4K:64M", strategy = "mirrored";
-  allreduce->add_option("--replicas", replicas, "Comma list of replica counts")->capture_default_str();
-  allreduce->add_option("--sizes", sizes, "Bytes per replica: a doubling range 4K:64M or a list 4096,16M")->capture_default_str();
-  allreduce->add_option("--strategy", strategy, "Strategy whose replicas all-reduce")->capture_default_str();
+  allreduce->add_option("--replicas", replicas, "In-process: comma list of replica counts")->capture_default_str();
+  allreduce->add_option("--strategy", strategy, "In-process: strategy whose replicas all-reduce")->capture_default_str();
+  auto* broadcast = app.add_subcommand("broadcast", "Broadcast from rank 0 across processes (--transport, default tcp)");
+  auto* allgather = app.add_subcommand("allgather", "All-gather across processes (--transport, default tcp)");
+
+  strata::bench::MultiProcOptions mp;
+  std::string transport;
+  CLI::Option* allreduce_ranks = nullptr;
+  for (CLI::App* sub : {allreduce, broadcast, allgather}) {
+    sub->add_option("--sizes", sizes,
+                    "Bytes per rank (allgather: of the whole output): a doubling range 4K:64M or a list 4096,16M")
+        ->capture_default_str();
+    sub->add_option("--transport", transport,
+                    sub == allreduce ? "Run across processes over this transport (e.g. tcp)"
+                                     : "Transport between the processes (default tcp)");
+    auto* ranks_opt = sub->add_option("-n,--ranks", mp.ranks, "Processes to start (allreduce: implies --transport tcp)")
+                          ->capture_default_str()
+                          ->check(CLI::Range(2, 256));
+    if (sub == allreduce) allreduce_ranks = ranks_opt;
+    sub->add_option("--dtype", mp.dtype, "float32, float64, int32 or int64")->capture_default_str();
+    sub->add_option("--iters", mp.iters, "Operations per timed batch (0 = about 256 MiB per batch, 5..1000)")
+        ->capture_default_str()
+        ->check(CLI::NonNegativeNumber);
+    sub->add_option("--warmup", mp.warmup, "Untimed operations per size after the checked one (-1 = iters / 5)")
+        ->capture_default_str();
+    sub->add_option("--timeout", mp.timeout_s, "Deadline in seconds of every collective and of the rendezvous")
+        ->capture_default_str();
+    sub->add_option("--ring-options", mp.ring_options,
+                    "Extra options of the ring cross_device_ops, JSON (e.g. '{\"chunk_bytes\": 524288}')")
+        ->capture_default_str();
+    sub->add_option("--transport-options", mp.transport_options,
+                    "Options of the transport, JSON (e.g. '{\"connections_per_peer\": 1}')")
+        ->capture_default_str();
+  }
 
   CLI11_PARSE(app, argc, argv);
   try {
     if (dispatch->parsed()) return run_dispatch(split_csv(strategies), iters, repeats, json);
+    if (!allreduce->parsed() || !transport.empty() || allreduce_ranks->count() > 0) {
+      mp.op = allreduce->parsed() ? "allreduce" : broadcast->parsed() ? "broadcast" : "allgather";
+      mp.transport = transport.empty() ? "tcp" : transport;
+      mp.sizes = strata::bench::parse_sizes(sizes);
+      mp.json = json;
+      mp.trials = repeats_opt->count() > 0 ? repeats : 7;
+      if (worker_rank >= 0) return strata::bench::run_worker(mp, worker_rank);
+      return strata::bench::run_launcher(mp, argc, argv);
+    }
     std::vector<int> counts;
     for (const std::string& c : split_csv(replicas)) {
       const int k = std::stoi(c);

@@ -352,10 +352,10 @@ void RingComm::release(Buffer& b) noexcept {
 strata_buffer RingComm::buffer_of(const Buffer& b, size_t offset, size_t bytes) const {
   strata_buffer sb{};
   STRATA_INIT_HEADER(&sb, strata_buffer);
-  sb.data = static_cast<char*>(b.mem.data()) + offset;
+  sb.data = b.data() + offset;
   sb.bytes = bytes;
   sb.device = DLDevice{kDLCPU, 0};
-  sb.mr = b.mr;
+  sb.mr = b.borrowed != nullptr ? nullptr : b.mr;
   sb.stream = nullptr;
   return sb;
 }
@@ -481,15 +481,15 @@ void RingComm::direct_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop, 
   const int32_t n = opt_.world_size, r = opt_.rank;
   const size_t bytes = count * sdk::dtype_size(wire);
   const std::vector<int32_t> peers = everyone(r, n);
-  step0(op, peers, peers, work_.mem.data(), bytes, 0);
+  step0(op, peers, peers, work_.data(), bytes, 0);
   // Every rank folds the same n buffers in rank order, so the results are
   // bit-identical everywhere.
   const size_t slot = round_up(kHdr + opt_.direct_max_bytes, 64);
   std::vector<const void*> ptrs(static_cast<size_t>(n));
   for (int32_t k = 0; k < n; ++k)
-    ptrs[size_t(k)] = k == r ? work_.mem.data()
+    ptrs[size_t(k)] = k == r ? work_.data()
                              : static_cast<const char*>(hdr_recv_.mem.data()) + slot * size_t(k) + kHdr;
-  if (count != 0) sdk::kernels::reduce(rop, wire, size_t(n), ptrs.data(), work_.mem.data(), count);
+  if (count != 0) sdk::kernels::reduce(rop, wire, size_t(n), ptrs.data(), work_.data(), count);
   op.finish();
 }
 
@@ -502,7 +502,7 @@ void RingComm::ring_reduce_scatter(Op& op, DLDataType wire, strata_reduce_op rop
   auto seg_off = [&](int32_t i) { return size_t(i) * (count / n) + std::min<size_t>(size_t(i), count % n); };
   auto seg_len = [&](int32_t i) { return count / n + (size_t(i) < count % n ? 1 : 0); };
   auto nchunks = [&](int32_t seg) { return (seg_len(seg) + ce - 1) / ce; };
-  char* base = static_cast<char*>(work_.mem.data());
+  char* base = work_.data();
 
   struct Item {
     int32_t step, seg;
@@ -589,10 +589,29 @@ void RingComm::ring_all_gather(Op& op, size_t esize, size_t count, int shift) {
   }
 }
 
+void RingComm::all_reduce(const CollectiveDesc& d, DLDataType wire, strata_reduce_op rop, size_t count,
+                          void* data) {
+  const size_t bytes = count * sdk::dtype_size(wire);
+  if (requires_mr_) {
+    // Registered memory only: stage through the work buffer.
+    ensure(work_, bytes);
+    if (bytes != 0) std::memcpy(work_.mem.data(), data, bytes);
+    all_reduce(d, wire, rop, count);
+    if (bytes != 0) std::memcpy(data, work_.mem.data(), bytes);
+    return;
+  }
+  struct Borrow {
+    Buffer& b;
+    ~Borrow() { b.borrowed = nullptr; }
+  } borrow{work_};
+  work_.borrowed = static_cast<char*>(data);
+  all_reduce(d, wire, rop, count);
+}
+
 void RingComm::all_reduce(const CollectiveDesc& d, DLDataType wire, strata_reduce_op rop, size_t count) {
   Op op(*this, d);
   const size_t bytes = count * sdk::dtype_size(wire);
-  ensure(work_, bytes);
+  if (work_.borrowed == nullptr) ensure(work_, bytes);
   if (bytes <= opt_.direct_max_bytes) {
     direct_all_reduce(op, wire, rop, count);
     return;

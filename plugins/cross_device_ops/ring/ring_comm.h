@@ -84,6 +84,11 @@ class RingComm {
   /// buffers (`count` elements of `wire`; `op` is SUM, MIN, MAX or PROD).
   /// Bit-identical on every rank.
   void all_reduce(const CollectiveDesc& d, DLDataType wire, strata_reduce_op op, size_t count);
+  /// The same, in place on the caller's `data` (`count` elements of `wire`,
+  /// borrowed for the call) instead of work(). With a transport that needs
+  /// no registered memory the collective runs in `data` itself (no copy);
+  /// otherwise `data` is staged through work(), whose contents it replaces.
+  void all_reduce(const CollectiveDesc& d, DLDataType wire, strata_reduce_op op, size_t count, void* data);
   /// In place on work(): afterwards elements [rank*count/n, (rank+1)*count/n)
   /// hold the reduction over all ranks. `count` must divide by world_size.
   void reduce_scatter(const CollectiveDesc& d, DLDataType wire, strata_reduce_op op, size_t count);
@@ -105,6 +110,8 @@ class RingComm {
     sdk::AlignedBuffer mem;
     strata_mem_region_t mr = nullptr;
     size_t capacity = 0;
+    char* borrowed = nullptr;  // the caller's memory standing in for `mem` during one call
+    char* data() const { return borrowed != nullptr ? borrowed : static_cast<char*>(mem.data()); }
   };
   struct Pending;
   class Op;

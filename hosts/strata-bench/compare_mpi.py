@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""Compare strata-bench (ring over tcp) with Open MPI (--mca btl tcp,self).
+
+Alternates the two programs --runs times (the machines are shared and noisy)
+and prints, per rank count and size, the median time and busbw of each with
+the ratios. Build the MPI side as /work/shared/bench/README.md says:
+    mpicc -O2 -o /tmp/mpi_coll_bench /work/shared/bench/mpi_coll_bench.c
+Example:
+    compare_mpi.py --bench build/bin/strata-bench --runs 5 --ranks 2,4
+"""
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument('--bench', required=True, help='path of strata-bench')
+    ap.add_argument('--mpi-bench', default='/tmp/mpi_coll_bench', help='path of the built mpi_coll_bench')
+    ap.add_argument('--runs', type=int, default=3)
+    ap.add_argument('--ranks', default='2,4')
+    ap.add_argument('--sizes', default='4096,1048576,16777216,67108864', help='bytes, comma-separated')
+    a = ap.parse_args()
+    ranks = [int(x) for x in a.ranks.split(',')]
+    sizes = [int(x) for x in a.sizes.split(',')]
+    res = {}
+    for run in range(a.runs):
+        for n in ranks:
+            out = subprocess.run([a.bench, 'allreduce', '--transport', 'tcp', '-n', str(n), '--sizes', a.sizes,
+                                  '--json'], capture_output=True, text=True, timeout=900)
+            if out.returncode != 0:
+                sys.exit('strata-bench failed:\n' + out.stderr)
+            for r in json.loads(out.stdout)['results']:
+                if r['wrong'] != 0:
+                    sys.exit('strata-bench: %d wrong elements at %d bytes' % (r['wrong'], r['bytes']))
+                res.setdefault(('strata', n, r['bytes']), []).append((r['time_us'], r['busbw_gbps']))
+            out = subprocess.run(['mpirun', '--allow-run-as-root', '--oversubscribe', '--mca', 'btl', 'tcp,self',
+                                  '-np', str(n), a.mpi_bench, '-c', 'allreduce', '-s', a.sizes],
+                                 capture_output=True, text=True, timeout=900)
+            if out.returncode != 0:
+                sys.exit('mpirun failed:\n' + out.stderr)
+            for line in out.stdout.splitlines():
+                f = line.split()
+                if line.startswith('#') or len(f) < 8:
+                    continue
+                if f[7] != 'yes':
+                    sys.exit('mpi_coll_bench: wrong result at %s bytes' % f[0])
+                res.setdefault(('mpi', n, int(f[0])), []).append((float(f[2]), float(f[6])))
+        print('run %d of %d done' % (run + 1, a.runs), file=sys.stderr)
+    print('%5s %10s | %11s %9s | %11s %9s | %9s %9s | %s' % ('ranks', 'bytes', 'strata(us)', 'busbw', 'mpi(us)',
+                                                             'busbw', 'time s/m', 'busbw s/m', 'runs'))
+    for n in ranks:
+        for b in sizes:
+            s = res.get(('strata', n, b), [])
+            m = res.get(('mpi', n, b), [])
+            if not s or not m:
+                continue
+            st, sb = statistics.median(x[0] for x in s), statistics.median(x[1] for x in s)
+            mt, mb = statistics.median(x[0] for x in m), statistics.median(x[1] for x in m)
+            print('%5d %10d | %11.1f %9.3f | %11.1f %9.3f | %9.2f %9.2f | %d+%d' % (n, b, st, sb, mt, mb, st / mt,
+                                                                                   sb / mb, len(s), len(m)))
+
+
+if __name__ == '__main__':
+    main()

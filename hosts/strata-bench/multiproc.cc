@@ -1,0 +1,513 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "multiproc.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "sizes.h"
+#include "strata/c/cross_device_ops.h"
+#include "strata/error.hpp"
+#include "strata/plugin_host.hpp"
+#include "strata/store.hpp"
+
+extern "C" char** environ;
+
+namespace strata::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using detail::str_cat;
+
+constexpr const char* kStoreEnv = "STRATA_BENCH_STORE";
+constexpr const char* kReportFdEnv = "STRATA_BENCH_REPORT_FD";
+// How long the other workers get to report their own error once one failed.
+constexpr std::chrono::seconds kFailureGrace{15};
+
+struct DTypeInfo {
+  const char* name;
+  DLDataType dl;
+  std::size_t size;
+};
+
+const DTypeInfo kDTypes[] = {
+    {"float32", {kDLFloat, 32, 1}, 4},
+    {"float64", {kDLFloat, 64, 1}, 8},
+    {"int32", {kDLInt, 32, 1}, 4},
+    {"int64", {kDLInt, 64, 1}, 8},
+};
+
+const DTypeInfo& dtype_info(const std::string& name) {
+  for (const DTypeInfo& d : kDTypes)
+    if (name == d.name) return d;
+  STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "--dtype ", name, " is not supported: use float32, float64, int32 or int64");
+}
+
+// nccl-tests bus-bandwidth factor (as mpi_coll_bench.c).
+double busbw_factor(const std::string& op, int n) {
+  if (op == "allreduce") return 2.0 * (n - 1) / n;
+  if (op == "broadcast") return 1.0;
+  return static_cast<double>(n - 1) / n;
+}
+
+void validate(const MultiProcOptions& o) {
+  if (o.op != "allreduce" && o.op != "broadcast" && o.op != "allgather")
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "unknown collective '", o.op, "': use allreduce, broadcast or allgather");
+  if (o.ranks < 2 || o.ranks > 256)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "-n ", o.ranks, ": the multi-process bench needs 2..256 processes");
+  const DTypeInfo& d = dtype_info(o.dtype);
+  if (o.sizes.empty()) STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "--sizes is empty: pass e.g. --sizes 4K:64M");
+  const std::uint64_t min_bytes = d.size * (o.op == "allgather" ? std::uint64_t(o.ranks) : 1);
+  for (std::uint64_t s : o.sizes)
+    if (s < min_bytes)
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "size ", s, " is below one element", o.op == "allgather" ? " per rank" : "",
+                   " (", min_bytes, " bytes of ", d.name, o.op == "allgather" ? " for allgather" : "",
+                   "); raise the smallest --sizes");
+  if (o.iters < 0) STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "--iters ", o.iters, ": use 0 (auto) or a positive count");
+  if (o.trials < 1) STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "--repeats ", o.trials, ": use at least 1");
+  if (!(o.timeout_s > 0)) STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "--timeout must be > 0 seconds");
+  for (const auto* text : {&o.ring_options, &o.transport_options}) {
+    const nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
+    if (!j.is_object())
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "'", *text, "' is not a JSON object: pass e.g. '{\"chunk_bytes\": 1048576}'");
+  }
+}
+
+// ------------------------------------------------------------- launcher ---
+
+std::string random_token() {
+  std::random_device rd;
+  static const char kHex[] = "0123456789abcdef";
+  std::string t;
+  for (int i = 0; i < 32; ++i) t.push_back(kHex[rd() & 15]);
+  return t;
+}
+
+std::string self_exe() {
+  std::string path(4096, '\0');
+  const ssize_t len = ::readlink("/proc/self/exe", path.data(), path.size() - 1);
+  if (len <= 0) STRATA_THROW(STRATA_ERR_INTERNAL, "cannot read /proc/self/exe (", std::strerror(errno), ")");
+  path.resize(std::size_t(len));
+  return path;
+}
+
+// Fork and exec one worker. Everything it needs is built before fork(), so
+// the child only makes async-signal-safe calls.
+pid_t spawn_worker(const std::string& exe, const std::vector<std::string>& base_args, int rank,
+                   const std::string& store, const std::string& token, int report_fd) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string v(*e);
+    if (v.rfind("STRATA_BENCH_", 0) == 0 || v.rfind("STRATA_RANK=", 0) == 0 || v.rfind("STRATA_AUTH_TOKEN=", 0) == 0)
+      continue;
+    env.push_back(v);
+  }
+  env.push_back(str_cat(kStoreEnv, "=", store));
+  env.push_back(str_cat("STRATA_AUTH_TOKEN=", token));
+  env.push_back(str_cat("STRATA_RANK=", rank));
+  if (report_fd >= 0) env.push_back(str_cat(kReportFdEnv, "=", report_fd));
+  std::vector<std::string> args = base_args;
+  args.push_back("--bench-worker-rank");
+  args.push_back(std::to_string(rank));
+  std::vector<char*> argv, envp;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) STRATA_THROW(STRATA_ERR_UNAVAILABLE, "cannot start worker ", rank, ": fork failed (", std::strerror(errno), ")");
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the launcher
+    if (::getppid() != parent) ::_exit(126);  // the launcher died before prctl
+    if (report_fd >= 0) ::fcntl(report_fd, F_SETFD, 0);
+    ::execve(exe.c_str(), argv.data(), envp.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+// Read rank 0's store address ("host:port\n") from the pipe, up to the deadline.
+std::string read_store_address(int fd, Clock::time_point deadline) {
+  std::string got;
+  while (got.find('\n') == std::string::npos) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) return "";
+    pollfd p{fd, POLLIN, 0};
+    const int r = ::poll(&p, 1, static_cast<int>(std::min<long long>(left, 1000)));
+    if (r < 0 && errno != EINTR) return "";
+    if (r <= 0) continue;
+    char buf[256];
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return "";  // rank 0 exited without reporting
+    got.append(buf, std::size_t(n));
+  }
+  return got.substr(0, got.find('\n'));
+}
+
+std::string describe_status(int st) {
+  if (WIFEXITED(st)) return str_cat("exited with status ", WEXITSTATUS(st));
+  if (WIFSIGNALED(st)) return str_cat("was killed by signal ", WTERMSIG(st), " (", strsignal(WTERMSIG(st)), ")");
+  return "stopped";
+}
+
+// Wait for every worker. Once one fails, the others get kFailureGrace to
+// report their own error (the ring aborts its communicator, so they usually
+// fail at once), then are killed. Every pid is reaped on every path.
+int supervise(std::vector<pid_t>& pids, int first_rank_failed_to_start) {
+  std::vector<int> status(pids.size(), 0);
+  std::vector<bool> done(pids.size(), false);
+  std::size_t left = 0;
+  for (std::size_t i = 0; i < pids.size(); ++i) left += pids[i] > 0 ? 1 : 0;
+  bool failed = first_rank_failed_to_start >= 0;
+  Clock::time_point kill_at = failed ? Clock::now() + kFailureGrace : Clock::time_point::max();
+  while (left > 0) {
+    bool progressed = false;
+    for (std::size_t i = 0; i < pids.size(); ++i) {
+      if (pids[i] <= 0 || done[i]) continue;
+      int st = 0;
+      const pid_t r = ::waitpid(pids[i], &st, WNOHANG);
+      if (r == pids[i] || (r < 0 && errno == ECHILD)) {
+        done[i] = true;
+        status[i] = r == pids[i] ? st : 0;
+        --left;
+        progressed = true;
+        if (!(WIFEXITED(status[i]) && WEXITSTATUS(status[i]) == 0) && !failed) {
+          failed = true;
+          kill_at = Clock::now() + kFailureGrace;
+        }
+      }
+    }
+    if (left == 0) break;
+    if (Clock::now() >= kill_at) {
+      for (std::size_t i = 0; i < pids.size(); ++i)
+        if (pids[i] > 0 && !done[i]) {
+          ::kill(pids[i], SIGKILL);
+          int st = 0;
+          ::waitpid(pids[i], &st, 0);
+          std::fprintf(stderr, "strata-bench: killed rank %zu, still running %lld s after another rank failed\n", i,
+                       static_cast<long long>(kFailureGrace.count()));
+          done[i] = true;
+          status[i] = st;
+          --left;
+        }
+      break;
+    }
+    if (!progressed) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  int rc = failed ? 1 : 0;
+  for (std::size_t i = 0; i < pids.size(); ++i) {
+    if (pids[i] <= 0) continue;
+    const int st = status[i];
+    if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
+      std::fprintf(stderr, "strata-bench: rank %zu (pid %d) %s\n", i, static_cast<int>(pids[i]),
+                   describe_status(st).c_str());
+      rc = 1;
+    }
+  }
+  return rc;
+}
+
+// ---------------------------------------------------------------- worker ---
+
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+using Mem = std::unique_ptr<void, FreeDeleter>;
+
+Mem alloc_aligned(std::size_t bytes) {
+  void* p = nullptr;
+  if (::posix_memalign(&p, 4096, std::max<std::size_t>(bytes, 64)) != 0)
+    STRATA_THROW(STRATA_ERR_UNAVAILABLE, "cannot allocate ", bytes, " bytes for the benchmark buffers; use smaller --sizes");
+  return Mem(p);
+}
+
+DLTensor tensor_1d(void* data, std::int64_t* shape, DLDataType dtype) {
+  DLTensor t{};
+  t.data = data;
+  t.device = DLDevice{kDLCPU, 0};
+  t.ndim = 1;
+  t.dtype = dtype;
+  t.shape = shape;
+  t.strides = nullptr;
+  t.byte_offset = 0;
+  return t;
+}
+
+// The ring CrossDeviceOps with one local replica, called through its vtable.
+class Ring {
+ public:
+  Ring(const MultiProcOptions& o, int rank) {
+    nlohmann::json opts = nlohmann::json::parse(o.ring_options);
+    opts["transport"] = {{"name", o.transport}, {"options", nlohmann::json::parse(o.transport_options)}};
+    opts["rank"] = rank;
+    opts["world_size"] = o.ranks;
+    opts["communicator"] = "strata-bench";
+    if (!opts.contains("timeout_s")) opts["timeout_s"] = o.timeout_s;
+    inst_ = PluginHost::global().create(STRATA_KIND_CROSS_DEVICE_OPS, "ring", opts.dump());
+    vt_ = inst_.vtable_as<strata_cross_device_ops_vtable>();
+    h_ = static_cast<strata_cross_device_ops_t>(inst_.handle());
+  }
+
+  void all_reduce(strata_reduce_op op, const DLTensor* in, DLTensor* out, const char* what) {
+    strata_error err;
+    strata_error_init(&err);
+    detail::check_status(vt_->all_reduce(h_, op, 1, 1, &in, &out, &err), err, what);
+  }
+  void barrier() {
+    strata_error err;
+    strata_error_init(&err);
+    // No tensors: the ring's barrier. The arrays must be non-NULL even when empty.
+    const DLTensor* no_in[1] = {nullptr};
+    DLTensor* no_out[1] = {nullptr};
+    detail::check_status(vt_->all_reduce(h_, STRATA_REDUCE_SUM, 0, 1, no_in, no_out, &err), err, "barrier");
+  }
+  void broadcast(const DLTensor* src, DLTensor* dst, const char* what) {
+    strata_error err;
+    strata_error_init(&err);
+    detail::check_status(vt_->broadcast(h_, src, 1, &dst, &err), err, what);
+  }
+  void all_gather(const DLTensor* in, DLTensor* out, const char* what) {
+    strata_error err;
+    strata_error_init(&err);
+    detail::check_status(vt_->all_gather(h_, 1, &in, 0, &out, &err), err, what);
+  }
+  double max_across_ranks(double v) {
+    std::int64_t shape = 1;
+    double out = 0;
+    DLTensor t = tensor_1d(&v, &shape, DLDataType{kDLFloat, 64, 1});
+    DLTensor o = tensor_1d(&out, &shape, DLDataType{kDLFloat, 64, 1});
+    all_reduce(STRATA_REDUCE_MAX, &t, &o, "all_reduce(MAX) of the batch times");
+    return out;
+  }
+  std::int64_t sum_across_ranks(std::int64_t v) {
+    std::int64_t shape = 1, out = 0;
+    DLTensor t = tensor_1d(&v, &shape, DLDataType{kDLInt, 64, 1});
+    DLTensor o = tensor_1d(&out, &shape, DLDataType{kDLInt, 64, 1});
+    all_reduce(STRATA_REDUCE_SUM, &t, &o, "all_reduce(SUM) of the wrong-element counts");
+    return out;
+  }
+
+ private:
+  PluginInstance inst_;
+  const strata_cross_device_ops_vtable* vt_ = nullptr;
+  strata_cross_device_ops_t h_ = nullptr;
+};
+
+// Buffers filled and checked as mpi_coll_bench.c does, so that a result is
+// right only when every element came from the right rank and position.
+template <class T>
+void fill(const std::string& op, T* send, T* recv, std::size_t count, int rank, int n) {
+  const std::size_t per = count / std::size_t(n);
+  for (std::size_t i = 0; i < count; ++i) {
+    recv[i] = T(-1);
+    send[i] = T(rank + 1);
+  }
+  if (op == "broadcast")
+    for (std::size_t i = 0; i < count; ++i) recv[i] = rank == 0 ? T(i % 1000) : T(-1);
+  if (op == "allgather")
+    for (std::size_t i = 0; i < per; ++i) send[i] = T(rank * 1000 + int(i % 1000));
+}
+
+template <class T>
+std::int64_t count_wrong(const std::string& op, const T* recv, std::size_t count, int n) {
+  const std::size_t per = count / std::size_t(n);
+  std::int64_t wrong = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    T want;
+    if (op == "allreduce") want = T(n * (n + 1) / 2);
+    else if (op == "broadcast") want = T(i % 1000);
+    else want = T((i / per) * 1000 + (i % per) % 1000);
+    wrong += recv[i] != want;
+  }
+  return wrong;
+}
+
+void fill_any(const DTypeInfo& d, const std::string& op, void* s, void* r, std::size_t count, int rank, int n) {
+  switch (d.dl.code == kDLFloat ? d.dl.bits : d.dl.bits + 1) {
+    case 32: return fill(op, static_cast<float*>(s), static_cast<float*>(r), count, rank, n);
+    case 64: return fill(op, static_cast<double*>(s), static_cast<double*>(r), count, rank, n);
+    case 33: return fill(op, static_cast<std::int32_t*>(s), static_cast<std::int32_t*>(r), count, rank, n);
+    default: return fill(op, static_cast<std::int64_t*>(s), static_cast<std::int64_t*>(r), count, rank, n);
+  }
+}
+
+std::int64_t wrong_any(const DTypeInfo& d, const std::string& op, const void* r, std::size_t count, int n) {
+  switch (d.dl.code == kDLFloat ? d.dl.bits : d.dl.bits + 1) {
+    case 32: return count_wrong(op, static_cast<const float*>(r), count, n);
+    case 64: return count_wrong(op, static_cast<const double*>(r), count, n);
+    case 33: return count_wrong(op, static_cast<const std::int32_t*>(r), count, n);
+    default: return count_wrong(op, static_cast<const std::int64_t*>(r), count, n);
+  }
+}
+
+int worker_body(const MultiProcOptions& o, int rank) {
+  const char* store = std::getenv(kStoreEnv);
+  if (store == nullptr || *store == '\0')
+    STRATA_THROW(STRATA_ERR_FAILED_PRECONDITION, "--bench-worker-rank is internal: run strata-bench ", o.op,
+                 " --transport ", o.transport, " -n N, which starts the workers itself");
+  StoreConfig cfg;
+  cfg.address = store;
+  cfg.serve = rank == 0;
+  cfg.timeout_s = o.timeout_s;
+  PluginHost::global().connect_store(cfg);
+  if (rank == 0) {
+    const char* fd_text = std::getenv(kReportFdEnv);
+    if (fd_text == nullptr) STRATA_THROW(STRATA_ERR_FAILED_PRECONDITION, "rank 0 has no report pipe (", kReportFdEnv, ")");
+    const int fd = std::atoi(fd_text);
+    const std::string line = PluginHost::global().store_address() + "\n";
+    if (::write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size()))
+      STRATA_THROW(STRATA_ERR_UNAVAILABLE, "rank 0 cannot report the store address to the launcher (",
+                   std::strerror(errno), ")");
+    ::close(fd);
+  }
+  Ring ring(o, rank);
+  const DTypeInfo& d = dtype_info(o.dtype);
+  const int n = o.ranks;
+  const double factor = busbw_factor(o.op, n);
+  nlohmann::json results = nlohmann::json::array();
+  if (rank == 0 && !o.json) {
+    std::printf("# %s %s%s, ranks=%d, transport=%s, trials=%d, busbw factor=%.3f\n", o.op.c_str(), d.name,
+                o.op == "allreduce" ? " SUM" : "", n, o.transport.c_str(), o.trials, factor);
+    std::printf("%10s %12s %8s %12s %12s %12s %8s\n", "size", "count", "dtype", "time(us)", "algbw(GB/s)",
+                "busbw(GB/s)", "wrong");
+    std::fflush(stdout);
+  }
+  std::vector<double> times(std::size_t(o.trials));
+  for (std::uint64_t requested : o.sizes) {
+    std::size_t count = std::size_t(requested / d.size);
+    if (o.op == "allgather") count -= count % std::size_t(n);
+    const std::size_t bytes = count * d.size;
+    const std::size_t per = count / std::size_t(n);
+    Mem send = alloc_aligned(bytes), recv = alloc_aligned(bytes);
+    std::int64_t full = std::int64_t(count), part = std::int64_t(per);
+    const DLTensor in = tensor_1d(send.get(), o.op == "allgather" ? &part : &full, d.dl);
+    DLTensor out = tensor_1d(recv.get(), &full, d.dl);
+    const std::string what = str_cat(o.op, " of ", format_size(bytes), " bytes");
+    auto run_op = [&] {
+      if (o.op == "allreduce") ring.all_reduce(STRATA_REDUCE_SUM, &in, &out, what.c_str());
+      else if (o.op == "broadcast") ring.broadcast(&out, &out, what.c_str());  // in place, as MPI_Bcast
+      else ring.all_gather(&in, &out, what.c_str());
+    };
+    std::int64_t iters = o.iters;
+    if (iters == 0) iters = std::clamp<std::int64_t>(std::int64_t((256ull << 20) / bytes), 5, 1000);
+    const std::int64_t warmup = o.warmup >= 0 ? o.warmup : iters / 5;
+
+    // Warm-up with a correctness check of its first operation.
+    fill_any(d, o.op, send.get(), recv.get(), count, rank, n);
+    ring.barrier();
+    run_op();
+    const std::int64_t wrong = ring.sum_across_ranks(wrong_any(d, o.op, recv.get(), count, n));
+    for (std::int64_t i = 0; i < warmup; ++i) run_op();
+
+    // Each batch: the slowest rank's time per operation.
+    for (int t = 0; t < o.trials; ++t) {
+      ring.barrier();
+      const auto t0 = Clock::now();
+      for (std::int64_t i = 0; i < iters; ++i) run_op();
+      const double dt = std::chrono::duration<double>(Clock::now() - t0).count() / double(iters);
+      times[std::size_t(t)] = ring.max_across_ranks(dt);
+    }
+    std::vector<double> sorted = times;
+    std::sort(sorted.begin(), sorted.end());
+    const double med = sorted[sorted.size() / 2];
+    const double algbw = double(bytes) / med / 1e9;
+    if (rank != 0) continue;
+    if (o.json) {
+      results.push_back({{"op", o.op}, {"transport", o.transport}, {"ranks", n}, {"bytes", bytes},
+                         {"count", count}, {"dtype", d.name}, {"iters", iters}, {"trials", o.trials},
+                         {"time_us", med * 1e6}, {"time_min_us", sorted.front() * 1e6},
+                         {"time_max_us", sorted.back() * 1e6}, {"algbw_gbps", algbw},
+                         {"busbw_gbps", algbw * factor}, {"wrong", wrong}});
+    } else {
+      std::printf("%10s %12zu %8s %12.1f %12.3f %12.3f %8lld\n", format_size(bytes).c_str(), count, d.name,
+                  med * 1e6, algbw, algbw * factor, static_cast<long long>(wrong));
+      std::fflush(stdout);
+    }
+  }
+  if (rank == 0 && o.json) {
+    std::printf("%s\n", nlohmann::json{{"results", results}}.dump(2).c_str());
+    std::fflush(stdout);
+  }
+  // Leave together: a rank that exits early would make a slower one see a
+  // closed connection in its last collective.
+  ring.barrier();
+  return 0;
+}
+
+}  // namespace
+
+int run_launcher(const MultiProcOptions& o, int argc, char** argv) {
+  validate(o);
+  const char* env_token = std::getenv("STRATA_AUTH_TOKEN");
+  const std::string token = env_token != nullptr && *env_token != '\0' ? env_token : random_token();
+  const std::string exe = self_exe();
+  const std::vector<std::string> args(argv, argv + argc);
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0)
+    STRATA_THROW(STRATA_ERR_UNAVAILABLE, "cannot create a pipe for the workers (", std::strerror(errno), ")");
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::vector<pid_t> pids;
+  pid_t first = -1;
+  try {
+    first = spawn_worker(exe, args, 0, "127.0.0.1:0", token, fds[1]);
+  } catch (...) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    throw;
+  }
+  ::close(fds[1]);
+  pids.push_back(first);
+  const std::string addr =
+      read_store_address(fds[0], Clock::now() + std::chrono::milliseconds(static_cast<long long>(o.timeout_s * 1000)));
+  ::close(fds[0]);
+  if (addr.empty()) {
+    std::fprintf(stderr, "strata-bench: rank 0 did not report its rendezvous store address within %.0f s\n",
+                 o.timeout_s);
+    ::kill(first, SIGKILL);  // stuck, or already gone (then this does nothing to it: it is not reaped yet)
+    supervise(pids, 0);
+    return 1;
+  }
+  int failed_to_start = -1;
+  for (int r = 1; r < o.ranks; ++r) {
+    try {
+      pids.push_back(spawn_worker(exe, args, r, addr, token, -1));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "strata-bench: %s\n", e.what());
+      failed_to_start = r;
+      break;
+    }
+  }
+  return supervise(pids, failed_to_start);
+}
+
+int run_worker(const MultiProcOptions& o, int rank) {
+  try {
+    return worker_body(o, rank);
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "strata-bench: rank %d: error: %s\n", rank, e.what());
+    return 1;
+  }
+}
+
+}  // namespace strata::bench

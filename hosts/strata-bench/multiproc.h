@@ -1,0 +1,51 @@
+// SPDX-License-Identifier: Apache-2.0
+// Multi-process collective benchmarks (strata-bench allreduce|broadcast|
+// allgather --transport tcp -n N): the launcher re-executes this program N
+// times as workers; the workers join one "ring" CrossDeviceOps over the
+// transport and time its collectives with the method and conventions of
+// /work/shared/bench/mpi_coll_bench.c (nccl-tests bandwidths), so the two
+// programs' figures compare directly.
+//
+// Process model. The launcher (the process the user started) forks and execs
+// /proc/self/exe with the same arguments plus a hidden --bench-worker-rank R.
+// Rank 0 serves the TCP rendezvous store on 127.0.0.1:0 and reports the
+// bound address through a pipe; the launcher then starts ranks 1..N-1 with
+// that address. Every worker dies with the launcher (PR_SET_PDEATHSIG); the
+// launcher reaps every worker on every path, and when one fails it gives the
+// others a grace period to report their error, then kills them. Rank 0 alone
+// prints the results (stdout is shared).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace strata::bench {
+
+struct MultiProcOptions {
+  std::string op;                  ///< "allreduce", "broadcast" or "allgather"
+  std::string transport = "tcp";   ///< transport plugin name
+  int ranks = 2;                   ///< processes (-n)
+  std::vector<std::uint64_t> sizes;  ///< bytes: the per-rank buffer (allgather: the whole output)
+  std::string dtype = "float32";   ///< float32, float64, int32, int64
+  std::int64_t iters = 0;          ///< operations per timed batch; 0 = 256 MiB per batch, 5..1000
+  std::int64_t warmup = -1;        ///< untimed operations after the checked one; -1 = iters / 5
+  int trials = 7;                  ///< timed batches per size; the median is reported
+  bool json = false;
+  double timeout_s = 120;          ///< deadline of every collective and of the rendezvous
+  std::string ring_options = "{}";       ///< extra options of the ring cross_device_ops (JSON object)
+  std::string transport_options = "{}";  ///< options of the transport (JSON object)
+};
+
+/// Validate `o` (throws InvalidArgumentError naming the bad option), start
+/// o.ranks workers running `argv` again, wait for them and return the exit
+/// status: 0 when every worker succeeded, else non-zero after printing which
+/// ranks failed to stderr. Blocks until every worker is reaped.
+int run_launcher(const MultiProcOptions& o, int argc, char** argv);
+
+/// Body of worker `rank` (reads the store address, auth token and report
+/// pipe from the environment the launcher set). Returns the exit status;
+/// errors are printed to stderr naming the rank.
+int run_worker(const MultiProcOptions& o, int rank);
+
+}  // namespace strata::bench

@@ -1,0 +1,276 @@
+// SPDX-License-Identifier: Apache-2.0
+// Smoke tests of strata-bench. The multi-process mode starts real worker
+// processes over the tcp transport (ephemeral ports, so tests may run in
+// parallel); every test kills and reaps what it started on every path.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// A started strata-bench with stdout and stderr in files. The destructor
+// kills and reaps it if the test did not.
+class Bench {
+ public:
+  explicit Bench(const std::vector<std::string>& args) {
+    static int counter = 0;
+    const std::string base =
+        ::testing::TempDir() + "bench_test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+    out_path_ = base + ".out";
+    err_path_ = base + ".err";
+    std::vector<std::string> all{STRATA_BENCH_BIN};
+    all.insert(all.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& a : all) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const int out = ::open(out_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    const int err = ::open(err_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    const pid_t parent = ::getpid();
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the test
+      if (::getppid() != parent) ::_exit(126);
+      ::dup2(out, 1);
+      ::dup2(err, 2);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+    ::close(out);
+    ::close(err);
+  }
+  ~Bench() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    std::remove(out_path_.c_str());
+    std::remove(err_path_.c_str());
+  }
+  Bench(const Bench&) = delete;
+  Bench& operator=(const Bench&) = delete;
+
+  pid_t pid() const { return pid_; }
+  std::string out() const { return slurp(out_path_); }
+  std::string err() const { return slurp(err_path_); }
+
+  /// Exit status (128 + signal when killed), or -1 when still running at the deadline (then killed).
+  int wait(std::chrono::seconds limit) {
+    const auto deadline = Clock::now() + limit;
+    while (pid_ > 0) {
+      int st = 0;
+      if (::waitpid(pid_, &st, WNOHANG) == pid_) {
+        pid_ = -1;
+        return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      }
+      if (Clock::now() > deadline) {
+        ::kill(pid_, SIGKILL);
+        ::waitpid(pid_, nullptr, 0);
+        pid_ = -1;
+        return -1;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  std::string out_path_, err_path_;
+};
+
+// Direct children of `pid` (Linux /proc/<pid>/task/<pid>/children).
+std::vector<pid_t> children_of(pid_t pid) {
+  std::vector<pid_t> out;
+  std::ifstream f("/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) + "/children");
+  for (pid_t c; f >> c;) out.push_back(c);
+  return out;
+}
+
+// The worker rank a process was started as (its --bench-worker-rank), or -1.
+int worker_rank_of(pid_t pid) {
+  std::string cmd = slurp("/proc/" + std::to_string(pid) + "/cmdline");
+  std::vector<std::string> args;
+  std::string cur;
+  for (char ch : cmd) {
+    if (ch == '\0') {
+      args.push_back(cur);
+      cur.clear();
+    } else {
+      cur.push_back(ch);
+    }
+  }
+  for (size_t i = 0; i + 1 < args.size(); ++i)
+    if (args[i] == "--bench-worker-rank") return std::stoi(args[i + 1]);
+  return -1;
+}
+
+bool process_exists(pid_t pid) { return ::kill(pid, 0) == 0 || errno != ESRCH; }
+
+nlohmann::json run_json(const std::vector<std::string>& args) {
+  Bench b(args);
+  const int rc = b.wait(std::chrono::seconds(180));
+  EXPECT_EQ(rc, 0) << "stderr:\n" << b.err();
+  if (rc != 0) return nlohmann::json();
+  const nlohmann::json j = nlohmann::json::parse(b.out(), nullptr, false);
+  EXPECT_TRUE(j.is_object() && j.contains("results")) << "stdout:\n" << b.out();
+  return j;
+}
+
+void check_entry(const nlohmann::json& r, const std::string& op, int ranks, uint64_t bytes, double factor) {
+  SCOPED_TRACE(r.dump());
+  EXPECT_EQ(r.at("op"), op);
+  EXPECT_EQ(r.at("ranks"), ranks);
+  EXPECT_EQ(r.at("bytes").get<uint64_t>(), bytes);
+  EXPECT_EQ(r.at("wrong").get<int64_t>(), 0);
+  const double t = r.at("time_us").get<double>();
+  const double algbw = r.at("algbw_gbps").get<double>();
+  const double busbw = r.at("busbw_gbps").get<double>();
+  EXPECT_GT(t, 0.0);
+  EXPECT_NEAR(algbw, double(bytes) / (t * 1e-6) / 1e9, algbw * 1e-9);
+  EXPECT_NEAR(busbw, algbw * factor, algbw * 1e-9);
+}
+
+TEST(BenchTest, AllReduceAcrossTwoProcessesPrintsJson) {
+  // 4K takes the direct path, 64K and 1M (with 256K chunks) the pipelined ring.
+  const nlohmann::json j = run_json({"allreduce", "--transport", "tcp", "-n", "2", "--sizes", "4K,64K,1M", "--iters",
+                                     "3", "--warmup", "1", "--repeats", "3", "--ring-options",
+                                     R"({"chunk_bytes": 262144})", "--json"});
+  ASSERT_TRUE(j.contains("results"));
+  const auto& res = j["results"];
+  ASSERT_EQ(res.size(), 3u);
+  const uint64_t want[] = {4096, 65536, 1 << 20};
+  for (size_t i = 0; i < 3; ++i) {
+    check_entry(res[i], "allreduce", 2, want[i], 1.0);
+    EXPECT_EQ(res[i].at("count").get<uint64_t>(), want[i] / 4);
+    EXPECT_EQ(res[i].at("iters"), 3);
+    EXPECT_EQ(res[i].at("trials"), 3);
+    EXPECT_EQ(res[i].at("transport"), "tcp");
+  }
+}
+
+TEST(BenchTest, BroadcastAndAllGatherAcrossThreeProcesses) {
+  const nlohmann::json b = run_json({"broadcast", "-n", "3", "--sizes", "4K,1M", "--iters", "2", "--repeats", "1",
+                                     "--json"});
+  ASSERT_TRUE(b.contains("results"));
+  ASSERT_EQ(b["results"].size(), 2u);
+  check_entry(b["results"][0], "broadcast", 3, 4096, 1.0);
+  check_entry(b["results"][1], "broadcast", 3, 1 << 20, 1.0);
+
+  // allgather sizes are the whole output, rounded down to whole elements per rank.
+  const nlohmann::json g = run_json({"allgather", "-n", "3", "--sizes", "4K,1M", "--iters", "2", "--repeats", "1",
+                                     "--dtype", "int64", "--json"});
+  ASSERT_TRUE(g.contains("results"));
+  ASSERT_EQ(g["results"].size(), 2u);
+  check_entry(g["results"][0], "allgather", 3, 4080, 2.0 / 3.0);  // 510 int64 = 3 x 170
+  check_entry(g["results"][1], "allgather", 3, 1048560, 2.0 / 3.0);
+  EXPECT_EQ(g["results"][0].at("dtype"), "int64");
+}
+
+TEST(BenchTest, TableHasTheNcclTestsColumns) {
+  Bench b({"allreduce", "--transport", "tcp", "-n", "3", "--sizes", "4K:16K", "--iters", "2", "--repeats", "1"});
+  ASSERT_EQ(b.wait(std::chrono::seconds(120)), 0) << b.err();
+  const std::string out = b.out();
+  for (const char* col : {"size", "count", "dtype", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "wrong"})
+    EXPECT_NE(out.find(col), std::string::npos) << col << " missing from:\n" << out;
+  std::istringstream lines(out);
+  int rows = 0;
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream f(line);
+    std::string size, count, dtype;
+    double t = 0, alg = 0, bus = 0;
+    long long wrong = -1;
+    if (!(f >> size >> count >> dtype >> t >> alg >> bus >> wrong)) continue;
+    ++rows;
+    EXPECT_EQ(dtype, "float32");
+    EXPECT_EQ(wrong, 0) << line;
+    EXPECT_NEAR(bus, alg * 4.0 / 3.0, 0.002) << line;
+  }
+  EXPECT_EQ(rows, 3) << out;  // 4K, 8K, 16K
+}
+
+TEST(BenchTest, DeadWorkerFailsTheBenchAndLeavesNoProcess) {
+  // Runs until a worker dies: many iterations of a 4 MiB all-reduce.
+  Bench b({"allreduce", "--transport", "tcp", "-n", "3", "--sizes", "4M", "--iters", "100000", "--timeout", "30"});
+  // Wait until rank 0 has printed the table header: every rank has joined.
+  const auto deadline = Clock::now() + std::chrono::seconds(60);
+  while (b.out().find("wrong") == std::string::npos && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_NE(b.out().find("wrong"), std::string::npos) << "the workers never started:\n" << b.err();
+  std::vector<pid_t> workers = children_of(b.pid());
+  ASSERT_EQ(workers.size(), 3u);
+  pid_t victim = -1;
+  for (pid_t w : workers)
+    if (worker_rank_of(w) == 1) victim = w;
+  ASSERT_GT(victim, 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  const auto t0 = Clock::now();
+  const int rc = b.wait(std::chrono::seconds(60));
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(rc, -1) << "the bench did not end after a worker died";
+  EXPECT_LT(secs, 20.0) << "the survivors should fail fast, not at their deadline";
+  const std::string err = b.err();
+  EXPECT_NE(err.find("rank 1 (pid " + std::to_string(victim) + ") was killed by signal 9"), std::string::npos) << err;
+  // The survivors report the collective that failed and name the lost peer.
+  EXPECT_NE(err.find("all_reduce #"), std::string::npos) << err;
+  EXPECT_NE(err.find("rank 0: error"), std::string::npos) << err;
+  for (pid_t w : workers) EXPECT_FALSE(process_exists(w)) << "worker " << w << " outlived the bench";
+}
+
+TEST(BenchTest, BadOptionsAreRejectedWithWhatToDo) {
+  {
+    Bench b({"allreduce", "--transport", "tcp", "-n", "2", "--dtype", "float16"});
+    EXPECT_EQ(b.wait(std::chrono::seconds(30)), 2);
+    EXPECT_NE(b.err().find("use float32, float64, int32 or int64"), std::string::npos) << b.err();
+  }
+  {
+    Bench b({"allgather", "-n", "4", "--sizes", "8"});
+    EXPECT_EQ(b.wait(std::chrono::seconds(30)), 2);
+    EXPECT_NE(b.err().find("raise the smallest --sizes"), std::string::npos) << b.err();
+  }
+  {
+    Bench b({"broadcast", "-n", "2", "--ring-options", "[1]"});
+    EXPECT_EQ(b.wait(std::chrono::seconds(30)), 2);
+    EXPECT_NE(b.err().find("not a JSON object"), std::string::npos) << b.err();
+  }
+}
+
+TEST(BenchTest, InProcessModesStillWork) {
+  const nlohmann::json j =
+      run_json({"allreduce", "--replicas", "2", "--sizes", "4K", "--repeats", "1", "--json"});
+  ASSERT_TRUE(j.contains("results"));
+  ASSERT_EQ(j["results"].size(), 1u);
+  EXPECT_EQ(j["results"][0].at("transport"), "in-process");
+  EXPECT_EQ(j["results"][0].at("wrong"), 0);
+  const nlohmann::json d =
+      run_json({"dispatch", "--strategies", "default,mirrored:2", "--iters", "100", "--repeats", "1", "--json"});
+  ASSERT_TRUE(d.contains("results"));
+  EXPECT_EQ(d["results"].size(), 2u);
+}
+
+}  // namespace
