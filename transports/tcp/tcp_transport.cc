@@ -202,6 +202,7 @@ class TcpComm : public sdk::CommBase {
   }
   static bool visible(const Request& r) { return r.finished && r.io_refs == 0; }
   uint64_t release_locked(Request* r);  // deletes r; throws its error
+  void detach_locked(Request* r);       // no in-flight message may point at r after this
   void finish_locked(Request* r, strata_status_t code, const std::string& error);
   void fail_peer_locked(int p, strata_status_t code, const std::string& reason, bool log);
   void start_write_locked(Conn* c);
@@ -262,7 +263,31 @@ void TcpComm::finish_locked(Request* r, strata_status_t code, const std::string&
   if (r->io_refs == 0) cv_.notify_all();
 }
 
+// A receive that finished early (cancel, abort, a failed peer) can still be
+// posted, or be the target of a message whose stripes are arriving; before
+// the request is freed, unpost it and turn that message into an orphan that
+// drains into staging, or the io thread would complete it into freed memory.
+void TcpComm::detach_locked(Request* r) {
+  if (r->is_send) return;
+  Peer& peer = peers_[r->peer];
+  // Not yet matched: no later message may be matched to it either.
+  if (auto pq = peer.posted.find(r->tag); pq != peer.posted.end()) {
+    auto pos = std::find(pq->second.begin(), pq->second.end(), r);
+    if (pos != pq->second.end()) {
+      pq->second.erase(pos);
+      if (pq->second.empty()) peer.posted.erase(pq);
+    }
+  }
+  for (auto& [seq, m] : peer.msgs)
+    if (m->req == r) {
+      m->req = nullptr;
+      m->orphan = true;
+      m->direct = false;
+    }
+}
+
 uint64_t TcpComm::release_locked(Request* r) {
+  if (r->status != STRATA_OK) detach_locked(r);
   live_.erase(r);
   std::unique_ptr<Request> owned(r);
   if (r->status != STRATA_OK) detail::throw_status(r->status, r->error);
@@ -669,7 +694,6 @@ void TcpComm::cancel(strata_request_t h) noexcept {
     std::unique_lock<std::mutex> lock(mu_);
     Request* r = lookup_locked(h);
     if (!r->finished) {
-      Peer& peer = peers_[r->peer];
       if (r->is_send) {
         // A partly queued message cannot be skipped in the byte stream.
         fail_peer_locked(r->peer, STRATA_ERR_CANCELLED,
@@ -677,28 +701,13 @@ void TcpComm::cancel(strata_request_t h) noexcept {
                                  peer_name(r->peer), " is closed because its byte stream cannot skip it"),
                          true);
       } else {
-        bool was_posted = false;
-        auto pq = peer.posted.find(r->tag);
-        if (pq != peer.posted.end()) {
-          auto pos = std::find(pq->second.begin(), pq->second.end(), r);
-          if (pos != pq->second.end()) {
-            pq->second.erase(pos);
-            was_posted = true;
-            if (pq->second.empty()) peer.posted.erase(pq);
-          }
-        }
-        if (!was_posted)
-          for (auto& [seq, m] : peer.msgs)
-            if (m->req == r) {
-              m->req = nullptr;
-              m->orphan = true;
-              m->direct = false;  // later stripes drain into staging
-            }
+        detach_locked(r);
         finish_locked(r, STRATA_ERR_CANCELLED, describe(*r) + ": cancelled");
       }
     }
     // Bytes may still be moving into or out of the user's buffer; wait for
     // them (bounded: the socket is closed or the frame completes).
+    detach_locked(r);  // also when it had already finished (e.g. aborted)
     cv_.wait_for(lock, std::chrono::seconds(30), [&] { return r->io_refs == 0; });
     if (r->io_refs == 0) {
       live_.erase(r);
