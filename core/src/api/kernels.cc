@@ -1,35 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "api/kernels.h"
 
+#include "strata/sdk/kernels.hpp"
+
 #include <cmath>
 #include <cstring>
-#include <sstream>
 
 namespace strata::detail {
 
-std::int64_t numel(const DLTensor& t) {
-  std::int64_t n = 1;
-  for (int i = 0; i < t.ndim; ++i) n *= t.shape[i];
-  return n;
-}
+std::int64_t numel(const DLTensor& t) { return sdk::element_count(t); }
 
-bool is_contiguous(const DLTensor& t) {
-  if (t.strides == nullptr) return true;
-  std::int64_t expect = 1;
-  for (int i = t.ndim - 1; i >= 0; --i) {
-    if (t.shape[i] != 1 && t.strides[i] != expect) return false;
-    expect *= t.shape[i];
-  }
-  return true;
-}
+bool is_contiguous(const DLTensor& t) { return sdk::is_contiguous(t); }
 
-std::string shape_string(const DLTensor& t) {
-  std::ostringstream os;
-  os << '[';
-  for (int i = 0; i < t.ndim; ++i) os << (i ? ", " : "") << t.shape[i];
-  os << ']';
-  return os.str();
-}
+std::string shape_string(const DLTensor& t) { return sdk::shape_string(t); }
 
 void check_host_compact(const DLTensor& t, const char* what) {
   dtype_from_dlpack(t.dtype);

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "api/kernels.h"
+#include "strata/sdk/kernels.hpp"
 
 namespace strata {
 
@@ -58,75 +59,12 @@ bool is_floating(DType dtype) {
          dtype == DType::kBFloat16;
 }
 
-std::uint16_t float_to_half(float f) {
-  std::uint32_t x;
-  std::memcpy(&x, &f, 4);
-  const std::uint32_t sign = (x >> 16) & 0x8000u;
-  const std::uint32_t exp = (x >> 23) & 0xffu;
-  std::uint32_t mant = x & 0x7fffffu;
-  if (exp == 0xff) {  // Inf or NaN; keep NaN quiet and non-zero
-    return static_cast<std::uint16_t>(sign | 0x7c00u | (mant ? 0x200u | (mant >> 13) : 0u));
-  }
-  const int e = static_cast<int>(exp) - 127 + 15;
-  if (e >= 0x1f) return static_cast<std::uint16_t>(sign | 0x7c00u);  // overflow -> Inf
-  if (e <= 0) {
-    if (e < -10) return static_cast<std::uint16_t>(sign);  // underflow -> signed zero
-    // Subnormal half: shift the implicit bit in, then round to nearest even.
-    mant |= 0x800000u;
-    const int shift = 14 - e;
-    std::uint32_t half_mant = mant >> shift;
-    const std::uint32_t rem = mant & ((1u << shift) - 1u);
-    const std::uint32_t halfway = 1u << (shift - 1);
-    if (rem > halfway || (rem == halfway && (half_mant & 1u))) ++half_mant;
-    return static_cast<std::uint16_t>(sign | half_mant);
-  }
-  std::uint32_t h = sign | (static_cast<std::uint32_t>(e) << 10) | (mant >> 13);
-  const std::uint32_t rem = mant & 0x1fffu;
-  // A carry out of the mantissa correctly bumps the exponent (up to Inf).
-  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
-  return static_cast<std::uint16_t>(h);
-}
-
-float half_to_float(std::uint16_t h) {
-  const std::uint32_t sign = (static_cast<std::uint32_t>(h) & 0x8000u) << 16;
-  const std::uint32_t exp = (h >> 10) & 0x1fu;
-  std::uint32_t mant = h & 0x3ffu;
-  std::uint32_t x;
-  if (exp == 0) {
-    if (mant == 0) {
-      x = sign;
-    } else {  // subnormal: normalise
-      int e = -1;
-      do {
-        ++e;
-        mant <<= 1;
-      } while ((mant & 0x400u) == 0);
-      x = sign | (static_cast<std::uint32_t>(127 - 15 - e) << 23) | ((mant & 0x3ffu) << 13);
-    }
-  } else if (exp == 0x1f) {
-    x = sign | 0x7f800000u | (mant << 13);
-  } else {
-    x = sign | ((exp + 127 - 15) << 23) | (mant << 13);
-  }
-  float f;
-  std::memcpy(&f, &x, 4);
-  return f;
-}
-
-std::uint16_t float_to_bfloat16(float f) {
-  std::uint32_t x;
-  std::memcpy(&x, &f, 4);
-  if (std::isnan(f)) return static_cast<std::uint16_t>((x >> 16) | 0x40u);
-  const std::uint32_t rounding = 0x7fffu + ((x >> 16) & 1u);
-  return static_cast<std::uint16_t>((x + rounding) >> 16);
-}
-
-float bfloat16_to_float(std::uint16_t b) {
-  const std::uint32_t x = static_cast<std::uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &x, 4);
-  return f;
-}
+// The conversions are the SDK's (also used by the plugins' kernels), so the
+// host and the plugins round float16/bfloat16 identically.
+std::uint16_t float_to_half(float f) { return sdk::kernels::float_to_half(f); }
+float half_to_float(std::uint16_t h) { return sdk::kernels::half_to_float(h); }
+std::uint16_t float_to_bfloat16(float f) { return sdk::kernels::float_to_bfloat16(f); }
+float bfloat16_to_float(std::uint16_t b) { return sdk::kernels::bfloat16_to_float(b); }
 
 std::int64_t shape_numel(const std::vector<std::int64_t>& shape) {
   std::int64_t n = 1;
