@@ -284,6 +284,18 @@ struct Component {
   AnyVtable vtable;  // normalized copy: fields beyond the plugin's struct_size are NULL
 };
 
+// Fill comp.vtable from `source`: today's full layout, zero (NULL) beyond the
+// plugin's own struct_size, so callers test pointers and never sizes.
+void normalize_vtable(Component& comp, strata_plugin_kind kind, const void* source) {
+  comp.source = source;
+  std::memset(&comp.vtable, 0, sizeof(comp.vtable));
+  const uint32_t have = static_cast<const VtableHeader*>(source)->struct_size;
+  const uint32_t cur = current_vtable_size(kind);
+  std::memcpy(&comp.vtable, source, std::min(have, cur));
+  // struct_size is the first field of every vtable; memcpy keeps this free of type punning.
+  std::memcpy(&comp.vtable, &cur, sizeof cur);
+}
+
 // One loaded library (or one builtin). Kept alive by the host and by every
 // instance made from it; unloads (after shutdown) when the last one drops it.
 struct Library {
@@ -541,13 +553,7 @@ std::shared_ptr<Library> PluginHost::Impl::load(const std::string& path, bool ex
     comp->kind = kind;
     comp->name = c->name;
     comp->version = info.version;
-    comp->source = c->vtable;
-    std::memset(&comp->vtable, 0, sizeof(comp->vtable));
-    const uint32_t have = static_cast<const VtableHeader*>(c->vtable)->struct_size;
-    const uint32_t cur = current_vtable_size(kind);
-    std::memcpy(&comp->vtable, c->vtable, std::min(have, cur));
-    // Callers test pointers, not sizes: the copy covers today's full layout.
-    reinterpret_cast<VtableHeader*>(&comp->vtable)->struct_size = cur;
+    normalize_vtable(*comp, kind, c->vtable);
     for (const auto& other : lib->components)
       if (other->kind == kind && other->name == comp->name)
         fail(STRATA_ERR_INVALID_ARGUMENT,
@@ -877,11 +883,7 @@ void PluginHost::register_builtin(strata_plugin_kind kind, const std::string& na
   comp->kind = kind;
   comp->name = name;
   comp->version = version;
-  comp->source = vtable;
-  std::memset(&comp->vtable, 0, sizeof(comp->vtable));
-  const uint32_t have = static_cast<const VtableHeader*>(vtable)->struct_size;
-  std::memcpy(&comp->vtable, vtable, std::min(have, current_vtable_size(kind)));
-  reinterpret_cast<VtableHeader*>(&comp->vtable)->struct_size = current_vtable_size(kind);
+  normalize_vtable(*comp, kind, vtable);
   lib->components.push_back(std::move(comp));
   lib->initialized = true;
   const std::string order_key = detail::str_cat(kBuiltinPath, "#", impl_->builtin_count++);
