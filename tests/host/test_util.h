@@ -10,6 +10,8 @@
 #include <random>
 #include <string>
 
+#include "test_support.h"  // TempDir
+
 namespace strata::test {
 
 /// Sets (or unsets, with nullopt) an environment variable for one scope.
@@ -41,27 +43,6 @@ inline std::string fixture_dir(const std::string& case_name) {
   return std::string(HOST_FIXTURE_DIR) + "/" + case_name;
 }
 
-/// A fresh directory removed at scope exit.
-class TempDir {
- public:
-  TempDir() {
-    std::random_device rd;
-    path_ = std::filesystem::temp_directory_path() /
-            ("strata-host-test-" + std::to_string(rd()) + "-" + std::to_string(rd()));
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string str() const { return path_.string(); }
-  std::filesystem::path path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
 
 /// strata_write_fn that appends to a std::string passed as `user`.
 inline void append_to_string(void* user, const char* data, uint64_t len) {

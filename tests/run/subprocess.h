@@ -24,30 +24,12 @@
 #include <thread>
 #include <vector>
 
+#include "test_support.h"  // TempDir
+
 extern char** environ;
 
 namespace strata::test {
 
-/// A fresh directory removed at scope exit.
-class TempDir {
- public:
-  TempDir() {
-    std::random_device rd;
-    path_ = std::filesystem::temp_directory_path() /
-            ("strata-c-test-" + std::to_string(rd()) + "-" + std::to_string(rd()));
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string str() const { return path_.string(); }
-
- private:
-  std::filesystem::path path_;
-};
 
 inline std::string slurp(const std::string& path) {
   std::ifstream in(path);

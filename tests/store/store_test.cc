@@ -27,11 +27,14 @@
 #include <gtest/gtest.h>
 
 #include "strata/error.hpp"
+#include "test_support.h"
 #include "strata/plugin_host.hpp"
 #include "strata/store.hpp"
 
 namespace strata {
 namespace {
+
+using test::unused_port;
 
 using Clock = std::chrono::steady_clock;
 
@@ -91,18 +94,6 @@ uint16_t port_of(const std::string& address) {
   return static_cast<uint16_t>(std::stoi(address.substr(address.rfind(':') + 1)));
 }
 
-// A port that nothing listens on (bound then released).
-uint16_t unused_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
 
 int raw_connect(uint16_t port) {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);

@@ -26,10 +26,13 @@
 
 #include "frame.h"
 #include "strata/error.hpp"
+#include "test_support.h"
 #include "strata/plugin_host.hpp"
 
 namespace strata {
 namespace {
+
+using test::unused_port;
 
 using Clock = std::chrono::steady_clock;
 namespace tcpw = transport::tcp;
@@ -522,19 +525,6 @@ TEST(TcpTest, GarbageFromAPeerFailsItsRequestsNamingIt) {
   ::close(lfd);
 }
 
-// ------------------------------------------------------ forked processes ---
-
-uint16_t unused_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
 
 int reap(pid_t pid, int ms) {
   const auto deadline = Clock::now() + std::chrono::milliseconds(ms);
