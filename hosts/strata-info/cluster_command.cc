@@ -1,10 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "cluster_command.h"
 
-#include <dlfcn.h>
-
-#include <memory>
-
 #include "cluster_spec.h"
 #include "strata/c/strata.h"
 #include "strata/error.hpp"
@@ -12,38 +8,6 @@
 namespace {
 
 void append(void* user, const char* data, uint64_t len) { static_cast<std::string*>(user)->append(data, len); }
-
-// PluginHost offers no detect() call, and detect() takes no instance, so the
-// resolver's vtable is read from its library's descriptor: the library is
-// already loaded by discover(), so RTLD_NOLOAD only takes another reference
-// to it (dropped again below), and the entry point is cheap and idempotent
-// by contract.
-bool resolver_detects(strata::PluginHost& host, const std::string& name) {
-  for (const strata::PluginInfo& info : host.discover()) {
-    if (!info.ok || info.kind != "cluster_resolver" || info.name != name || info.path.empty() ||
-        info.path[0] != '/')
-      continue;
-    std::unique_ptr<void, int (*)(void*)> lib(::dlopen(info.path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD),
-                                              &::dlclose);
-    if (!lib) return false;
-    auto entry = reinterpret_cast<strata_plugin_entry_v1_fn>(::dlsym(lib.get(), STRATA_PLUGIN_ENTRY_V1_SYMBOL));
-    const strata_plugin_desc* desc = nullptr;
-    if (entry == nullptr || entry(host.host_api(), STRATA_ABI_MINOR, &desc) != STRATA_OK || desc == nullptr ||
-        desc->num_components == 0 || desc->components == nullptr)
-      return false;
-    const auto* bytes = reinterpret_cast<const char*>(desc->components);
-    const uint32_t stride = desc->components[0].struct_size;
-    for (uint32_t i = 0; i < desc->num_components; ++i) {
-      const auto* c = reinterpret_cast<const strata_plugin_component*>(bytes + std::size_t{stride} * i);
-      if (c->kind != STRATA_KIND_CLUSTER_RESOLVER || c->name == nullptr || name != c->name) continue;
-      const auto* vt = static_cast<const strata_resolver_vtable*>(c->vtable);
-      if (!STRATA_HAS_FIELD(vt, strata_resolver_vtable, detect) || vt->detect == nullptr) return false;
-      return vt->detect(host.host_api()) != 0;
-    }
-    return false;
-  }
-  return false;
-}
 
 nlohmann::json or_null(const nlohmann::json& doc, const char* key) {
   auto it = doc.find(key);
@@ -57,12 +21,15 @@ CLI::App* add_cluster_command(CLI::App& app, ClusterArgs& args) {
       "cluster",
       "print the resolved cluster as JSON: resolver, cluster_spec, task_type, task_id, rpc_layer, master,\n"
       "num_accelerators, environment, is_chief, id_in_cluster, worker_count, env_after.\n"
-      "Without --resolver: the config's cluster_resolver, else auto-detection (tf_config when TF_CONFIG is\n"
-      "set), else \"local\" (a single-process job).\n"
+      "Without --resolver: the config's cluster_resolver (or STRATA_CLUSTER_RESOLVER), else the first\n"
+      "resolver that detects its environment: slurm (SLURM_PROCID set), tf_config (TF_CONFIG set), tpu\n"
+      "(KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS, TPU_NAME or TPU_CONFIG set); else \"local\" (a single-process job).\n"
+      "Then \"detection\" shows each step and why the resolver was chosen.\n"
       "Example:\n"
       "  strata-info cluster --resolver simple --option 'cluster_spec={\"worker\": [\"h1:2222\"]}' \\\n"
       "    --option 'task_type=\"worker\"' --option task_id=0");
-  sub->add_option("--resolver", args.resolver, "cluster resolver to use (tf_config, simple, ... or local)");
+  sub->add_option("--resolver", args.resolver,
+                  "cluster resolver to use (slurm, tf_config, tpu, union, simple, ... or local)");
   sub->add_option("--option", args.options,
                   "resolver option KEY=JSON (repeatable), e.g. task_id=1 or 'task_type=\"worker\"'");
   sub->fallthrough();
@@ -91,13 +58,15 @@ nlohmann::json parse_cluster_options(const std::vector<std::string>& options, nl
 nlohmann::ordered_json run_cluster_command(strata::PluginHost& host, const strata::Config& cfg,
                                            const ClusterArgs& args) {
   std::string name = args.resolver;
-  if (name.empty()) name = cfg.name("cluster_resolver");
+  nlohmann::ordered_json detection;  // only when the resolver was not named on the command line
   if (name.empty()) {
-    for (const std::string& candidate : auto_detect_order())
-      if (resolver_detects(host, candidate)) {
-        name = candidate;
-        break;
-      }
+    const strata::ResolverChoice choice = strata::choose_cluster_resolver(host, cfg.name("cluster_resolver"));
+    name = choice.name;
+    nlohmann::ordered_json order = nlohmann::ordered_json::array();
+    for (const auto& [resolver, found] : choice.probes) order.push_back({{"resolver", resolver}, {"found", found}});
+    detection["order"] = order;
+    detection["chosen"] = name.empty() ? std::string("local") : name;
+    detection["reason"] = choice.reason;
   }
   nlohmann::json base = nlohmann::json::object();
   if (cfg.has("cluster_resolver") && (args.config_file_resolver.empty() || args.config_file_resolver == name))
@@ -108,7 +77,8 @@ nlohmann::ordered_json run_cluster_command(strata::PluginHost& host, const strat
   if (name.empty() || name == "local") {
     if (!options.empty())
       STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "resolver options were given (", options.dump(),
-                   ") but no cluster resolver was chosen or detected (TF_CONFIG is not set); pass --resolver "
+                   ") but no cluster resolver was chosen or detected (no Slurm, TF_CONFIG or TPU environment); pass "
+                   "--resolver "
                    "NAME, e.g. --resolver simple");
     out["resolver"] = "local";
     out["cluster_spec"] = nlohmann::json::object();
@@ -122,6 +92,7 @@ nlohmann::ordered_json run_cluster_command(strata::PluginHost& host, const strat
     out["id_in_cluster"] = 0;
     out["worker_count"] = 1;
     out["env_after"] = nlohmann::json::object();
+    if (!detection.is_null()) out["detection"] = detection;
     return out;
   }
 
@@ -160,5 +131,9 @@ nlohmann::ordered_json run_cluster_command(strata::PluginHost& host, const strat
   out["id_in_cluster"] = role.id_in_cluster ? nlohmann::json(*role.id_in_cluster) : nlohmann::json();
   out["worker_count"] = role.worker_count;
   out["env_after"] = desc.contains("env_after") ? desc["env_after"] : nlohmann::json::object();
+  // Resolver-specific details ("slurm", "tpu", "union_of") follow the common fields.
+  for (auto it = desc.begin(); it != desc.end(); ++it)
+    if (!out.contains(it.key()) && it.key() != "session_master") out[it.key()] = it.value();
+  if (!detection.is_null()) out["detection"] = detection;
   return out;
 }

@@ -4,17 +4,20 @@
 //
 //   {"resolver", "cluster_spec", "task_type", "task_id", "rpc_layer", "master",
 //    "num_accelerators", "environment", "is_chief", "id_in_cluster",
-//    "worker_count", "env_after"}
+//    "worker_count", "env_after", <resolver-specific keys such as "slurm">,
+//    "detection"}
 //
 // with null where a field does not apply (master when this process has no
 // task or its task is outside the cluster; is_chief/id_in_cluster when the
 // task is unknown; id_in_cluster for evaluator and ps tasks).
 //
-// Resolver choice: --resolver, else /cluster_resolver/name of the config (or
-// STRATA_CLUSTER_RESOLVER), else the first of auto_detect_order() whose
-// detect() is true, else "local": a single-process job (cluster_spec {}, no
-// task, chief, id_in_cluster 0, worker_count 1). Options: the config's
-// /cluster_resolver/options when the config file names the chosen resolver
+// Resolver choice: --resolver, else strata::choose_cluster_resolver() as
+// core makes it: /cluster_resolver/name of the config (or
+// STRATA_CLUSTER_RESOLVER), else slurm, tf_config, tpu by detection, else
+// "local": a single-process job (cluster_spec {}, no task, chief,
+// id_in_cluster 0, worker_count 1). Without --resolver the output has
+// "detection": {"order": [{"resolver", "found"}...], "chosen", "reason"}.
+// Options: the config's /cluster_resolver/options when the config file names the chosen resolver
 // (or none), then each --option KEY=JSON on top.
 #pragma once
 
@@ -34,12 +37,6 @@ struct ClusterArgs {
   /// its options apply only to that resolver (or to any when it names none).
   std::string config_file_resolver;
 };
-
-/// Resolvers probed by auto-detection, in order.
-inline const std::vector<std::string>& auto_detect_order() {
-  static const std::vector<std::string> order = {"tf_config"};
-  return order;
-}
 
 /// Register the `cluster` subcommand on `app`, filling `args`.
 CLI::App* add_cluster_command(CLI::App& app, ClusterArgs& args);

@@ -4,7 +4,9 @@
 // Each process gets TF_CONFIG={"cluster": {"worker": [addr0, ...]}, "task":
 // {"type": "worker", "index": i}} (ports picked free on --host), the job's
 // STRATA_AUTH_TOKEN (random per job unless already set), STRATA_RANK=i and,
-// with --config, STRATA_CONFIG=<absolute path>. Every output line of a child
+// with --config, STRATA_CONFIG=<absolute path>. SLURM_PROCID is removed from
+// the children's environment, so that inside a Slurm allocation they resolve
+// their cluster from TF_CONFIG rather than as Slurm tasks. Every output line of a child
 // is copied whole, prefixed "[<rank>] ", to strata-run's stdout or stderr.
 //
 // Lifetime: SIGINT/SIGTERM/SIGHUP are forwarded to every child (a second
@@ -279,7 +281,11 @@ class Launcher {
       std::string kv = *e;
       const std::string key = kv.substr(0, kv.find('='));
       bool replaced = std::any_of(vars.begin(), vars.end(), [&](const auto& v) { return v.first == key; });
-      if (!replaced) env_strings.push_back(std::move(kv));
+      // Inside a Slurm allocation the children would otherwise inherit
+      // strata-run's own SLURM_PROCID, and cluster auto-detection (slurm
+      // before tf_config) would place every child at strata-run's rank
+      // instead of the TF_CONFIG task given here.
+      if (!replaced && key != "SLURM_PROCID") env_strings.push_back(std::move(kv));
     }
     for (const auto& [k, v] : vars) env_strings.push_back(k + "=" + v);
     std::vector<char*> envp, argv;
@@ -481,7 +487,9 @@ int main(int argc, char** argv) {
       "strata-run: start N local processes of PROGRAM as one multi-worker Strata job.\n\n"
       "Each process gets TF_CONFIG (a worker cluster on free ports of --host, task index = rank),\n"
       "STRATA_AUTH_TOKEN (random per job unless already set), STRATA_RANK and, with --config,\n"
-      "STRATA_CONFIG. Output lines are prefixed \"[<rank>] \". SIGINT/SIGTERM/SIGHUP are forwarded.\n"
+      "STRATA_CONFIG; SLURM_PROCID is removed so that, inside a Slurm allocation, they resolve\n"
+      "their cluster from TF_CONFIG. Output lines are prefixed \"[<rank>] \". SIGINT/SIGTERM/SIGHUP are\n"
+      "forwarded.\n"
       "When a process fails the others are stopped (SIGTERM, then SIGKILL after --grace) and\n"
       "strata-run exits with its code (128+signal for a signal); --timeout exits 124.\n\n"
       "Example:\n"

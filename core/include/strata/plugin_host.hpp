@@ -16,6 +16,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "strata/c/strata.h"
@@ -77,6 +78,15 @@ class STRATA_API PluginInstance {
   std::shared_ptr<void> keep_alive_;  // the library record
 };
 
+/// Which cluster resolver a process uses, and why (issue 5's detection order).
+struct ResolverChoice {
+  std::string name;    ///< resolver to create; "" = a single process (no resolver)
+  std::string reason;  ///< one sentence for logs and `strata-info cluster`
+  /// Each detection step in order: {resolver, what it found}; empty when a
+  /// resolver was configured explicitly.
+  std::vector<std::pair<std::string, std::string>> probes;
+};
+
 class STRATA_API PluginHost {
  public:
   /// The process-wide host (created on first use, destroyed at exit).
@@ -114,6 +124,18 @@ class STRATA_API PluginHost {
   /// component's own create error otherwise.
   PluginInstance create(strata_plugin_kind kind, const std::string& name,
                         const std::string& options_json);
+
+  /// Auto-detection: call the optional detect() of cluster resolver `name`
+  /// (the only kind with one today). Returns true when the resolver says the
+  /// current environment is its own; false when it says no, has no detect(),
+  /// or is not installed (auto-detection skips what it cannot ask). Discovers
+  /// on first use. Throws InvalidArgumentError for a kind without detect().
+  /// Never blocks beyond the plugin's detect(), which must not block.
+  bool detect(strata_plugin_kind kind, const std::string& name);
+
+  /// True when a usable component `name` of `kind` is known (rescans once
+  /// on a miss, as create() does).
+  bool has_component(strata_plugin_kind kind, const std::string& name);
 
   /// Register a component compiled into the host (e.g. the Default
   /// strategy). Shows in discover() with path "<builtin>".
@@ -163,5 +185,18 @@ class STRATA_API PluginHost {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+/// Resolvers tried by auto-detection, in order: "slurm" (its detect():
+/// SLURM_PROCID set), "tf_config" (TF_CONFIG set and non-empty), "tpu" (its
+/// detect(): KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS, TPU_NAME or TPU_CONFIG set).
+STRATA_API const std::vector<std::string>& cluster_resolver_detect_order();
+
+/// The resolver to use: `configured` (the job config's /cluster_resolver/name,
+/// which STRATA_CLUSTER_RESOLVER overrides) when non-empty, else the first of
+/// cluster_resolver_detect_order() that detects its environment, else none
+/// (a single process). A resolver whose plugin is not installed is skipped
+/// and its probe says so. Reads the environment; never blocks beyond the
+/// plugins' detect().
+STRATA_API ResolverChoice choose_cluster_resolver(PluginHost& host, const std::string& configured);
 
 }  // namespace strata

@@ -16,6 +16,8 @@
 #include "api/default_strategy.h"
 #include "api/kernels.h"
 #include "api/strategy_impl.h"
+#include "log.h"
+#include "strata/plugin_host.hpp"
 #include "strata/config.hpp"
 #include "strata/store.hpp"
 #include "strata/variable.hpp"
@@ -306,20 +308,45 @@ json single_process_cluster() {
               {"env_after", json::object()}};
 }
 
-// Resolve the cluster with /cluster_resolver of the job config; without
-// one, "tf_config" when TF_CONFIG is set, else a single process.
+// Apply a resolver's env_after ({VAR: value}) to this process, before any
+// plugin or user code touches the devices it names (CUDA_VISIBLE_DEVICES).
+void apply_env_after(const json& description, const std::string& resolver) {
+  const json env = description.value("env_after", json::object());
+  if (!env.is_object()) return;
+  for (auto it = env.begin(); it != env.end(); ++it) {
+    if (!it.value().is_string() || it.key().empty() || it.key().find('=') != std::string::npos) {
+      logger("cluster")->warn("cluster resolver '{}': ignoring env_after entry {}={} (not VAR: \"string\")",
+                              resolver, it.key(), it.value().dump());
+      continue;
+    }
+    const std::string& value = it.value().get_ref<const std::string&>();
+    const char* old = std::getenv(it.key().c_str());
+    if (old == nullptr || value != old)
+      logger("cluster")->info("cluster resolver '{}' sets {}={} (was {})", resolver, it.key(), value,
+                              old == nullptr ? "unset" : std::string("'") + old + "'");
+    ::setenv(it.key().c_str(), value.c_str(), 1);
+  }
+}
+
+// Resolve the cluster: /cluster_resolver of the job config (or
+// STRATA_CLUSTER_RESOLVER), else auto-detection (slurm, tf_config, tpu; see
+// choose_cluster_resolver), else a single process. The chosen resolver's
+// env_after is applied to this process.
 json resolve_cluster() {
-  std::string resolver;
+  std::string configured;
   json options = json::object();
   if (auto part = job_config("/cluster_resolver")) {
-    resolver = part->value("name", std::string());
+    configured = part->value("name", std::string());
     if (part->contains("options")) options = part->at("options");
   }
-  if (resolver.empty()) {
-    const char* tf = std::getenv("TF_CONFIG");
-    if (tf == nullptr || tf[0] == '\0') return single_process_cluster();
-    resolver = "tf_config";
+  const ResolverChoice choice = choose_cluster_resolver(PluginHost::global(), configured);
+  for (const auto& [name, found] : choice.probes) logger("cluster")->debug("detect {}: {}", name, found);
+  if (choice.name.empty()) {
+    logger("cluster")->info("{}", choice.reason);
+    return single_process_cluster();
   }
+  const std::string& resolver = choice.name;
+  logger("cluster")->info("cluster resolver '{}': {}", resolver, choice.reason);
   PluginInstance inst = PluginHost::global().create(STRATA_KIND_CLUSTER_RESOLVER, resolver, options.dump());
   const auto* vt = inst.vtable_as<strata_resolver_vtable>();
   std::string text;
@@ -327,15 +354,17 @@ json resolve_cluster() {
   strata_error_init(&err);
   check(vt->describe(static_cast<strata_resolver_t>(inst.handle()), &append_string, &text, &err), err,
         ("describe() of cluster resolver '" + resolver + "'").c_str());
+  json j;
   try {
-    json j = json::parse(text);
+    j = json::parse(text);
     if (!j.is_object()) throw std::runtime_error("not an object");
-    j["resolver"] = resolver;
-    return j;
   } catch (const std::exception& e) {
     STRATA_THROW(STRATA_ERR_INTERNAL, "cluster resolver '", resolver, "' returned an invalid describe() JSON (",
                  e.what(), "): ", text);
   }
+  j["resolver"] = resolver;
+  apply_env_after(j, resolver);
+  return j;
 }
 
 // "grpc://host:port" -> "host:port".

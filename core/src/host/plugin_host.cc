@@ -852,6 +852,87 @@ PluginInstance PluginHost::Impl::create(strata_plugin_kind kind, const std::stri
   return PluginInstance(kind, &entry.comp->vtable, handle, name, std::shared_ptr<void>(entry.lib));
 }
 
+bool PluginHost::detect(strata_plugin_kind kind, const std::string& name) {
+  const char* kname = kind_name(kind);  // validates kind
+  if (kind != STRATA_KIND_CLUSTER_RESOLVER)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "detect() exists only for cluster resolvers, not for ", kname,
+                 " '", name, "'");
+  Impl::Entry entry;
+  {
+    std::lock_guard<std::recursive_mutex> lock(impl_->mu);
+    const auto key = std::make_pair(static_cast<int>(kind), name);
+    auto it = impl_->registry.find(key);
+    if (it == impl_->registry.end()) {
+      impl_->scan();
+      it = impl_->registry.find(key);
+    }
+    if (it == impl_->registry.end()) return false;
+    entry = it->second;
+  }
+  // normalize_vtable left detect NULL when the plugin's table predates it.
+  const strata_resolver_vtable& vt = entry.comp->vtable.resolver;
+  if (vt.detect == nullptr) return false;
+  return vt.detect(&impl_->shared->table.api) != 0;
+}
+
+const std::vector<std::string>& cluster_resolver_detect_order() {
+  static const std::vector<std::string> order = {"slurm", "tf_config", "tpu"};
+  return order;
+}
+
+ResolverChoice choose_cluster_resolver(PluginHost& host, const std::string& configured) {
+  ResolverChoice c;
+  if (!configured.empty()) {
+    c.name = configured;
+    c.reason = "named by the job config's cluster_resolver (or STRATA_CLUSTER_RESOLVER)";
+    return c;
+  }
+  auto env_set = [](const char* v) {
+    const char* e = std::getenv(v);
+    return e != nullptr && e[0] != '\0';
+  };
+  for (const std::string& name : cluster_resolver_detect_order()) {
+    // TF_CONFIG is read by core itself, so a missing tf_config plugin is a
+    // clear NOT_FOUND at create time rather than a silent single process.
+    const bool installed = name == "tf_config" || host.has_component(STRATA_KIND_CLUSTER_RESOLVER, name);
+    bool yes = false;
+    if (name == "tf_config") yes = env_set("TF_CONFIG");
+    else if (installed) yes = host.detect(STRATA_KIND_CLUSTER_RESOLVER, name);
+    std::string why;
+    if (name == "slurm") {
+      why = yes ? "SLURM_PROCID and SLURM_STEP_NODELIST are set (a task of a job step)"
+                : env_set("SLURM_PROCID")
+                    ? "SLURM_PROCID is set but SLURM_STEP_NODELIST is not: a batch script, not a job step; "
+                      "start the program with srun for a distributed job"
+                    : "SLURM_PROCID is not set";
+      if (!yes && env_set("SLURM_PROCID") && installed)
+        logger("cluster")->warn("slurm: {}", why);
+    }
+    else if (name == "tf_config") why = yes ? "TF_CONFIG is set" : "TF_CONFIG is not set";
+    else if (name == "tpu")
+      why = yes ? "a TPU variable (KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS, TPU_NAME or TPU_CONFIG) is set"
+                : "none of KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS, TPU_NAME, TPU_CONFIG is set";
+    else why = yes ? "its detect() said yes" : "its detect() said no";
+    if (!installed) why = "not installed (no libstrata-resolver-" + name + ".so found), skipped";
+    c.probes.emplace_back(name, why);
+    if (yes && c.name.empty()) {
+      c.name = name;
+      c.reason = "auto-detected: " + why;
+    }
+  }
+  if (c.name.empty()) c.reason = "no cluster environment detected: a single process";
+  return c;
+}
+
+bool PluginHost::has_component(strata_plugin_kind kind, const std::string& name) {
+  kind_name(kind);  // validates kind
+  std::lock_guard<std::recursive_mutex> lock(impl_->mu);
+  const auto key = std::make_pair(static_cast<int>(kind), name);
+  if (impl_->registry.count(key) != 0) return true;
+  impl_->scan();
+  return impl_->registry.count(key) != 0;
+}
+
 void PluginHost::register_builtin(strata_plugin_kind kind, const std::string& name, const std::string& version,
                                   const void* vtable) {
   kind_name(kind);
