@@ -7,6 +7,7 @@
 //   strata-bench allreduce  in-process all-reduce across CPU replicas vs memcpy bandwidth
 //   strata-bench allreduce|broadcast|allgather --transport tcp -n N
 //                           collectives across N processes (see multiproc.h)
+//   strata-bench input      records read+verified per second vs sequential read (see input.h)
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -19,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "input.h"
 #include "multiproc.h"
 #include "sizes.h"
 #include "strata/strata.hpp"
@@ -173,7 +175,8 @@ int main(int argc, char** argv) {
                "  strata-bench allreduce --replicas 2,4 --sizes 4K:64M\n"
                "  strata-bench allreduce --sizes 4096,16M --json\n"
                "  strata-bench allreduce --transport tcp -n 4 --sizes 4K:64M\n"
-               "  strata-bench allgather -n 3 --sizes 4K,1M --json\n"};
+               "  strata-bench allgather -n 3 --sizes 4K,1M --json\n"
+               "  strata-bench input --size-mb 1024 --record-bytes 4096 --json\n"};
   app.require_subcommand(1);
   app.fallthrough();  // --json and --repeats may follow the subcommand
   bool json = false;
@@ -232,8 +235,27 @@ int main(int argc, char** argv) {
         ->capture_default_str();
   }
 
+  auto* input = app.add_subcommand(
+      "input", "Records read and verified per second through the records pipeline vs sequential read of the file");
+  strata::bench::InputBenchOptions in;
+  input->add_option("--size-mb", in.size_mb, "Size of the record file to write (MiB)")
+      ->capture_default_str()
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
+  input->add_option("--record-bytes", in.record_bytes, "Payload bytes per record")
+      ->capture_default_str()
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{256} << 20));
+  input->add_option("--file", in.file, "Use this record file (written when missing) and keep it");
+  input->add_option("--buffer-bytes", in.buffer_bytes, "The pipeline's buffer_bytes option")
+      ->capture_default_str()
+      ->check(CLI::Range(std::int64_t{4096}, std::int64_t{1} << 30));
+
   CLI11_PARSE(app, argc, argv);
   try {
+    if (input->parsed()) {
+      in.repeats = repeats_opt->count() > 0 ? repeats : 3;
+      in.json = json;
+      return strata::bench::run_input_bench(in);
+    }
     if (dispatch->parsed()) return run_dispatch(split_csv(strategies), iters, repeats, json);
     if (!allreduce->parsed() || !transport.empty() || allreduce_ranks->count() > 0) {
       mp.op = allreduce->parsed() ? "allreduce" : broadcast->parsed() ? "broadcast" : "allgather";

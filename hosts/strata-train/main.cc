@@ -43,6 +43,10 @@ struct Args {
   std::int64_t dataset_size = 65536;
   ModelShape model;
   std::string save;
+  std::vector<std::string> data;  // record files (--data)
+  std::string export_prefix;      // --export-data
+  int export_files = 4;
+  std::int64_t shuffle_buffer = 0;
   bool quiet = false;
   int log_every = 0;
 };
@@ -131,6 +135,49 @@ void save_weights(const std::string& path, const std::vector<strata::Variable>& 
     STRATA_THROW(STRATA_ERR_INTERNAL, "--save: cannot rename '", tmp, "' to '", path, "'");
 }
 
+// The record layout strata-train reads and writes: x float32 [features],
+// y int32 (scalar label).
+strata::RecordOptions record_options(const ModelShape& m) {
+  strata::RecordOptions o;
+  o.features = {{"x", strata::DType::kFloat32, {m.features}}, {"y", strata::DType::kInt32, {}}};
+  return o;
+}
+
+// The training data: --data record files, else the synthetic set in memory.
+strata::Dataset make_dataset(const Args& a) {
+  if (!a.data.empty()) return strata::Dataset::from_records(a.data, record_options(a.model));
+  const strata::train::SyntheticData data(a.model, a.dataset_size, a.seed);
+  strata::Element e;
+  e.add("x", strata::Tensor::from_vector(data.features(), {a.dataset_size, a.model.features}));
+  e.add("y", strata::Tensor::from_vector(data.labels(), {a.dataset_size}));
+  return strata::Dataset::from_tensor_slices(std::move(e));
+}
+
+// --export-data PREFIX: write the synthetic set as --export-files record
+// files PREFIX-00000-of-0000N.rec (contiguous, nearly equal parts).
+int export_data(const Args& a) {
+  if (a.export_files <= 0 || a.dataset_size <= 0)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "--export-files and --dataset-size must be positive");
+  const strata::train::SyntheticData data(a.model, a.dataset_size, a.seed);
+  const std::int64_t n = a.dataset_size, files = a.export_files;
+  const auto& xs = data.features();
+  auto ys = data.labels();
+  for (std::int64_t k = 0; k < files; ++k) {
+    char suffix[64];
+    std::snprintf(suffix, sizeof suffix, "-%05lld-of-%05lld.rec", static_cast<long long>(k), static_cast<long long>(files));
+    const std::string path = a.export_prefix + suffix;
+    strata::RecordWriter out(path);
+    for (std::int64_t i = n * k / files; i < n * (k + 1) / files; ++i) {
+      out.write_features({strata::TensorView(const_cast<float*>(&xs[static_cast<std::size_t>(i * a.model.features)]),
+                                             {a.model.features}, strata::DType::kFloat32),
+                          strata::TensorView(&ys[static_cast<std::size_t>(i)], {}, strata::DType::kInt32)});
+    }
+    out.close();
+    std::printf("%s\n", path.c_str());
+  }
+  return 0;
+}
+
 int train(const Args& a) {
   if (a.global_batch <= 0 || a.steps < 0 || a.dataset_size <= 0)
     STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "--global-batch and --dataset-size must be positive and --steps non-negative");
@@ -144,7 +191,17 @@ int train(const Args& a) {
                  strategy.name().c_str(), replicas, static_cast<long long>(a.global_batch), a.steps);
 
   const ModelShape& m = a.model;
-  const strata::train::SyntheticData data(m, a.dataset_size, a.seed);
+  strata::Dataset dataset = make_dataset(a);
+  if (a.shuffle_buffer > 0) dataset = dataset.shuffle(a.shuffle_buffer, a.seed);
+  // repeat() before batch(): batches run across epoch boundaries, so every
+  // step has a full global batch for as many steps as asked.
+  dataset = dataset.repeat().batch(a.global_batch, /*drop_remainder=*/true);
+  strata::DistributedDataset input = strategy.distribute_dataset(dataset);
+  strata::DistributedIterator batches = input.make_iterator();
+  if (!a.quiet)
+    std::fprintf(stderr, "strata-train: input %s, sharded by %s (%s)\n",
+                 a.data.empty() ? "synthetic (in memory)" : (std::to_string(a.data.size()) + " record file(s)").c_str(),
+                 input.applied_policy().c_str(), input.policy_reason().c_str());
   std::vector<strata::Variable> vars;
   {
     auto scope = strategy.scope();
@@ -167,10 +224,12 @@ int train(const Args& a) {
   const double scale = 1.0 / static_cast<double>(a.global_batch);
   for (int step = 0; step < a.steps; ++step) {
     std::vector<double> step_loss(static_cast<std::size_t>(local), 0.0);
+    strata::DistributedElement batch = batches.next();
+    const strata::PerReplica& xs = batch["x"];
+    const strata::PerReplica& ys = batch["y"];
     strategy.run([&](strata::ReplicaContext& ctx) {
-      const std::int64_t r = ctx.replica_id_in_sync_group(), k = ctx.num_replicas_in_sync();
-      const std::int64_t base = static_cast<std::int64_t>(step) * a.global_batch;
-      const std::int64_t lo = a.global_batch * r / k, hi = a.global_batch * (r + 1) / k;
+      const strata::Tensor& x = xs[ctx.local_replica_id()];
+      const strata::Tensor& y = ys[ctx.local_replica_id()];
       std::vector<strata::Tensor>& g = grads[ctx.local_replica_id()];
       float* gp[4];
       for (int i = 0; i < 4; ++i) {
@@ -190,7 +249,8 @@ int train(const Args& a) {
         }
       }
       g[4].data<float>()[0] =
-          static_cast<float>(strata::train::forward_backward(m, params, data, base + lo, hi - lo, scale, gp));
+          static_cast<float>(strata::train::forward_backward(m, params, x.data<float>(), y.data<std::int32_t>(),
+                                                             x.shape()[0], scale, gp));
       ctx.all_reduce_in_place(strata::ReduceOp::SUM, g);  // one collective for all gradients and the loss
       for (int i = 0; i < 4; ++i) {
         float* p = gp[i];
@@ -225,7 +285,9 @@ int main(int argc, char** argv) {
       "  strata-train --strategy mirrored --devices cpu:0,cpu:1,cpu:2,cpu:3\n"
       "  strata-train --config job.json --save weights.json\n"
       "  STRATA_STRATEGY=central_storage strata-train --devices cpu:0,cpu:1\n"
-      "  strata-run -n 4 -- strata-train --strategy multi_worker_mirrored   (4 processes over TCP)\n\n"
+      "  strata-run -n 4 -- strata-train --strategy multi_worker_mirrored   (4 processes over TCP)\n"
+      "  strata-train --export-data /tmp/mlp --export-files 4 && \\\n"
+      "    strata-run -n 2 -- strata-train --strategy multi_worker_mirrored --data /tmp/mlp-*.rec\n\n"
       "Without --config, the file named by $STRATA_CONFIG is used when set.\n"};
   Args a;
   app.add_option("--config", a.config_file, "Job config (JSON): strategy, cross_device_ops, timeouts, ...")->check(CLI::ExistingFile);
@@ -239,12 +301,23 @@ int main(int argc, char** argv) {
   app.add_option("--features", a.model.features, "Input features")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--hidden", a.model.hidden, "Hidden units")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--classes", a.model.classes, "Output classes")->capture_default_str()->check(CLI::Range(2, 1000));
+  app.add_option("--data", a.data,
+                 "Train on these record files (TFRecord format, x float32[features] + y int32 per record, as "
+                 "--export-data writes them) instead of the synthetic set; across workers the files are "
+                 "sharded by the AUTO policy")
+      ->check(CLI::ExistingFile);
+  app.add_option("--export-data", a.export_prefix,
+                 "Write the synthetic set as record files PREFIX-0000k-of-0000n.rec and exit (see --data)");
+  app.add_option("--export-files", a.export_files, "Number of files --export-data writes")->capture_default_str();
+  app.add_option("--shuffle-buffer", a.shuffle_buffer,
+                 "Shuffle the examples through a buffer of this size, seeded by --seed (0: data order)")
+      ->capture_default_str();
   app.add_option("--save", a.save, "Write the final weights as JSON to this file (chief only)");
   app.add_option("--log-every", a.log_every, "Print a progress line every N steps when stderr is not a terminal");
   app.add_flag("-q,--quiet", a.quiet, "No progress output");
   CLI11_PARSE(app, argc, argv);
   try {
-    return train(a);
+    return a.export_prefix.empty() ? train(a) : export_data(a);
   } catch (const strata::Error& e) {
     std::fprintf(stderr, "strata-train: error: %s (%s)\n", e.what(), e.code_name());
     return 2;

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
+#include <string>
 
 namespace strata::train {
 namespace {
@@ -43,7 +45,7 @@ std::vector<std::int64_t> param_shape(const ModelShape& m, int i) {
 }
 
 SyntheticData::SyntheticData(const ModelShape& m, std::int64_t size, std::uint64_t seed)
-    : size_(size), features_(m.features),
+    : size_(size),
       x_(static_cast<std::size_t>(size) * m.features), labels_(static_cast<std::size_t>(size)) {
   // The teacher: a random linear map followed by a fixed non-linearity, so
   // that the student's hidden layer has something to learn.
@@ -58,7 +60,7 @@ SyntheticData::SyntheticData(const ModelShape& m, std::int64_t size, std::uint64
     for (int f = 0; f < m.features; ++f)
       for (int c = 0; c < m.classes; ++c) score[c] += std::sin(3.0 * xi[f]) * teacher[f * m.classes + c];
     labels_[static_cast<std::size_t>(i)] =
-        static_cast<int>(std::max_element(score.begin(), score.end()) - score.begin());
+        static_cast<std::int32_t>(std::max_element(score.begin(), score.end()) - score.begin());
   }
 }
 
@@ -73,8 +75,8 @@ std::vector<float> initial_param(const ModelShape& m, int i, std::uint64_t seed)
   return v;
 }
 
-double forward_backward(const ModelShape& m, const float* const params[4], const SyntheticData& data,
-                        std::int64_t first, std::int64_t count, double scale, float* const grads[4]) {
+double forward_backward(const ModelShape& m, const float* const params[4], const float* xs,
+                        const std::int32_t* labels, std::int64_t count, double scale, float* const grads[4]) {
   const int F = m.features, H = m.hidden, C = m.classes;
   const float* W1 = params[0];
   const float* b1 = params[1];
@@ -86,8 +88,8 @@ double forward_backward(const ModelShape& m, const float* const params[4], const
       gb2(C, 0.0);
   std::vector<double> h(H), dh(H), logits(C);
   double loss = 0.0;
-  for (std::int64_t e = first; e < first + count; ++e) {
-    const float* x = data.x(e);
+  for (std::int64_t e = 0; e < count; ++e) {
+    const float* x = xs + static_cast<std::size_t>(e) * F;
     for (int j = 0; j < H; ++j) h[j] = b1[j];
     for (int f = 0; f < F; ++f) {
       const double xf = x[f];
@@ -104,7 +106,10 @@ double forward_backward(const ModelShape& m, const float* const params[4], const
     }
     double denom = 0.0;
     for (int c = 0; c < C; ++c) denom += std::exp(logits[c] - max_logit);
-    const int y = data.label(e);
+    const int y = labels[e];
+    if (y < 0 || y >= C)
+      throw std::out_of_range("label " + std::to_string(y) + " of an example is outside [0, " + std::to_string(C) +
+                              "); check --classes against the data");
     loss += std::log(denom) - (logits[y] - max_logit);
     // dlogits = softmax - onehot, scaled.
     for (int c = 0; c < C; ++c) logits[c] = (std::exp(logits[c] - max_logit) / denom - (c == y ? 1.0 : 0.0)) * scale;

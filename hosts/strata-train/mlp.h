@@ -32,25 +32,26 @@ class SyntheticData {
  public:
   SyntheticData(const ModelShape& m, std::int64_t size, std::uint64_t seed);
   std::int64_t size() const { return size_; }
-  const float* x(std::int64_t i) const { return &x_[static_cast<std::size_t>(i % size_) * features_]; }
-  int label(std::int64_t i) const { return labels_[static_cast<std::size_t>(i % size_)]; }
+  /// [size, features] row-major.
+  const std::vector<float>& features() const { return x_; }
+  /// [size].
+  const std::vector<std::int32_t>& labels() const { return labels_; }
 
  private:
   std::int64_t size_;
-  int features_;
   std::vector<float> x_;
-  std::vector<int> labels_;
+  std::vector<std::int32_t> labels_;
 };
 
 /// Deterministic initial value of parameter i (Glorot-uniform weights, zero biases).
 std::vector<float> initial_param(const ModelShape& m, int i, std::uint64_t seed);
 
-/// Forward and backward pass over examples [first, first + count) of `data`.
-/// Adds d(loss)/d(param) * scale into grads[0..3] (float, same shapes as the
+/// Forward and backward pass over `count` examples: x [count, features]
+/// row-major and their labels. Adds d(loss)/d(param) * scale into grads[0..3] (float, same shapes as the
 /// parameters; accumulated in double internally) and returns the sum of the
 /// per-example cross-entropy losses times `scale`. params[i] point at the
 /// four parameters.
-double forward_backward(const ModelShape& m, const float* const params[4], const SyntheticData& data,
-                        std::int64_t first, std::int64_t count, double scale, float* const grads[4]);
+double forward_backward(const ModelShape& m, const float* const params[4], const float* x,
+                        const std::int32_t* labels, std::int64_t count, double scale, float* const grads[4]);
 
 }  // namespace strata::train

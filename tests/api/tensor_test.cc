@@ -15,7 +15,7 @@ namespace {
 
 TEST(TensorTest, DTypeRoundTripsThroughDLPack) {
   for (DType d : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16, DType::kInt32,
-                  DType::kInt64}) {
+                  DType::kInt64, DType::kUInt8}) {
     EXPECT_EQ(dtype_from_dlpack(to_dlpack(d)), d) << dtype_name(d);
     EXPECT_EQ(dtype_size(d) * 8, to_dlpack(d).bits);
   }
@@ -23,7 +23,9 @@ TEST(TensorTest, DTypeRoundTripsThroughDLPack) {
   EXPECT_EQ(to_dlpack(DType::kBFloat16).code, kDLBfloat);
   EXPECT_TRUE(is_floating(DType::kFloat16));
   EXPECT_FALSE(is_floating(DType::kInt64));
-  EXPECT_THROW(dtype_from_dlpack(DLDataType{kDLUInt, 8, 1}), InvalidArgumentError);
+  EXPECT_STREQ(dtype_name(DType::kUInt8), "uint8");
+  EXPECT_THROW(dtype_from_dlpack(DLDataType{kDLUInt, 16, 1}), InvalidArgumentError);
+  EXPECT_THROW(dtype_from_dlpack(DLDataType{kDLInt, 8, 1}), InvalidArgumentError);
   EXPECT_THROW(dtype_from_dlpack(DLDataType{kDLFloat, 32, 4}), InvalidArgumentError);
 }
 

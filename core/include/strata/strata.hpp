@@ -3,7 +3,10 @@
 #pragma once
 
 #include "strata/config.hpp"
+#include "strata/data.hpp"
 #include "strata/distribute.hpp"
+#include "strata/distributed_data.hpp"
+#include "strata/records.hpp"
 #include "strata/error.hpp"
 #include "strata/strategy.hpp"
 #include "strata/tensor.hpp"

@@ -55,6 +55,9 @@
 namespace strata {
 
 class Config;
+class Dataset;
+class DistributedDataset;
+struct InputOptions;
 class Strategy;
 class ReplicaContext;
 class Variable;
@@ -226,6 +229,19 @@ class STRATA_API Strategy {
   /// thread) with that replica's ValueContext.
   PerReplica experimental_distribute_values_from_function(
       const std::function<Tensor(const ValueContext&)>& fn);
+
+  /// Split a dataset batched by the GLOBAL batch size across the replicas
+  /// in sync and shard it across workers by its AutoShardPolicy
+  /// (DatasetOptions). See distributed_data.hpp for the rules. Throws
+  /// InvalidArgumentError for an unbatched dataset, FILE sharding with
+  /// fewer files than workers, or a global batch smaller than the workers.
+  DistributedDataset distribute_dataset(const Dataset& dataset);
+  DistributedDataset distribute_dataset(const Dataset& dataset, const InputOptions& options);
+  /// Build one dataset per input pipeline with `fn(InputContext)` (batched
+  /// per replica, sharded by the function); see distributed_data.hpp.
+  DistributedDataset distribute_datasets_from_function(const std::function<Dataset(const InputContext&)>& fn);
+  DistributedDataset distribute_datasets_from_function(const std::function<Dataset(const InputContext&)>& fn,
+                                                       const InputOptions& options);
 
   int num_replicas_in_sync() const;
   int num_local_replicas() const;

@@ -32,14 +32,16 @@
 namespace strata {
 
 /// Element types Strata understands.
-enum class DType { kFloat32, kFloat64, kFloat16, kBFloat16, kInt32, kInt64 };
+/// kUInt8 (appended last, so older values keep their numbers) holds raw
+/// bytes such as record payloads; collectives accept only the first six.
+enum class DType { kFloat32, kFloat64, kFloat16, kBFloat16, kInt32, kInt64, kUInt8 };
 
 /// DLPack type of `dtype` (lanes = 1).
 STRATA_API DLDataType to_dlpack(DType dtype);
 /// Inverse of to_dlpack; throws InvalidArgumentError for anything else
 /// (e.g. uint8, complex, vector lanes).
 STRATA_API DType dtype_from_dlpack(DLDataType dt);
-/// "float32", "float64", "float16", "bfloat16", "int32", "int64".
+/// "float32", "float64", "float16", "bfloat16", "int32", "int64", "uint8".
 STRATA_API const char* dtype_name(DType dtype);
 /// Bytes per element.
 STRATA_API std::size_t dtype_size(DType dtype);
@@ -60,6 +62,7 @@ template <> struct dtype_of<float> { static constexpr DType value = DType::kFloa
 template <> struct dtype_of<double> { static constexpr DType value = DType::kFloat64; };
 template <> struct dtype_of<std::int32_t> { static constexpr DType value = DType::kInt32; };
 template <> struct dtype_of<std::int64_t> { static constexpr DType value = DType::kInt64; };
+template <> struct dtype_of<std::uint8_t> { static constexpr DType value = DType::kUInt8; };
 
 class Tensor;
 

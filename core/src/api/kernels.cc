@@ -48,6 +48,7 @@ double load_double(const DLTensor& t, std::int64_t i) {
     case DType::kBFloat16: return bfloat16_to_float(reinterpret_cast<const std::uint16_t*>(p)[i]);
     case DType::kInt32: return reinterpret_cast<const std::int32_t*>(p)[i];
     case DType::kInt64: return static_cast<double>(reinterpret_cast<const std::int64_t*>(p)[i]);
+    case DType::kUInt8: return reinterpret_cast<const std::uint8_t*>(p)[i];
   }
   return 0;
 }
@@ -65,6 +66,7 @@ void store_double(DLTensor& t, std::int64_t i, double v) {
       return;
     case DType::kInt32: reinterpret_cast<std::int32_t*>(p)[i] = static_cast<std::int32_t>(v); return;
     case DType::kInt64: reinterpret_cast<std::int64_t*>(p)[i] = static_cast<std::int64_t>(v); return;
+    case DType::kUInt8: reinterpret_cast<std::uint8_t*>(p)[i] = static_cast<std::uint8_t>(v); return;
   }
 }
 

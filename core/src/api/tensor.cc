@@ -22,6 +22,7 @@ DLDataType to_dlpack(DType dtype) {
     case DType::kBFloat16: return DLDataType{kDLBfloat, 16, 1};
     case DType::kInt32: return DLDataType{kDLInt, 32, 1};
     case DType::kInt64: return DLDataType{kDLInt, 64, 1};
+    case DType::kUInt8: return DLDataType{kDLUInt, 8, 1};
   }
   STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "unknown DType ", static_cast<int>(dtype));
 }
@@ -34,10 +35,11 @@ DType dtype_from_dlpack(DLDataType dt) {
     if (dt.code == kDLBfloat && dt.bits == 16) return DType::kBFloat16;
     if (dt.code == kDLInt && dt.bits == 32) return DType::kInt32;
     if (dt.code == kDLInt && dt.bits == 64) return DType::kInt64;
+    if (dt.code == kDLUInt && dt.bits == 8) return DType::kUInt8;
   }
   STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "unsupported DLPack dtype (code ", int(dt.code),
                ", bits ", int(dt.bits), ", lanes ", dt.lanes,
-               "): use float32, float64, float16, bfloat16, int32 or int64 with lanes 1");
+               "): use float32, float64, float16, bfloat16, int32, int64 or uint8 with lanes 1");
 }
 
 const char* dtype_name(DType dtype) {
@@ -48,6 +50,7 @@ const char* dtype_name(DType dtype) {
     case DType::kBFloat16: return "bfloat16";
     case DType::kInt32: return "int32";
     case DType::kInt64: return "int64";
+    case DType::kUInt8: return "uint8";
   }
   return "unknown";
 }

@@ -98,6 +98,43 @@ typedef struct strata_input_vtable {
 #define STRATA_INPUT_VTABLE_STRUCT_SIZE_1_0 ((uint32_t)80)
 #define STRATA_INPUT_VTABLE_STRUCT_SIZE ((uint32_t)sizeof(strata_input_vtable))
 
+/* ------------------------------------------------------------------------
+ * Sources handed over in memory (ABI 1.1; new types, the vtable is
+ * unchanged). The in-tree "memory" and "generator" pipelines take the
+ * address of one of these structs in their options as a hex string, e.g.
+ * {"arrays": "0x7f12..."}; the struct and everything it points to must
+ * outlive every pipeline opened from it (the C++ Dataset API keeps them
+ * alive for the user).
+ * ---------------------------------------------------------------------- */
+
+/** Arrays sliced along their first dimension ("memory" pipeline): element
+ *  i holds row i of every component. Tensors are borrowed, host memory,
+ *  contiguous, and agree on their first dimension. */
+typedef struct strata_input_arrays {
+  STRATA_STRUCT_HEADER;
+  uint32_t num_components;
+  const char* names[STRATA_ELEMENT_MAX_COMPONENTS];
+  const DLTensor* tensors[STRATA_ELEMENT_MAX_COMPONENTS];
+} strata_input_arrays;
+
+#define STRATA_INPUT_ARRAYS_STRUCT_SIZE ((uint32_t)sizeof(strata_input_arrays))
+
+/** A user generator ("generator" pipeline). Every open() of a pipeline
+ *  calls start() for a fresh pass (so repeat() and every epoch restart it);
+ *  next() fills one element (the caller owns its tensors) and returns
+ *  STRATA_OK, or STRATA_ERR_OUT_OF_RANGE at the end of the pass, or an
+ *  error with `err` set; finish() ends the pass (close()). next() runs on
+ *  the pipeline's thread, one call at a time per pass. */
+typedef struct strata_input_generator {
+  STRATA_STRUCT_HEADER;
+  void* user;
+  strata_status_t (*start)(void* user, const strata_input_context* ctx, void** pass, strata_error* err);
+  strata_status_t (*next)(void* pass, strata_element* out, strata_error* err);
+  void (*finish)(void* pass);
+} strata_input_generator;
+
+#define STRATA_INPUT_GENERATOR_STRUCT_SIZE ((uint32_t)sizeof(strata_input_generator))
+
 #ifdef __cplusplus
 }  /* extern "C" */
 #endif

@@ -1,0 +1,242 @@
+// SPDX-License-Identifier: Apache-2.0
+// strata::Dataset (tf.data.Dataset, the parts distributed training needs).
+//
+// A Dataset is an immutable recipe: a source (an InputPipeline plugin:
+// "memory", "records", "generator" or any third-party one) followed by
+// transformations (shuffle, batch, repeat, take, skip, map, prefetch,
+// shard). Nothing is read until the dataset is iterated; every iteration
+// opens the source afresh, so one Dataset can be iterated many times and
+// distributed by a Strategy (see distributed_data.hpp), which opens one
+// pipeline per worker with its InputContext and inserts the sharding.
+//
+//   auto ds = strata::Dataset::from_records({"train-0.rec", "train-1.rec"},
+//                                           {{{"x", strata::DType::kFloat32, {16}},
+//                                             {"y", strata::DType::kFloat32, {1}}}})
+//                 .shuffle(10000, /*seed=*/42)
+//                 .batch(64)
+//                 .prefetch(2);
+//   for (strata::Element& batch : ds) { ... batch["x"] ... }
+//
+// Errors: a missing file is NotFoundError naming it, a corrupt record is
+// DataLossError naming the file and byte offset (see RecordOptions), a
+// callback's exception (generator, map) propagates to the iterating thread
+// with its own type, also across prefetch(). Invalid arguments to a
+// transformation throw InvalidArgumentError when the recipe is built.
+//
+// Threads: a Dataset is immutable and may be shared and iterated from
+// several threads at once (each iterator is its own pass). An iterator is
+// used by one thread at a time. Callbacks run on the thread that pulls the
+// element: the iterating thread, or prefetch()'s background thread.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "strata/export.hpp"
+#include "strata/strategy.hpp"
+#include "strata/tensor.hpp"
+
+namespace strata {
+
+/// One element of a dataset: named tensors (a "tuple" with names), at most
+/// 16 components. After batch() every component gains a leading batch
+/// dimension.
+struct STRATA_API Element {
+  std::vector<std::string> names;
+  std::vector<Tensor> tensors;
+
+  Element() = default;
+  Element(Element&&) noexcept = default;
+  Element& operator=(Element&&) noexcept = default;
+
+  /// Append a component (InvalidArgumentError for a duplicate name or a
+  /// 17th component).
+  Element& add(std::string name, Tensor t);
+  /// The component called `name`; NotFoundError listing the names.
+  Tensor& operator[](const std::string& name);
+  const Tensor& operator[](const std::string& name) const;
+  std::size_t size() const { return tensors.size(); }
+  /// Deep copy.
+  Element clone() const;
+};
+
+/// tf.data.experimental.AutoShardPolicy: how distribute_dataset splits the
+/// input across workers. AUTO tries FILE, and falls back to DATA when the
+/// source is not file-based or has fewer files than workers; FILE gives
+/// each worker every num_workers-th file (error when files < workers);
+/// DATA has every worker read everything and keep its share; OFF gives
+/// every worker all the data; HINT replaces shard(SHARD_HINT, SHARD_HINT)
+/// placeholders by shard(num_workers, worker_index).
+enum class AutoShardPolicy { AUTO, FILE, DATA, OFF, HINT };
+STRATA_API const char* auto_shard_policy_name(AutoShardPolicy p);
+
+/// Placeholder for Dataset::shard under AutoShardPolicy::HINT.
+constexpr std::int64_t SHARD_HINT = -1;
+
+/// tf.data.Options, the parts Strata honours.
+struct DatasetOptions {
+  AutoShardPolicy auto_shard_policy = AutoShardPolicy::AUTO;
+  /// Deadline for one next() of the source plugin (a stuck reader is an
+  /// error naming the pipeline, never a hang).
+  double source_timeout_s = 300;
+};
+
+/// One fixed-size component of a record's payload (see RecordOptions).
+struct FeatureSpec {
+  std::string name;
+  DType dtype = DType::kFloat32;
+  std::vector<std::int64_t> shape;
+};
+
+/// How the "records" pipeline reads TFRecord-format files (8-byte length,
+/// masked CRC32C of the length, payload, masked CRC32C of the payload).
+struct RecordOptions {
+  /// Empty: every element is one component "record" (uint8, the payload
+  /// bytes). Otherwise the payload is these features' raw little-endian
+  /// bytes back to back (what RecordWriter::write_features writes) and the
+  /// element has one component per feature.
+  std::vector<FeatureSpec> features;
+  /// false (default): a corrupt record is DataLossError naming the file and
+  /// byte offset. true: corrupt records are skipped (a corrupt length
+  /// skips the rest of that file) and the count is logged per file.
+  bool skip_corrupt = false;
+  /// Read buffer per file.
+  std::int64_t buffer_bytes = 4 << 20;
+};
+
+class Dataset;
+namespace detail {
+struct DatasetNode;  // the recipe (core/src/data)
+}
+
+/// A pass over a dataset. Move-only; next() returns nullopt at the end.
+class STRATA_API DatasetIterator {
+ public:
+  DatasetIterator();
+  DatasetIterator(DatasetIterator&&) noexcept;
+  DatasetIterator& operator=(DatasetIterator&&) noexcept;
+  ~DatasetIterator();
+  /// The next element, or nullopt at the end of the pass (and on every
+  /// call after it). Throws the source's or a callback's error (a
+  /// callback's exception with its own type). FailedPreconditionError on a
+  /// default-constructed iterator.
+  std::optional<Element> next();
+
+  /// Range-for support: `for (Element& e : dataset)` (the RangeIter from
+  /// Dataset::begin owns its iterator) and `for (Element& e : iterator)`
+  /// (continues this pass).
+  class RangeIter {
+   public:
+    Element& operator*() { return *cur_; }
+    Element* operator->() { return &*cur_; }
+    RangeIter& operator++();
+    bool operator!=(const RangeIter& o) const { return cur_.has_value() != o.cur_.has_value(); }
+    bool operator==(const RangeIter& o) const { return !(*this != o); }
+    RangeIter() = default;
+    explicit RangeIter(DatasetIterator* it);
+    explicit RangeIter(std::shared_ptr<DatasetIterator> owned);
+
+   private:
+    std::shared_ptr<DatasetIterator> owned_;
+    DatasetIterator* it_ = nullptr;
+    std::optional<Element> cur_;
+  };
+  RangeIter begin() { return RangeIter(this); }
+  RangeIter end() { return {}; }
+
+  struct Impl;
+  explicit DatasetIterator(std::unique_ptr<Impl> impl);
+
+ private:
+  friend class Dataset;
+  std::unique_ptr<Impl> impl_;
+};
+
+class STRATA_API Dataset {
+ public:
+  /// tf.data.Dataset.from_tensor_slices: element i is row i of every
+  /// component (all must share the first dimension). The tensors are kept
+  /// alive by the dataset (borrowed tensors must outlive it). Backed by the
+  /// "memory" pipeline.
+  static Dataset from_tensor_slices(Element components);
+  /// from_tensor_slices over .npy files (one per component, read by the
+  /// "memory" pipeline): {{"x", "x.npy"}, {"y", "y.npy"}}. Formats 1-3, C
+  /// order, dtypes <f4 <f8 <f2 <i4 <i8 |u1. Files are read when iterated
+  /// (headers when opened, data on the first element of each pass).
+  static Dataset from_npy(const std::vector<std::pair<std::string, std::string>>& files);
+  /// A generator: `make` is called once per pass (every epoch, every
+  /// repeat, every worker) with that pipeline's InputContext and returns a
+  /// function that yields elements and then nullopt. Backed by the
+  /// "generator" pipeline. An exception thrown by `make` or the generator
+  /// reaches the iterating thread with its own type (including a
+  /// strata::OutOfRangeError, which is an error, not the end).
+  using Generator = std::function<std::optional<Element>()>;
+  static Dataset from_generator(std::function<Generator(const InputContext&)> make);
+  /// TFRecord-format files, in the given order ("records" pipeline).
+  static Dataset from_records(const std::vector<std::string>& files, const RecordOptions& options = {});
+  /// Any input pipeline plugin by name with its options JSON.
+  static Dataset from_plugin(const std::string& name, const std::string& options_json = "{}");
+
+  /// Fill a buffer of `buffer_size` (>= 1) elements and yield a random one
+  /// from it, refilling as it goes (tf semantics; a buffer of the dataset's
+  /// size is a full shuffle). Same seed, same order; with
+  /// reshuffle_each_iteration each pass uses seed + pass number, where the
+  /// pass counts make_iterator()/range-for calls on this Dataset and, under
+  /// repeat(), the rounds of every pass.
+  Dataset shuffle(std::int64_t buffer_size, std::uint64_t seed, bool reshuffle_each_iteration = true) const;
+  /// Stack consecutive elements (same shapes) along a new first dimension.
+  /// The last batch is shorter unless drop_remainder. batch_size >= 1.
+  /// Different shapes or dtypes within a batch are InvalidArgumentError
+  /// naming the component and both shapes.
+  Dataset batch(std::int64_t batch_size, bool drop_remainder = false) const;
+  /// Repeat `count` times (-1: forever). Every round reopens the source
+  /// (a generator's `make` runs again). Repeating a dataset whose round
+  /// yields nothing ends instead of spinning.
+  Dataset repeat(std::int64_t count = -1) const;
+  /// The first `count` elements (-1: all). Never reads beyond them.
+  Dataset take(std::int64_t count) const;
+  /// Drop the first `count` elements (-1: all of them).
+  Dataset skip(std::int64_t count) const;
+  /// Apply `fn` to every element (on the pipeline's thread).
+  Dataset map(std::function<Element(Element)> fn) const;
+  /// Produce up to `buffer_size` elements ahead on a background thread (-1,
+  /// tf's AUTOTUNE, means 2). Order and errors are preserved. Destroying
+  /// the iterator stops the thread; one stuck for over 2 s in a user
+  /// callback is left to finish on its own (logged), never joined forever.
+  Dataset prefetch(std::int64_t buffer_size) const;
+  /// Keep elements index, index + num_shards, ... (0 <= index <
+  /// num_shards). Both SHARD_HINT: a placeholder that AutoShardPolicy::HINT
+  /// replaces with (num_workers, worker_index); iterating it otherwise is
+  /// InvalidArgumentError.
+  Dataset shard(std::int64_t num_shards, std::int64_t index) const;
+  /// The options of the whole pipeline (tf: options are global); later
+  /// transformations keep them.
+  Dataset with_options(const DatasetOptions& options) const;
+  const DatasetOptions& options() const;
+
+  /// Elements per pass if known: -1 unknown, -2 infinite (tf's rules for
+  /// batch/repeat/take/skip/shard; shuffle, map and prefetch keep it).
+  /// Known for from_tensor_slices; from_npy and from_plugin open the source
+  /// to ask it (a missing file throws); a generator is unknown.
+  std::int64_t cardinality() const;
+
+  /// One pass, as pipeline `ctx` (default: the only pipeline). Opens the
+  /// source now, so a missing file or bad option throws here.
+  DatasetIterator make_iterator(const InputContext& ctx = {}) const;
+  DatasetIterator::RangeIter begin() const;
+  DatasetIterator::RangeIter end() const { return {}; }
+
+  /// Internal: the recipe.
+  explicit Dataset(std::shared_ptr<const detail::DatasetNode> node);
+  const std::shared_ptr<const detail::DatasetNode>& node() const { return node_; }
+
+ private:
+  std::shared_ptr<const detail::DatasetNode> node_;
+};
+
+}  // namespace strata

@@ -1,0 +1,154 @@
+// SPDX-License-Identifier: Apache-2.0
+// Distributed input (tf.distribute's DistributedDataset and
+// DistributedIterator): a Dataset written once, split across the replicas in
+// sync and sharded across the workers.
+//
+//   auto ds = strata::Dataset::from_records(files, record_options).shuffle(10000, 7).batch(global_batch);
+//   auto dist = strategy.distribute_dataset(ds);
+//   for (strata::DistributedElement& batch : dist) {          // one epoch
+//     strategy.run([&](strata::ReplicaContext& ctx, const strata::Tensor& x) { ... }, batch["x"]);
+//   }
+//
+// Splitting (Strategy::distribute_dataset). The dataset must be batched by
+// the GLOBAL batch size B. With R replicas in sync:
+//  - one worker, or AutoShardPolicy::DATA: every worker reads the same global
+//    batches; a batch of b elements gives replica r (in replica_id_in_sync_group
+//    order) the rows [r*c, min((r+1)*c, b)) with c = ceil(b / R). So B=8 on 3
+//    replicas is 3+3+2, and a short last batch of 2 on 4 replicas is 1+1+0+0.
+//  - FILE, OFF or HINT on W > 1 workers: each worker batches its own stream
+//    with its share of B (B / W, the first B % W workers one more; B < W is
+//    an error), and each of its batches is split across its L local
+//    replicas by the rule above with R = L.
+// Every step is in lock-step across workers: when one worker's data ends
+// first, its replicas get empty batches (first dimension 0) until every
+// worker is exhausted, and iteration ends on all workers at the same step.
+// The end is agreed with a small all-reduce per step across workers.
+//
+// distribute_datasets_from_function: `fn(InputContext)` builds each
+// pipeline's dataset, already batched PER REPLICA (use
+// ctx.get_per_replica_batch_size(B)) and sharded as the user likes. With
+// InputReplicationMode::PER_WORKER (default) `fn` runs once per worker and
+// its local replicas take consecutive elements; with PER_REPLICA it runs
+// once per local replica with {num_input_pipelines = R, input_pipeline_id
+// = replica_id_in_sync_group}.
+//
+// Input runs ahead on a background thread per worker (a bounded queue of
+// InputOptions::prefetch_depth steps), so the next step's batch is ready
+// when the training step asks for it.
+//
+// Lifetime: a DistributedDataset and its iterators keep the strategy's
+// instance alive. Iterators are used from one thread in cross-replica
+// context (not inside run()).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "strata/data.hpp"
+#include "strata/export.hpp"
+#include "strata/strategy.hpp"
+#include "strata/values.hpp"
+
+namespace strata {
+
+/// tf.distribute.InputReplicationMode.
+enum class InputReplicationMode { PER_WORKER, PER_REPLICA };
+
+/// tf.distribute.InputOptions.
+struct InputOptions {
+  /// Steps prepared ahead per worker by the input thread (>= 1).
+  int prefetch_depth = 2;
+  /// For distribute_datasets_from_function (distribute_dataset is always
+  /// per worker).
+  InputReplicationMode experimental_replication_mode = InputReplicationMode::PER_WORKER;
+};
+
+/// One step of input: for every component, one tensor per local replica.
+class STRATA_API DistributedElement {
+ public:
+  DistributedElement() = default;
+  DistributedElement(std::vector<std::string> names, std::vector<PerReplica> values);
+  DistributedElement(DistributedElement&&) noexcept = default;
+  DistributedElement& operator=(DistributedElement&&) noexcept = default;
+
+  const std::vector<std::string>& names() const { return names_; }
+  std::size_t size() const { return values_.size(); }
+  /// The component called `name` (NotFoundError listing the names).
+  PerReplica& operator[](const std::string& name);
+  const PerReplica& operator[](const std::string& name) const;
+  PerReplica& operator[](std::size_t i) { return values_.at(i); }
+  /// Rows (first dimension) each local replica got this step.
+  std::vector<std::int64_t> local_batch_sizes() const;
+
+ private:
+  std::vector<std::string> names_;
+  std::vector<PerReplica> values_;
+};
+
+namespace detail {
+struct DistributedDatasetImpl;
+struct DistributedIteratorImpl;
+}  // namespace detail
+
+/// One pass (epoch) over a distributed dataset.
+class STRATA_API DistributedIterator {
+ public:
+  DistributedIterator();
+  explicit DistributedIterator(std::unique_ptr<detail::DistributedIteratorImpl> impl);
+  DistributedIterator(DistributedIterator&&) noexcept;
+  DistributedIterator& operator=(DistributedIterator&&) noexcept;
+  ~DistributedIterator();
+
+  /// The next step's input; OutOfRangeError once every worker is
+  /// exhausted. A dataset with no elements at all is InvalidArgumentError.
+  DistributedElement next();
+  /// As next(), but nullopt at the end (tf's get_next_as_optional).
+  std::optional<DistributedElement> get_next_as_optional();
+
+  class RangeIter {
+   public:
+    RangeIter() = default;
+    explicit RangeIter(DistributedIterator* it);
+    DistributedElement& operator*() { return *cur_; }
+    RangeIter& operator++();
+    bool operator!=(const RangeIter& o) const { return cur_.has_value() != o.cur_.has_value(); }
+
+   private:
+    DistributedIterator* it_ = nullptr;
+    std::optional<DistributedElement> cur_;
+  };
+
+ private:
+  std::unique_ptr<detail::DistributedIteratorImpl> impl_;
+};
+
+/// A dataset distributed by a strategy. Iterating it again starts a new
+/// epoch (reshuffled when the dataset asks for it).
+class STRATA_API DistributedDataset {
+ public:
+  explicit DistributedDataset(std::shared_ptr<detail::DistributedDatasetImpl> impl);
+  DistributedDataset(DistributedDataset&&) noexcept;
+  DistributedDataset& operator=(DistributedDataset&&) noexcept;
+  ~DistributedDataset();
+
+  /// A new pass. Every worker must make and step its passes in the same
+  /// order (the end of a pass is agreed by a collective).
+  DistributedIterator make_iterator() const;
+  /// Range-for: `for (DistributedElement& e : dist)` runs one epoch.
+  DistributedIterator::RangeIter begin();
+  DistributedIterator::RangeIter end() { return {}; }
+  /// The sharding policy applied ("FILE", "DATA", "OFF", "HINT", or
+  /// "FUNCTION" for distribute_datasets_from_function) and why.
+  const std::string& applied_policy() const;
+  const std::string& policy_reason() const;
+
+ private:
+  std::shared_ptr<detail::DistributedDatasetImpl> impl_;
+  std::optional<DistributedIterator> range_;  // the pass a range-for runs
+};
+
+}  // namespace strata

@@ -1,0 +1,1056 @@
+// SPDX-License-Identifier: Apache-2.0
+// strata::Dataset: an immutable recipe (a tree of DatasetNode, one source at
+// the bottom) and the element streams that execute it. Every iteration
+// opens the recipe afresh: the source plugin is opened through the plugin
+// host for the pipeline's InputContext, and each transformation wraps the
+// stream below it. tf.data semantics are followed where the API names a tf
+// operation (shuffle buffer, batch remainder, repeat, take/skip, shard,
+// cardinality arithmetic).
+#include "strata/data.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "data/dataset_internal.h"
+#include "log.h"
+#include "strata/plugin_host.hpp"
+
+namespace strata {
+
+struct DatasetIterator::Impl {
+  std::unique_ptr<detail::ElementStream> stream;
+  bool ended = false;
+};
+
+namespace detail {
+
+enum class NodeKind { kSource, kShuffle, kBatch, kRepeat, kTake, kSkip, kMap, kPrefetch, kShard, kOptions };
+
+/// How to open the source plugin of a recipe.
+struct SourceSpec {
+  std::string plugin;        ///< input pipeline plugin name
+  std::string options_json;  ///< its options
+  std::string label;         ///< for messages: "from_tensor_slices", "from_npy(...)", ...
+  /// The C structs (and tensors) whose address is in options_json; kept
+  /// alive by every node and stream that may open the source.
+  std::shared_ptr<void> keep_alive;
+  /// Known without opening the plugin (memory arrays; generator: -1).
+  std::optional<std::int64_t> cardinality;
+  /// Known without opening the plugin (generator: opening runs user code).
+  std::optional<std::uint32_t> shard_flags;
+};
+
+struct DatasetNode {
+  NodeKind kind = NodeKind::kSource;
+  std::shared_ptr<const DatasetNode> input;
+  SourceSpec source;
+  std::int64_t count = 0;  ///< shuffle buffer, batch size, repeat/take/skip count, prefetch depth, num_shards
+  std::int64_t index = 0;  ///< shard index
+  std::uint64_t seed = 0;
+  bool flag = false;  ///< batch: drop_remainder; shuffle: reshuffle_each_iteration
+  std::function<Element(Element)> fn;
+  DatasetOptions options;
+  /// Iterations started through make_iterator (the pass number of the next).
+  mutable std::atomic<std::int64_t> passes{0};
+};
+
+namespace {
+
+using NodePtr = std::shared_ptr<const DatasetNode>;
+
+std::shared_ptr<spdlog::logger>& data_log() {
+  static std::shared_ptr<spdlog::logger> l = logger("data");
+  return l;
+}
+
+// ----------------------------------------------- generator exceptions ---
+
+// A user generator runs inside the generator plugin's next(), which is
+// called synchronously from SourceStream::next on the same thread. The
+// trampoline parks the exception here and SourceStream rethrows it, so
+// the caller sees the user's own exception type instead of a status.
+thread_local std::exception_ptr t_pending_exception;
+
+std::exception_ptr take_pending() { return std::exchange(t_pending_exception, nullptr); }
+
+void fill_error(strata_error* err, strata_status_t code, const std::string& msg) noexcept {
+  if (err == nullptr) return;
+  err->code = code;
+  std::snprintf(err->message, sizeof err->message, "%s", msg.c_str());
+}
+
+/// Inside a catch block: park the exception and describe it in `err`.
+strata_status_t park_exception(strata_error* err, const char* what) noexcept {
+  t_pending_exception = std::current_exception();
+  try {
+    throw;
+  } catch (const Error& e) {
+    const strata_status_t code = e.code() < 0 ? e.code() : STRATA_ERR_INTERNAL;
+    fill_error(err, code, str_cat(what, " threw: ", e.what()));
+    return code;
+  } catch (const std::exception& e) {
+    fill_error(err, STRATA_ERR_INTERNAL, str_cat(what, " threw: ", e.what()));
+  } catch (...) {
+    fill_error(err, STRATA_ERR_INTERNAL, str_cat(what, " threw a non-std::exception"));
+  }
+  return STRATA_ERR_INTERNAL;
+}
+
+struct GeneratorSource {
+  std::function<Dataset::Generator(const InputContext&)> make;
+  strata_input_generator c{};
+};
+
+struct GeneratorPass {
+  Dataset::Generator fn;
+  std::vector<std::string> names;  // storage for the names handed out
+};
+
+strata_status_t gen_start(void* user, const strata_input_context* ctx, void** pass, strata_error* err) {
+  try {
+    auto* src = static_cast<GeneratorSource*>(user);
+    InputContext ic;
+    if (ctx != nullptr) {
+      ic.num_input_pipelines = ctx->num_input_pipelines;
+      ic.input_pipeline_id = ctx->input_pipeline_id;
+      ic.num_replicas_in_sync = ctx->num_replicas_in_sync;
+    }
+    auto p = std::make_unique<GeneratorPass>();
+    p->fn = src->make(ic);
+    STRATA_ENFORCE(static_cast<bool>(p->fn), STRATA_ERR_INVALID_ARGUMENT,
+                   "from_generator: the make function returned an empty Generator; return a callable");
+    *pass = p.release();
+    return STRATA_OK;
+  } catch (...) {
+    return park_exception(err, "from_generator: the make function");
+  }
+}
+
+strata_status_t gen_next(void* pass, strata_element* out, strata_error* err) {
+  try {
+    auto* p = static_cast<GeneratorPass*>(pass);
+    std::optional<Element> e = p->fn();
+    if (!e) return STRATA_ERR_OUT_OF_RANGE;
+    STRATA_ENFORCE(e->names.size() == e->tensors.size(), STRATA_ERR_INVALID_ARGUMENT,
+                   "from_generator: the generator returned an element with ", e->names.size(), " names but ",
+                   e->tensors.size(), " tensors; build elements with Element::add");
+    STRATA_ENFORCE(!e->tensors.empty() && e->tensors.size() <= STRATA_ELEMENT_MAX_COMPONENTS,
+                   STRATA_ERR_INVALID_ARGUMENT, "from_generator: the generator returned an element with ",
+                   e->tensors.size(), " components; return 1 to ", STRATA_ELEMENT_MAX_COMPONENTS);
+    for (std::size_t i = 0; i < e->tensors.size(); ++i)
+      STRATA_ENFORCE(e->tensors[i].defined(), STRATA_ERR_INVALID_ARGUMENT, "from_generator: component '", e->names[i],
+                     "' of a generated element is an empty Tensor");
+    p->names = e->names;
+    out->num_components = static_cast<std::uint32_t>(e->tensors.size());
+    for (std::size_t i = 0; i < e->tensors.size(); ++i) {
+      out->names[i] = p->names[i].c_str();
+      out->tensors[i] = e->tensors[i].to_dlpack();
+    }
+    return STRATA_OK;
+  } catch (...) {
+    return park_exception(err, "from_generator: the generator");
+  }
+}
+
+void gen_finish(void* pass) { delete static_cast<GeneratorPass*>(pass); }
+
+std::string hex_address(const void* p) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(reinterpret_cast<std::uintptr_t>(p)));
+  return buf;
+}
+
+// ------------------------------------------------------------- streams ---
+
+PluginInstance open_source_plugin(const SourceSpec& s, const InputContext& ic) {
+  strata_input_context ctx{};
+  STRATA_INIT_HEADER(&ctx, strata_input_context);
+  ctx.num_input_pipelines = ic.num_input_pipelines;
+  ctx.input_pipeline_id = ic.input_pipeline_id;
+  ctx.num_replicas_in_sync = ic.num_replicas_in_sync;
+  t_pending_exception = nullptr;
+  try {
+    return PluginHost::global().create_input_pipeline(s.plugin, s.options_json, ctx);
+  } catch (...) {
+    if (std::exception_ptr p = take_pending()) std::rethrow_exception(p);
+    throw;
+  }
+}
+
+struct OpenCtx {
+  InputContext ictx;
+  StreamRequest req;
+  const DatasetNode* override_batch = nullptr;  ///< the batch node req.batch_size_override applies to
+  DatasetOptions options;                       ///< of the whole recipe (tf: options are global)
+};
+
+std::unique_ptr<ElementStream> open_node(const NodePtr& node, const OpenCtx& c, std::int64_t pass);
+
+std::string shape_str(const std::vector<std::int64_t>& s) {
+  std::string r = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+void free_element(strata_element& e, std::uint32_t from) noexcept {
+  for (std::uint32_t i = from; i < e.num_components && i < STRATA_ELEMENT_MAX_COMPONENTS; ++i)
+    if (e.tensors[i] != nullptr && e.tensors[i]->deleter != nullptr) e.tensors[i]->deleter(e.tensors[i]);
+}
+
+/// A source plugin opened for one pipeline.
+class SourceStream : public ElementStream {
+ public:
+  SourceStream(NodePtr node, const OpenCtx& c) : node_(std::move(node)) {
+    const SourceSpec& s = node_->source;
+    STRATA_ENFORCE(c.options.source_timeout_s > 0, STRATA_ERR_INVALID_ARGUMENT, "DatasetOptions::source_timeout_s is ",
+                   c.options.source_timeout_s, "; pass a positive number of seconds");
+    inst_ = open_source_plugin(s, c.ictx);
+    vt_ = inst_.vtable_as<strata_input_vtable>();
+    // Clamp absurd timeouts (a year) so the conversion cannot overflow.
+    timeout_ms_ = static_cast<std::int64_t>(std::min(c.options.source_timeout_s, 3.2e7) * 1000.0);
+    if (c.req.source_policy != STRATA_SHARD_OFF) {
+      strata_error err;
+      strata_error_init(&err);
+      const strata_status_t st = vt_->shard(static_cast<strata_input_t>(inst_.handle()), c.req.source_policy,
+                                            c.req.num_shards, c.req.index, &err);
+      check_status(st, err,
+                   str_cat("input pipeline '", s.plugin, "' (", s.label, "): shard(",
+                           c.req.source_policy == STRATA_SHARD_FILE ? "FILE" : "DATA", ", ", c.req.num_shards, ", ",
+                           c.req.index, ")")
+                       .c_str());
+    }
+    SPDLOG_LOGGER_DEBUG(data_log(), "opened input pipeline '{}' ({}) for pipeline {}/{}", s.plugin, s.label,
+                        c.ictx.input_pipeline_id, c.ictx.num_input_pipelines);
+  }
+
+  std::optional<Element> next() override {
+    if (ended_) return std::nullopt;
+    strata_element el{};
+    STRATA_INIT_HEADER(&el, strata_element);
+    strata_error err;
+    strata_error_init(&err);
+    t_pending_exception = nullptr;
+    const strata_status_t st = vt_->next(static_cast<strata_input_t>(inst_.handle()), timeout_ms_, &el, &err);
+    if (st != STRATA_OK) {
+      ended_ = true;
+      if (std::exception_ptr p = take_pending()) std::rethrow_exception(p);
+      if (st == STRATA_ERR_OUT_OF_RANGE) return std::nullopt;
+      const SourceSpec& s = node_->source;
+      const std::string msg = err.message[0] ? err.message : strata_status_string(st);
+      if (st == STRATA_ERR_DEADLINE_EXCEEDED)
+        throw_status(
+            st, str_cat("input pipeline '", s.plugin, "' (", s.label, "): no element within ", timeout_ms_ / 1000.0,
+                        " s: ", msg, "; check the source, or raise DatasetOptions::source_timeout_s"));
+      throw_status(st, str_cat("input pipeline '", s.plugin, "' (", s.label, "): ", msg));
+    }
+    return convert(el);
+  }
+
+ private:
+  Element convert(strata_element& el) {
+    const SourceSpec& s = node_->source;
+    if (el.num_components > STRATA_ELEMENT_MAX_COMPONENTS)
+      STRATA_THROW(STRATA_ERR_INTERNAL, "input pipeline '", s.plugin, "' returned ", el.num_components,
+                   " components (at most ", STRATA_ELEMENT_MAX_COMPONENTS, "); this is a plugin bug");
+    Element e;
+    for (std::uint32_t i = 0; i < el.num_components; ++i) {
+      Tensor t;
+      try {
+        if (el.names[i] == nullptr)
+          STRATA_THROW(STRATA_ERR_INTERNAL, "component ", i, " has a NULL name; this is a plugin bug");
+        t = Tensor::adopt(el.tensors[i]);
+      } catch (const Error& ex) {
+        free_element(el, i);
+        throw_status(ex.code(), str_cat("input pipeline '", s.plugin, "' (", s.label, "): ", ex.what()));
+      }
+      try {
+        e.add(el.names[i], std::move(t));
+      } catch (const Error& ex) {
+        free_element(el, i + 1);
+        throw_status(STRATA_ERR_INTERNAL, str_cat("input pipeline '", s.plugin, "' (", s.label, "): ", ex.what()));
+      }
+    }
+    return e;
+  }
+
+  NodePtr node_;  // keeps the source's C structs alive
+  PluginInstance inst_;
+  const strata_input_vtable* vt_ = nullptr;
+  std::int64_t timeout_ms_ = 0;
+  bool ended_ = false;
+};
+
+class ShuffleStream : public ElementStream {
+ public:
+  ShuffleStream(NodePtr node, std::unique_ptr<ElementStream> up, std::int64_t pass)
+      : node_(std::move(node)), up_(std::move(up)) {
+    const std::uint64_t seed = node_->flag ? node_->seed + static_cast<std::uint64_t>(pass) : node_->seed;
+    rng_.seed(seed);
+  }
+  std::optional<Element> next() override {
+    const std::size_t cap = static_cast<std::size_t>(node_->count);
+    while (!up_ended_ && buf_.size() < cap) {
+      std::optional<Element> e = up_->next();
+      if (!e) {
+        up_ended_ = true;
+        up_.reset();  // release the source early
+        break;
+      }
+      buf_.push_back(std::move(*e));
+    }
+    if (buf_.empty()) return std::nullopt;
+    const std::size_t i = static_cast<std::size_t>(rng_() % buf_.size());
+    std::swap(buf_[i], buf_.back());
+    Element out = std::move(buf_.back());
+    buf_.pop_back();
+    return out;
+  }
+
+ private:
+  NodePtr node_;
+  std::unique_ptr<ElementStream> up_;
+  std::vector<Element> buf_;
+  std::mt19937_64 rng_;
+  bool up_ended_ = false;
+};
+
+class BatchStream : public ElementStream {
+ public:
+  BatchStream(NodePtr node, std::unique_ptr<ElementStream> up, std::int64_t size)
+      : node_(std::move(node)), up_(std::move(up)), size_(size) {
+    STRATA_ENFORCE(size_ > 0, STRATA_ERR_INVALID_ARGUMENT, "batch size ", size_, " is invalid; pass a size >= 1");
+  }
+  std::optional<Element> next() override {
+    if (ended_) return std::nullopt;
+    std::vector<Element> items;
+    items.reserve(static_cast<std::size_t>(size_));
+    while (static_cast<std::int64_t>(items.size()) < size_) {
+      std::optional<Element> e = up_->next();
+      if (!e) {
+        ended_ = true;
+        break;
+      }
+      items.push_back(std::move(*e));
+    }
+    const std::int64_t batch = batches_++;
+    if (items.empty() || (ended_ && node_->flag && static_cast<std::int64_t>(items.size()) < size_))
+      return std::nullopt;
+    return stack(items, batch);
+  }
+
+ private:
+  static Element stack(std::vector<Element>& items, std::int64_t batch) {
+    const Element& first = items[0];
+    Element out;
+    for (std::size_t k = 0; k < first.tensors.size(); ++k) {
+      const std::string& name = first.names[k];
+      const Tensor& t0 = first.tensors[k];
+      const DType dtype = t0.dtype();
+      const std::vector<std::int64_t> shape = t0.shape();
+      for (std::size_t j = 1; j < items.size(); ++j) {
+        const Element& ej = items[j];
+        if (ej.names.size() != first.names.size() || ej.names[k] != name)
+          STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "batch(): element ", j, " of batch ", batch,
+                       " has different components than element 0 (component ", k, " is '",
+                       k < ej.names.size() ? ej.names[k] : std::string("(missing)"), "', expected '", name,
+                       "'); every element must have the same components");
+        const Tensor& tj = ej.tensors[k];
+        if (tj.dtype() != dtype || tj.shape() != shape)
+          STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "batch(): component '", name, "' has ", dtype_name(dtype),
+                       shape_str(shape), " in element 0 of batch ", batch, " but ", dtype_name(tj.dtype()),
+                       shape_str(tj.shape()), " in element ", j,
+                       "; batch needs equal shapes and dtypes (reshape or pad the elements, e.g. with map())");
+      }
+      std::vector<std::int64_t> bshape;
+      bshape.push_back(static_cast<std::int64_t>(items.size()));
+      bshape.insert(bshape.end(), shape.begin(), shape.end());
+      Tensor b = Tensor::zeros(bshape, dtype);
+      const std::size_t row = t0.nbytes();
+      auto* dst = static_cast<char*>(b.raw_data());
+      for (std::size_t j = 0; j < items.size(); ++j) {
+        const TensorView v(items[j].tensors[k]);
+        STRATA_ENFORCE(v.is_contiguous(), STRATA_ERR_INVALID_ARGUMENT, "batch(): component '", name, "' of element ", j,
+                       " is not contiguous; make it compact (e.g. Tensor::copy_of) in map()");
+        if (row != 0) std::memcpy(dst + j * row, v.raw_data(), row);
+      }
+      out.names.push_back(name);
+      out.tensors.push_back(std::move(b));
+    }
+    return out;
+  }
+
+  NodePtr node_;
+  std::unique_ptr<ElementStream> up_;
+  std::int64_t size_;
+  std::int64_t batches_ = 0;
+  bool ended_ = false;
+};
+
+class RepeatStream : public ElementStream {
+ public:
+  RepeatStream(NodePtr node, const OpenCtx& c, std::int64_t pass) : node_(std::move(node)), ctx_(c), pass_(pass) {
+    if (node_->count != 0) open_round();
+  }
+  std::optional<Element> next() override {
+    while (up_) {
+      std::optional<Element> e = up_->next();
+      if (e) {
+        got_any_ = true;
+        return e;
+      }
+      up_.reset();
+      ++round_;
+      // An empty round means every round is empty: end instead of spinning.
+      if (!got_any_) return std::nullopt;
+      if (node_->count < 0 || round_ < node_->count) open_round();
+    }
+    return std::nullopt;
+  }
+
+ private:
+  void open_round() {
+    // Inner pass numbers continue across top-level passes, so a shuffle
+    // inside repeat() reshuffles on every round of every iteration (as a
+    // tf shuffle's seed generator does).
+    const std::int64_t per_pass = node_->count > 0 ? node_->count : (std::int64_t{1} << 32);
+    up_ = open_node(node_->input, ctx_, pass_ * per_pass + round_);
+    got_any_ = false;
+  }
+  NodePtr node_;
+  OpenCtx ctx_;
+  std::int64_t pass_;
+  std::int64_t round_ = 0;
+  bool got_any_ = false;
+  std::unique_ptr<ElementStream> up_;
+};
+
+class TakeStream : public ElementStream {
+ public:
+  TakeStream(NodePtr node, std::unique_ptr<ElementStream> up) : node_(std::move(node)), up_(std::move(up)) {}
+  std::optional<Element> next() override {
+    if (node_->count >= 0 && taken_ >= node_->count) return std::nullopt;
+    std::optional<Element> e = up_->next();
+    if (e) ++taken_;
+    return e;
+  }
+
+ private:
+  NodePtr node_;
+  std::unique_ptr<ElementStream> up_;
+  std::int64_t taken_ = 0;
+};
+
+class SkipStream : public ElementStream {
+ public:
+  SkipStream(NodePtr node, std::unique_ptr<ElementStream> up) : node_(std::move(node)), up_(std::move(up)) {}
+  std::optional<Element> next() override {
+    if (!skipped_) {
+      skipped_ = true;
+      for (std::int64_t i = 0; node_->count < 0 || i < node_->count; ++i)
+        if (!up_->next()) return std::nullopt;
+    }
+    return up_->next();
+  }
+
+ private:
+  NodePtr node_;
+  std::unique_ptr<ElementStream> up_;
+  bool skipped_ = false;
+};
+
+class MapStream : public ElementStream {
+ public:
+  MapStream(NodePtr node, std::unique_ptr<ElementStream> up) : node_(std::move(node)), up_(std::move(up)) {}
+  std::optional<Element> next() override {
+    std::optional<Element> e = up_->next();
+    if (!e) return std::nullopt;
+    return node_->fn(std::move(*e));
+  }
+
+ private:
+  NodePtr node_;
+  std::unique_ptr<ElementStream> up_;
+};
+
+class ShardStream : public ElementStream {
+ public:
+  ShardStream(std::unique_ptr<ElementStream> up, std::int64_t n, std::int64_t i) : up_(std::move(up)), n_(n), i_(i) {}
+  std::optional<Element> next() override {
+    for (;;) {
+      std::optional<Element> e = up_->next();
+      if (!e) return std::nullopt;
+      if (pos_++ % n_ == i_) return e;
+    }
+  }
+
+ private:
+  std::unique_ptr<ElementStream> up_;
+  std::int64_t n_, i_, pos_ = 0;
+};
+
+/// prefetch(n): a producer thread keeps up to n elements ready. It owns the
+/// upstream (shared state), so that if it is stuck in a source call when
+/// the consumer goes away it can be left to finish on its own instead of
+/// blocking the consumer's destructor.
+class PrefetchStream : public ElementStream {
+ public:
+  PrefetchStream(std::unique_ptr<ElementStream> up, std::int64_t depth) : st_(std::make_shared<State>()) {
+    st_->up = std::move(up);
+    st_->cap = static_cast<std::size_t>(depth);
+    th_ = std::thread(&PrefetchStream::produce, st_);
+  }
+
+  ~PrefetchStream() override {
+    std::unique_lock<std::mutex> l(st_->mu);
+    st_->stop = true;
+    st_->cv.notify_all();
+    // The source's next() is bounded by source_timeout_s; a user callback
+    // is not. Wait a little, then leave a stuck producer to finish alone.
+    const bool done = st_->cv.wait_for(l, std::chrono::seconds(2), [&] { return st_->done; });
+    l.unlock();
+    if (done) {
+      th_.join();
+    } else {
+      data_log()->warn(
+          "prefetch: the stage before prefetch() is still busy after 2 s; its thread is left to finish on its "
+          "own (a map() or generator callback that blocks should return promptly)");
+      th_.detach();
+    }
+  }
+
+  std::optional<Element> next() override {
+    std::unique_lock<std::mutex> l(st_->mu);
+    // No deadline here: the producer always ends in an element, the end
+    // or an error, and each source call it makes has the source timeout.
+    st_->cv.wait(l, [&] { return !st_->q.empty() || st_->error || st_->end; });
+    if (!st_->q.empty()) {
+      Element e = std::move(st_->q.front());
+      st_->q.pop_front();
+      st_->cv.notify_all();
+      return e;
+    }
+    if (st_->error) {
+      std::exception_ptr e = std::exchange(st_->error, nullptr);
+      st_->end = true;
+      std::rethrow_exception(e);
+    }
+    return std::nullopt;
+  }
+
+ private:
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<Element> q;
+    std::exception_ptr error;
+    bool end = false, stop = false, done = false;
+    std::size_t cap = 1;
+    std::unique_ptr<ElementStream> up;
+  };
+
+  static void produce(std::shared_ptr<State> s) {
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> l(s->mu);
+        s->cv.wait(l, [&] { return s->stop || s->q.size() < s->cap; });
+        if (s->stop) break;
+      }
+      std::optional<Element> e;
+      std::exception_ptr err;
+      try {
+        e = s->up->next();
+      } catch (...) {
+        err = std::current_exception();
+      }
+      std::lock_guard<std::mutex> l(s->mu);
+      if (err)
+        s->error = err;
+      else if (!e)
+        s->end = true;
+      else
+        s->q.push_back(std::move(*e));
+      s->cv.notify_all();
+      if (err || !e) break;
+    }
+    // Close the source on this thread, outside the lock.
+    std::unique_ptr<ElementStream> up = std::move(s->up);
+    up.reset();
+    std::lock_guard<std::mutex> l(s->mu);
+    s->done = true;
+    s->cv.notify_all();
+  }
+
+  std::shared_ptr<State> st_;
+  std::thread th_;
+};
+
+std::unique_ptr<ElementStream> open_node(const NodePtr& node, const OpenCtx& c, std::int64_t pass) {
+  const DatasetNode& n = *node;
+  switch (n.kind) {
+    case NodeKind::kSource:
+      return std::make_unique<SourceStream>(node, c);
+    case NodeKind::kRepeat:
+      return std::make_unique<RepeatStream>(node, c, pass);
+    default:
+      break;
+  }
+  std::unique_ptr<ElementStream> up = open_node(n.input, c, pass);
+  switch (n.kind) {
+    case NodeKind::kShuffle:
+      return std::make_unique<ShuffleStream>(node, std::move(up), pass);
+    case NodeKind::kBatch: {
+      const std::int64_t size =
+          (&n == c.override_batch && c.req.batch_size_override >= 0) ? c.req.batch_size_override : n.count;
+      return std::make_unique<BatchStream>(node, std::move(up), size);
+    }
+    case NodeKind::kTake:
+      return std::make_unique<TakeStream>(node, std::move(up));
+    case NodeKind::kSkip:
+      return std::make_unique<SkipStream>(node, std::move(up));
+    case NodeKind::kMap:
+      return std::make_unique<MapStream>(node, std::move(up));
+    case NodeKind::kPrefetch:
+      return std::make_unique<PrefetchStream>(std::move(up), n.count);
+    case NodeKind::kShard: {
+      std::int64_t num = n.count, idx = n.index;
+      if (num == SHARD_HINT) {
+        STRATA_ENFORCE(c.req.hint.has_value(), STRATA_ERR_INVALID_ARGUMENT,
+                       "shard(SHARD_HINT, SHARD_HINT) is a placeholder that only AutoShardPolicy::HINT fills in "
+                       "(SHARD_HINT needs AutoShardPolicy::HINT); set it with with_options, or pass real numbers");
+        num = c.req.hint->first;
+        idx = c.req.hint->second;
+        STRATA_ENFORCE(num >= 1 && idx >= 0 && idx < num, STRATA_ERR_INVALID_ARGUMENT, "shard hint (", num, ", ", idx,
+                       ") is invalid; need num_shards >= 1 and 0 <= index < num_shards");
+      }
+      return std::make_unique<ShardStream>(std::move(up), num, idx);
+    }
+    case NodeKind::kOptions:
+      return up;
+    default:
+      break;
+  }
+  STRATA_THROW(STRATA_ERR_INTERNAL, "unknown dataset node kind ", static_cast<int>(n.kind));
+}
+
+const DatasetNode& source_of(const DatasetNode* n) {
+  while (n->kind != NodeKind::kSource) n = n->input.get();
+  return *n;
+}
+
+const DatasetNode* last_batch(const DatasetNode* n) {
+  for (; n != nullptr; n = n->input.get())
+    if (n->kind == NodeKind::kBatch) return n;
+  return nullptr;
+}
+
+std::int64_t node_cardinality(const DatasetNode& n) {
+  constexpr std::int64_t kUnknown = -1, kInfinite = -2;
+  if (n.kind == NodeKind::kSource) {
+    if (n.source.cardinality) return *n.source.cardinality;
+    PluginInstance inst = open_source_plugin(n.source, InputContext{});
+    const auto* vt = inst.vtable_as<strata_input_vtable>();
+    if (!STRATA_HAS_FIELD(vt, strata_input_vtable, cardinality) || vt->cardinality == nullptr) return kUnknown;
+    return vt->cardinality(static_cast<strata_input_t>(inst.handle()));
+  }
+  const std::int64_t in = node_cardinality(*n.input);
+  switch (n.kind) {
+    case NodeKind::kBatch:
+      if (in < 0) return in;
+      return n.flag ? in / n.count : (in + n.count - 1) / n.count;
+    case NodeKind::kRepeat:
+      if (n.count < 0) return in == 0 ? 0 : kInfinite;
+      if (n.count == 0) return 0;
+      if (in < 0) return in;
+      return in * n.count;
+    case NodeKind::kTake:
+      if (in == kUnknown) return kUnknown;
+      if (in == kInfinite) return n.count < 0 ? kInfinite : n.count;
+      return n.count < 0 ? in : std::min(in, n.count);
+    case NodeKind::kSkip:
+      if (in < 0) return in;
+      if (n.count < 0) return 0;
+      return std::max<std::int64_t>(0, in - n.count);
+    case NodeKind::kShard:
+      if (in < 0 || n.count == SHARD_HINT) return in < 0 ? in : kUnknown;
+      return in / n.count + (n.index < in % n.count ? 1 : 0);
+    default:
+      return in;  // shuffle, map, prefetch, options
+  }
+}
+
+}  // namespace
+
+// --------------------------------------------------- dataset_internal.h ---
+
+BatchInfo batch_info(const Dataset& ds) {
+  BatchInfo bi;
+  if (const DatasetNode* b = last_batch(ds.node().get())) {
+    bi.batched = true;
+    bi.batch_size = b->count;
+    bi.drop_remainder = b->flag;
+  }
+  for (const DatasetNode* n = ds.node().get(); n != nullptr; n = n->input.get())
+    if (n->kind == NodeKind::kShard && n->count == SHARD_HINT) bi.has_shard_hint = true;
+  return bi;
+}
+
+SourceShardInfo source_shard_info(const Dataset& ds, const InputContext& ctx) {
+  const DatasetNode& src = source_of(ds.node().get());
+  SourceShardInfo info;
+  if (src.source.shard_flags) {
+    info.flags = *src.source.shard_flags;
+    return info;
+  }
+  PluginInstance inst = open_source_plugin(src.source, ctx);
+  const auto* vt = inst.vtable_as<strata_input_vtable>();
+  std::string files;
+  strata_error err;
+  strata_error_init(&err);
+  const strata_status_t st = vt->shard_info(
+      static_cast<strata_input_t>(inst.handle()), &info.flags,
+      [](void* user, const char* data, std::uint64_t len) { static_cast<std::string*>(user)->append(data, len); },
+      &files, &err);
+  check_status(st, err,
+               str_cat("input pipeline '", src.source.plugin, "' (", src.source.label, "): shard_info").c_str());
+  if (!files.empty()) {
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(files);
+    } catch (const nlohmann::json::exception& e) {
+      STRATA_THROW(STRATA_ERR_INTERNAL, "input pipeline '", src.source.plugin,
+                   "' returned a file list that is not JSON (", e.what(), "); this is a plugin bug");
+    }
+    STRATA_ENFORCE(j.is_array(), STRATA_ERR_INTERNAL, "input pipeline '", src.source.plugin,
+                   "' returned a file list that is not a JSON array: ", files, "; this is a plugin bug");
+    for (const auto& f : j) {
+      STRATA_ENFORCE(f.is_string(), STRATA_ERR_INTERNAL, "input pipeline '", src.source.plugin,
+                     "' returned a file list with a non-string entry: ", f.dump(), "; this is a plugin bug");
+      info.files.push_back(f.get<std::string>());
+    }
+  }
+  return info;
+}
+
+std::unique_ptr<ElementStream> open_stream(const Dataset& ds, const InputContext& ctx, const StreamRequest& req) {
+  OpenCtx c;
+  c.ictx = ctx;
+  c.req = req;
+  c.options = ds.options();
+  if (req.batch_size_override >= 0) {
+    c.override_batch = last_batch(ds.node().get());
+    STRATA_ENFORCE(c.override_batch != nullptr, STRATA_ERR_INVALID_ARGUMENT,
+                   "the dataset has no batch() to resize; batch it by the global batch size first");
+  }
+  if (req.source_policy != STRATA_SHARD_OFF)
+    STRATA_ENFORCE(req.num_shards >= 1 && req.index >= 0 && req.index < req.num_shards, STRATA_ERR_INVALID_ARGUMENT,
+                   "source sharding (", req.num_shards, ", ", req.index,
+                   ") is invalid; need num_shards >= 1 and 0 <= index < num_shards");
+  return open_node(ds.node(), c, req.pass);
+}
+
+}  // namespace detail
+
+// ------------------------------------------------------------- Dataset ---
+
+using detail::DatasetNode;
+using detail::NodeKind;
+
+namespace {
+
+std::shared_ptr<DatasetNode> source_node(detail::SourceSpec spec) {
+  auto n = std::make_shared<DatasetNode>();
+  n->kind = NodeKind::kSource;
+  n->source = std::move(spec);
+  return n;
+}
+
+const std::shared_ptr<const DatasetNode>& checked(const std::shared_ptr<const DatasetNode>& n) {
+  STRATA_ENFORCE(n != nullptr, STRATA_ERR_FAILED_PRECONDITION,
+                 "this Dataset has no recipe (built from a null node); create one with Dataset::from_*");
+  return n;
+}
+
+}  // namespace
+
+Dataset::Dataset(std::shared_ptr<const detail::DatasetNode> node) : node_(std::move(node)) {}
+
+Dataset Dataset::from_tensor_slices(Element components) {
+  STRATA_ENFORCE(!components.tensors.empty(), STRATA_ERR_INVALID_ARGUMENT,
+                 "from_tensor_slices: the element has no components; add at least one tensor");
+  STRATA_ENFORCE(components.names.size() == components.tensors.size(), STRATA_ERR_INVALID_ARGUMENT,
+                 "from_tensor_slices: ", components.names.size(), " names but ", components.tensors.size(),
+                 " tensors; build the element with Element::add");
+  STRATA_ENFORCE(components.tensors.size() <= STRATA_ELEMENT_MAX_COMPONENTS, STRATA_ERR_INVALID_ARGUMENT,
+                 "from_tensor_slices: ", components.tensors.size(), " components; at most ",
+                 STRATA_ELEMENT_MAX_COMPONENTS, " are allowed");
+  std::int64_t rows = -1;
+  for (std::size_t i = 0; i < components.tensors.size(); ++i) {
+    const Tensor& t = components.tensors[i];
+    STRATA_ENFORCE(t.defined(), STRATA_ERR_INVALID_ARGUMENT, "from_tensor_slices: component '", components.names[i],
+                   "' is an empty Tensor");
+    STRATA_ENFORCE(t.ndim() >= 1, STRATA_ERR_INVALID_ARGUMENT, "from_tensor_slices: component '", components.names[i],
+                   "' is a scalar; slicing needs at least one dimension");
+    const std::int64_t r = t.dl().shape[0];
+    STRATA_ENFORCE(rows < 0 || r == rows, STRATA_ERR_INVALID_ARGUMENT,
+                   "from_tensor_slices: components must share their first dimension, but '", components.names[0],
+                   "' has ", rows, " rows and '", components.names[i], "' has ", r, "; slice arrays of equal length");
+    rows = r;
+  }
+  struct Arrays {
+    Element owned;
+    strata_input_arrays c{};
+  };
+  auto a = std::make_shared<Arrays>();
+  a->owned = std::move(components);
+  STRATA_INIT_HEADER(&a->c, strata_input_arrays);
+  a->c.num_components = static_cast<std::uint32_t>(a->owned.tensors.size());
+  for (std::size_t i = 0; i < a->owned.tensors.size(); ++i) {
+    a->c.names[i] = a->owned.names[i].c_str();
+    a->c.tensors[i] = &a->owned.tensors[i].dl();
+  }
+  detail::SourceSpec s;
+  s.plugin = "memory";
+  s.options_json = nlohmann::json{{"arrays", detail::hex_address(&a->c)}}.dump();
+  s.label = "from_tensor_slices";
+  s.keep_alive = a;
+  s.cardinality = rows;
+  return Dataset(source_node(std::move(s)));
+}
+
+Dataset Dataset::from_npy(const std::vector<std::pair<std::string, std::string>>& files) {
+  STRATA_ENFORCE(!files.empty(), STRATA_ERR_INVALID_ARGUMENT,
+                 "from_npy: no files; pass {{\"x\", \"x.npy\"}, ...} with one .npy file per component");
+  nlohmann::ordered_json npy = nlohmann::ordered_json::object();
+  std::string label = "from_npy(";
+  for (const auto& [name, file] : files) {
+    STRATA_ENFORCE(!npy.contains(name), STRATA_ERR_INVALID_ARGUMENT, "from_npy: component '", name,
+                   "' is listed twice; give each file its own name");
+    npy[name] = file;
+    label += (npy.size() > 1 ? ", " : "") + file;
+  }
+  detail::SourceSpec s;
+  s.plugin = "memory";
+  s.options_json = nlohmann::ordered_json{{"npy", npy}}.dump();
+  s.label = label + ")";
+  return Dataset(source_node(std::move(s)));
+}
+
+Dataset Dataset::from_generator(std::function<Generator(const InputContext&)> make) {
+  STRATA_ENFORCE(static_cast<bool>(make), STRATA_ERR_INVALID_ARGUMENT,
+                 "from_generator: the make function is empty; pass a callable returning a Generator");
+  auto g = std::make_shared<detail::GeneratorSource>();
+  g->make = std::move(make);
+  STRATA_INIT_HEADER(&g->c, strata_input_generator);
+  g->c.user = g.get();
+  g->c.start = &detail::gen_start;
+  g->c.next = &detail::gen_next;
+  g->c.finish = &detail::gen_finish;
+  detail::SourceSpec s;
+  s.plugin = "generator";
+  s.options_json = nlohmann::json{{"generator", detail::hex_address(&g->c)}}.dump();
+  s.label = "from_generator";
+  s.keep_alive = g;
+  s.cardinality = -1;
+  s.shard_flags = STRATA_INPUT_CAN_SHARD_BY_DATA;
+  return Dataset(source_node(std::move(s)));
+}
+
+Dataset Dataset::from_records(const std::vector<std::string>& files, const RecordOptions& options) {
+  STRATA_ENFORCE(!files.empty(), STRATA_ERR_INVALID_ARGUMENT,
+                 "from_records: no files; pass at least one TFRecord-format file");
+  nlohmann::json o;
+  o["files"] = files;
+  if (!options.features.empty()) {
+    nlohmann::json feats = nlohmann::json::array();
+    for (const FeatureSpec& f : options.features)
+      feats.push_back({{"name", f.name}, {"dtype", dtype_name(f.dtype)}, {"shape", f.shape}});
+    o["features"] = feats;
+  }
+  o["skip_corrupt"] = options.skip_corrupt;
+  o["buffer_bytes"] = options.buffer_bytes;
+  detail::SourceSpec s;
+  s.plugin = "records";
+  s.options_json = o.dump();
+  s.label =
+      "from_records(" + files[0] + (files.size() > 1 ? ", ... " + std::to_string(files.size()) + " files" : "") + ")";
+  return Dataset(source_node(std::move(s)));
+}
+
+Dataset Dataset::from_plugin(const std::string& name, const std::string& options_json) {
+  STRATA_ENFORCE(!name.empty(), STRATA_ERR_INVALID_ARGUMENT, "from_plugin: the plugin name is empty");
+  try {
+    const nlohmann::json j = nlohmann::json::parse(options_json.empty() ? std::string("{}") : options_json);
+    STRATA_ENFORCE(j.is_object(), STRATA_ERR_INVALID_ARGUMENT, "from_plugin('", name,
+                   "'): options must be a JSON object, got ", j.type_name());
+  } catch (const nlohmann::json::exception& e) {
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "from_plugin('", name, "'): options are not valid JSON (", e.what(),
+                 "); pass a JSON object such as {}");
+  }
+  detail::SourceSpec s;
+  s.plugin = name;
+  s.options_json = options_json.empty() ? "{}" : options_json;
+  s.label = "from_plugin";
+  return Dataset(source_node(std::move(s)));
+}
+
+namespace {
+
+std::shared_ptr<DatasetNode> op_node(const std::shared_ptr<const DatasetNode>& input, NodeKind kind) {
+  auto n = std::make_shared<DatasetNode>();
+  n->kind = kind;
+  n->input = checked(input);
+  n->options = input->options;
+  return n;
+}
+
+}  // namespace
+
+Dataset Dataset::shuffle(std::int64_t buffer_size, std::uint64_t seed, bool reshuffle_each_iteration) const {
+  STRATA_ENFORCE(buffer_size >= 1, STRATA_ERR_INVALID_ARGUMENT, "shuffle: buffer_size is ", buffer_size,
+                 "; pass at least 1 (a buffer as large as the dataset gives a full shuffle)");
+  auto n = op_node(node_, NodeKind::kShuffle);
+  n->count = buffer_size;
+  n->seed = seed;
+  n->flag = reshuffle_each_iteration;
+  return Dataset(std::move(n));
+}
+
+Dataset Dataset::batch(std::int64_t batch_size, bool drop_remainder) const {
+  STRATA_ENFORCE(batch_size >= 1, STRATA_ERR_INVALID_ARGUMENT, "batch: batch_size is ", batch_size,
+                 "; pass at least 1");
+  auto n = op_node(node_, NodeKind::kBatch);
+  n->count = batch_size;
+  n->flag = drop_remainder;
+  return Dataset(std::move(n));
+}
+
+Dataset Dataset::repeat(std::int64_t count) const {
+  STRATA_ENFORCE(count >= -1, STRATA_ERR_INVALID_ARGUMENT, "repeat: count is ", count,
+                 "; pass -1 (forever) or a count >= 0");
+  auto n = op_node(node_, NodeKind::kRepeat);
+  n->count = count;
+  return Dataset(std::move(n));
+}
+
+Dataset Dataset::take(std::int64_t count) const {
+  STRATA_ENFORCE(count >= -1, STRATA_ERR_INVALID_ARGUMENT, "take: count is ", count, "; pass -1 (all) or a count >= 0");
+  auto n = op_node(node_, NodeKind::kTake);
+  n->count = count;
+  return Dataset(std::move(n));
+}
+
+Dataset Dataset::skip(std::int64_t count) const {
+  STRATA_ENFORCE(count >= -1, STRATA_ERR_INVALID_ARGUMENT, "skip: count is ", count,
+                 "; pass -1 (skip everything) or a count >= 0");
+  auto n = op_node(node_, NodeKind::kSkip);
+  n->count = count;
+  return Dataset(std::move(n));
+}
+
+Dataset Dataset::map(std::function<Element(Element)> fn) const {
+  STRATA_ENFORCE(static_cast<bool>(fn), STRATA_ERR_INVALID_ARGUMENT, "map: the function is empty; pass a callable");
+  auto n = op_node(node_, NodeKind::kMap);
+  n->fn = std::move(fn);
+  return Dataset(std::move(n));
+}
+
+Dataset Dataset::prefetch(std::int64_t buffer_size) const {
+  STRATA_ENFORCE(buffer_size >= 1 || buffer_size == -1, STRATA_ERR_INVALID_ARGUMENT, "prefetch: buffer_size is ",
+                 buffer_size, "; pass at least 1, or -1 (AUTOTUNE) for the default of 2");
+  auto n = op_node(node_, NodeKind::kPrefetch);
+  n->count = buffer_size == -1 ? 2 : buffer_size;
+  return Dataset(std::move(n));
+}
+
+Dataset Dataset::shard(std::int64_t num_shards, std::int64_t index) const {
+  const bool hint = num_shards == SHARD_HINT || index == SHARD_HINT;
+  if (hint)
+    STRATA_ENFORCE(num_shards == SHARD_HINT && index == SHARD_HINT, STRATA_ERR_INVALID_ARGUMENT, "shard(", num_shards,
+                   ", ", index, "): SHARD_HINT must be given for both arguments or for neither");
+  else
+    STRATA_ENFORCE(num_shards >= 1 && index >= 0 && index < num_shards, STRATA_ERR_INVALID_ARGUMENT, "shard(",
+                   num_shards, ", ", index, ") is invalid; need num_shards >= 1 and 0 <= index < num_shards");
+  auto n = op_node(node_, NodeKind::kShard);
+  n->count = num_shards;
+  n->index = index;
+  return Dataset(std::move(n));
+}
+
+Dataset Dataset::with_options(const DatasetOptions& options) const {
+  STRATA_ENFORCE(options.source_timeout_s > 0, STRATA_ERR_INVALID_ARGUMENT, "with_options: source_timeout_s is ",
+                 options.source_timeout_s, "; pass a positive number of seconds");
+  auto n = op_node(node_, NodeKind::kOptions);
+  n->options = options;
+  return Dataset(std::move(n));
+}
+
+const DatasetOptions& Dataset::options() const { return checked(node_)->options; }
+
+std::int64_t Dataset::cardinality() const { return detail::node_cardinality(*checked(node_)); }
+
+DatasetIterator Dataset::make_iterator(const InputContext& ctx) const {
+  detail::StreamRequest req;
+  req.pass = checked(node_)->passes.fetch_add(1);
+  auto impl = std::make_unique<DatasetIterator::Impl>();
+  impl->stream = detail::open_stream(*this, ctx, req);
+  return DatasetIterator(std::move(impl));
+}
+
+DatasetIterator::RangeIter Dataset::begin() const {
+  return DatasetIterator::RangeIter(std::make_shared<DatasetIterator>(make_iterator()));
+}
+
+// ----------------------------------------------------- DatasetIterator ---
+
+DatasetIterator::DatasetIterator() = default;
+DatasetIterator::DatasetIterator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+DatasetIterator::DatasetIterator(DatasetIterator&&) noexcept = default;
+DatasetIterator& DatasetIterator::operator=(DatasetIterator&&) noexcept = default;
+DatasetIterator::~DatasetIterator() = default;
+
+std::optional<Element> DatasetIterator::next() {
+  STRATA_ENFORCE(impl_ != nullptr, STRATA_ERR_FAILED_PRECONDITION,
+                 "next() on an empty DatasetIterator (default-constructed or moved from); get one from "
+                 "Dataset::make_iterator");
+  if (impl_->ended) return std::nullopt;
+  try {
+    std::optional<Element> e = impl_->stream->next();
+    if (!e) {
+      impl_->ended = true;
+      impl_->stream.reset();  // close the source now, not when the iterator dies
+    }
+    return e;
+  } catch (...) {
+    // A failed pass is over: the streams may be mid-element.
+    impl_->ended = true;
+    impl_->stream.reset();
+    throw;
+  }
+}
+
+DatasetIterator::RangeIter::RangeIter(DatasetIterator* it) : it_(it) { cur_ = it_->next(); }
+
+DatasetIterator::RangeIter::RangeIter(std::shared_ptr<DatasetIterator> owned)
+    : owned_(std::move(owned)), it_(owned_.get()) {
+  cur_ = it_->next();
+}
+
+DatasetIterator::RangeIter& DatasetIterator::RangeIter::operator++() {
+  cur_.reset();
+  if (it_ != nullptr) cur_ = it_->next();
+  return *this;
+}
+
+}  // namespace strata

@@ -1,0 +1,63 @@
+// SPDX-License-Identifier: Apache-2.0
+// What distribution (core/src/data/distributed_*.cc) needs from a Dataset
+// recipe: its batching, its source's sharding capability, and a way to open
+// a stream of it with the sharding a policy decided.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "strata/c/input.h"
+#include "strata/data.hpp"
+
+namespace strata::detail {
+
+/// The last batch() of a recipe (what distribute_dataset splits).
+struct BatchInfo {
+  bool batched = false;          ///< the recipe has a batch()
+  std::int64_t batch_size = 0;   ///< of the last batch()
+  bool drop_remainder = false;   ///< of the last batch()
+  bool has_shard_hint = false;   ///< shard(SHARD_HINT, SHARD_HINT) appears
+};
+BatchInfo batch_info(const Dataset& ds);
+
+/// The source's answer to shard_info(): flags STRATA_INPUT_CAN_SHARD_* and
+/// its files (empty when not file-based). Opens the source once for `ctx`
+/// (cheap: no element is read).
+struct SourceShardInfo {
+  std::uint32_t flags = 0;
+  std::vector<std::string> files;
+};
+SourceShardInfo source_shard_info(const Dataset& ds, const InputContext& ctx);
+
+/// How to open a stream: sharding decided by distribution.
+struct StreamRequest {
+  /// Applied to the source right after open (plugin shard()): OFF, FILE or
+  /// DATA with num_shards/index.
+  strata_shard_policy source_policy = STRATA_SHARD_OFF;
+  std::int32_t num_shards = 1;
+  std::int32_t index = 0;
+  /// When set, shard(SHARD_HINT, SHARD_HINT) placeholders become
+  /// shard(hint_num_shards, hint_index); when unset a placeholder is an
+  /// InvalidArgumentError ("SHARD_HINT needs AutoShardPolicy::HINT").
+  std::optional<std::pair<std::int64_t, std::int64_t>> hint;
+  /// When >= 0, the last batch() of the recipe uses this size (its
+  /// drop_remainder is kept).
+  std::int64_t batch_size_override = -1;
+  /// Pass number (epoch) for reshuffle_each_iteration.
+  std::int64_t pass = 0;
+};
+
+/// A pass over a recipe. next() returns nullopt at the end and throws the
+/// source's or a callback's error. Not thread-safe (one consumer).
+class ElementStream {
+ public:
+  virtual ~ElementStream() = default;
+  virtual std::optional<Element> next() = 0;
+};
+std::unique_ptr<ElementStream> open_stream(const Dataset& ds, const InputContext& ctx, const StreamRequest& req);
+
+}  // namespace strata::detail

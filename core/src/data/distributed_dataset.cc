@@ -1,0 +1,597 @@
+// SPDX-License-Identifier: Apache-2.0
+// Strategy::distribute_dataset and distribute_datasets_from_function: the
+// auto-shard decision, the split of batches across replicas, the input
+// thread and the per-step agreement across workers (see
+// strata/distributed_data.hpp for the rules).
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <variant>
+
+#include "api/strategy_impl.h"
+#include "data/dataset_internal.h"
+#include "log.h"
+#include "strata/distributed_data.hpp"
+#include "strata/error.hpp"
+
+namespace strata {
+
+// ------------------------------------------------------------ element ---
+
+DistributedElement::DistributedElement(std::vector<std::string> names, std::vector<PerReplica> values)
+    : names_(std::move(names)), values_(std::move(values)) {}
+
+namespace {
+std::size_t find_name(const std::vector<std::string>& names, const std::string& name) {
+  for (std::size_t i = 0; i < names.size(); ++i)
+    if (names[i] == name) return i;
+  std::string all;
+  for (const auto& n : names) all += (all.empty() ? "" : ", ") + n;
+  STRATA_THROW(STRATA_ERR_NOT_FOUND, "the input has no component '", name, "'; its components are: ",
+               all.empty() ? "(none)" : all);
+}
+}  // namespace
+
+PerReplica& DistributedElement::operator[](const std::string& name) { return values_[find_name(names_, name)]; }
+const PerReplica& DistributedElement::operator[](const std::string& name) const {
+  return values_[find_name(names_, name)];
+}
+
+std::vector<std::int64_t> DistributedElement::local_batch_sizes() const {
+  std::vector<std::int64_t> out;
+  if (values_.empty()) return out;
+  for (const Tensor& t : values_[0].values()) out.push_back(t.ndim() > 0 ? t.shape()[0] : 1);
+  return out;
+}
+
+namespace detail {
+namespace {
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+// The layout of one element (names, dtypes, per-row shapes), learned from
+// the first batch a pipeline produces; used to make empty batches.
+struct Spec {
+  std::vector<std::string> names;
+  std::vector<DType> dtypes;
+  std::vector<std::vector<std::int64_t>> row_shapes;  // shape without the first dimension
+  bool known = false;
+};
+
+Spec spec_of(const Element& e) {
+  Spec s;
+  s.names = e.names;
+  for (const Tensor& t : e.tensors) {
+    s.dtypes.push_back(t.dtype());
+    auto shape = t.shape();
+    STRATA_ENFORCE(!shape.empty(), STRATA_ERR_INVALID_ARGUMENT,
+                   "a distributed dataset's elements must be batches (a leading batch dimension), but a "
+                   "component is a scalar; batch the dataset before distributing it");
+    s.row_shapes.emplace_back(shape.begin() + 1, shape.end());
+  }
+  s.known = true;
+  return s;
+}
+
+Element empty_like(const Spec& s) {
+  Element e;
+  for (std::size_t i = 0; i < s.names.size(); ++i) {
+    std::vector<std::int64_t> shape{0};
+    shape.insert(shape.end(), s.row_shapes[i].begin(), s.row_shapes[i].end());
+    e.names.push_back(s.names[i]);
+    e.tensors.push_back(Tensor::zeros(shape, s.dtypes[i]));
+  }
+  return e;
+}
+
+// Rows [begin, end) of every component of `batch` (a copy; moves the whole
+// tensor when the range is all of it and `batch` may be consumed).
+Element slice_rows(Element& batch, std::int64_t begin, std::int64_t end, bool may_move) {
+  Element out;
+  for (std::size_t i = 0; i < batch.tensors.size(); ++i) {
+    Tensor& t = batch.tensors[i];
+    auto shape = t.shape();
+    const std::int64_t rows = shape.empty() ? 1 : shape[0];
+    out.names.push_back(batch.names[i]);
+    if (may_move && begin == 0 && end == rows) {
+      out.tensors.push_back(std::move(t));
+      continue;
+    }
+    const std::size_t row_bytes = rows > 0 ? t.nbytes() / static_cast<std::size_t>(rows) : 0;
+    shape[0] = end - begin;
+    if (end == begin) {
+      out.tensors.push_back(Tensor::zeros(shape, t.dtype()));
+      continue;
+    }
+    const auto* src = static_cast<const char*>(t.raw_data()) + static_cast<std::size_t>(begin) * row_bytes;
+    out.tensors.push_back(Tensor::from_bytes(src, static_cast<std::size_t>(end - begin) * row_bytes, shape,
+                                             t.dtype()));
+  }
+  return out;
+}
+
+std::int64_t rows_of(const Element& e) {
+  if (e.tensors.empty()) return 0;
+  const auto shape = e.tensors[0].shape();
+  return shape.empty() ? 1 : shape[0];
+}
+
+// Split a batch of b rows over `n` replicas with c = ceil(b / n): replica
+// r gets rows [r*c, min((r+1)*c, b)).
+std::pair<std::int64_t, std::int64_t> split_range(std::int64_t b, std::int64_t n, std::int64_t r) {
+  const std::int64_t c = ceil_div(b, n);
+  const std::int64_t lo = std::min(b, r * c);
+  const std::int64_t hi = std::min(b, lo + c);
+  return {lo, hi};
+}
+
+// One local step: an Element per local replica, or nullopt when this
+// worker's input is exhausted.
+using LocalStep = std::optional<std::vector<Element>>;
+
+// Produces local steps (runs on the input thread).
+class StepProducer {
+ public:
+  virtual ~StepProducer() = default;
+  virtual LocalStep next() = 0;
+  Spec spec;  // read by the consumer only after the producer has stopped or via the queue
+};
+
+// Every worker reads the same global batches and keeps its replicas' rows.
+class GlobalSliceProducer : public StepProducer {
+ public:
+  GlobalSliceProducer(std::unique_ptr<ElementStream> stream, std::vector<std::int32_t> replica_ids, int num_replicas)
+      : stream_(std::move(stream)), ids_(std::move(replica_ids)), replicas_(num_replicas) {}
+  LocalStep next() override {
+    std::optional<Element> batch = stream_->next();
+    if (!batch) return std::nullopt;
+    if (!spec.known) spec = spec_of(*batch);
+    const std::int64_t b = rows_of(*batch);
+    std::vector<Element> out;
+    for (std::int32_t id : ids_) {
+      auto [lo, hi] = split_range(b, replicas_, id);
+      out.push_back(slice_rows(*batch, lo, hi, ids_.size() == 1));
+    }
+    return out;
+  }
+
+ private:
+  std::unique_ptr<ElementStream> stream_;
+  std::vector<std::int32_t> ids_;
+  int replicas_;
+};
+
+// Each worker batches its own stream; its batches are split over its
+// local replicas.
+class LocalSplitProducer : public StepProducer {
+ public:
+  LocalSplitProducer(std::unique_ptr<ElementStream> stream, int local) : stream_(std::move(stream)), local_(local) {}
+  LocalStep next() override {
+    std::optional<Element> batch = stream_->next();
+    if (!batch) return std::nullopt;
+    if (!spec.known) spec = spec_of(*batch);
+    const std::int64_t b = rows_of(*batch);
+    std::vector<Element> out;
+    for (int i = 0; i < local_; ++i) {
+      auto [lo, hi] = split_range(b, local_, i);
+      out.push_back(slice_rows(*batch, lo, hi, local_ == 1));
+    }
+    return out;
+  }
+
+ private:
+  std::unique_ptr<ElementStream> stream_;
+  int local_;
+};
+
+// distribute_datasets_from_function: every local replica pulls one element
+// (already a per-replica batch) from its stream; PER_WORKER shares one
+// stream among the local replicas.
+class FunctionProducer : public StepProducer {
+ public:
+  FunctionProducer(std::vector<std::unique_ptr<ElementStream>> streams, int local)
+      : streams_(std::move(streams)), local_(local), done_(streams_.size(), false) {}
+  LocalStep next() override {
+    std::vector<std::optional<Element>> got(static_cast<std::size_t>(local_));
+    bool any = false;
+    for (int i = 0; i < local_; ++i) {
+      const std::size_t s = streams_.size() == 1 ? 0 : static_cast<std::size_t>(i);
+      if (done_[s]) continue;
+      got[i] = streams_[s]->next();
+      if (!got[i]) {
+        done_[s] = true;
+        continue;
+      }
+      if (!spec.known) spec = spec_of(*got[i]);
+      any = true;
+    }
+    if (!any) return std::nullopt;
+    std::vector<Element> out;
+    for (auto& g : got) out.push_back(g ? std::move(*g) : empty_like(spec));
+    return out;
+  }
+
+ private:
+  std::vector<std::unique_ptr<ElementStream>> streams_;
+  int local_;
+  std::vector<bool> done_;
+};
+
+}  // namespace
+
+// What a distributed dataset needs to open a pass.
+struct DistributedDatasetImpl {
+  std::shared_ptr<StrategyImpl> strategy;
+  InputOptions options;
+  std::string policy;  // "FILE", "DATA", "OFF", "HINT", "FUNCTION"
+  std::string reason;
+  std::atomic<std::int64_t> passes{0};
+  // Opens the producer of pass `pass`.
+  std::function<std::unique_ptr<StepProducer>(std::int64_t pass)> open;
+};
+
+// The input thread and its bounded queue of local steps.
+struct DistributedIteratorImpl {
+  struct Item {
+    LocalStep step;
+    std::exception_ptr error;
+    Spec spec;  // the producer's spec after this step
+  };
+
+  DistributedIteratorImpl(std::shared_ptr<DistributedDatasetImpl> ds, std::int64_t pass)
+      : ds_(std::move(ds)), depth_(static_cast<std::size_t>(std::max(1, ds_->options.prefetch_depth))) {
+    thread_ = std::thread([this, pass] { produce(pass); });
+  }
+  ~DistributedIteratorImpl() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  void produce(std::int64_t pass) {
+    std::unique_ptr<StepProducer> producer;
+    try {
+      producer = ds_->open(pass);
+    } catch (...) {
+      push(Item{std::nullopt, std::current_exception(), {}});
+      return;
+    }
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> l(mu_);
+        cv_.wait(l, [&] { return stop_ || queue_.size() < depth_; });
+        if (stop_) return;
+      }
+      Item item;
+      try {
+        item.step = producer->next();
+      } catch (...) {
+        item.error = std::current_exception();
+      }
+      item.spec = producer->spec;
+      const bool last = !item.step || item.error;
+      push(std::move(item));
+      if (last) return;
+    }
+  }
+
+  void push(Item item) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      queue_.push_back(std::move(item));
+    }
+    cv_.notify_all();
+  }
+
+  Item pop() {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [&] { return !queue_.empty(); });
+    Item item = std::move(queue_.front());
+    queue_.pop_front();
+    l.unlock();
+    cv_.notify_all();
+    return item;
+  }
+
+  // Number of workers that still have data this step (this one included).
+  std::int64_t agree(bool has_data) {
+    StrategyImpl& s = *ds_->strategy;
+    if (s.num_workers <= 1) return has_data ? 1 : 0;
+    std::vector<Tensor> flags;
+    for (int i = 0; i < s.num_local_replicas; ++i)
+      flags.push_back(Tensor::scalar<float>(i == 0 && has_data ? 1.0f : 0.0f));
+    Strategy handle(&s, nullptr);
+    Tensor sum = handle.reduce(ReduceOp::SUM, PerReplica(std::move(flags)));
+    return static_cast<std::int64_t>(sum.data<float>()[0] + 0.5f);
+  }
+
+  std::optional<DistributedElement> next() {
+    if (ended_) return std::nullopt;
+    LocalStep step;
+    if (!exhausted_) {
+      Item item = pop();
+      if (item.error) {
+        ended_ = true;
+        std::rethrow_exception(item.error);
+      }
+      if (item.spec.known) spec_ = item.spec;
+      step = std::move(item.step);
+      if (!step) exhausted_ = true;
+    }
+    const std::int64_t live = agree(step.has_value());
+    if (live == 0) {
+      ended_ = true;
+      STRATA_ENFORCE(steps_ > 0, STRATA_ERR_INVALID_ARGUMENT,
+                     "the distributed dataset has no elements on any worker (policy ", ds_->policy,
+                     "); check its files, take()/skip() counts, and drop_remainder with a batch larger than "
+                     "the data");
+      return std::nullopt;
+    }
+    ++steps_;
+    const int local = ds_->strategy->num_local_replicas;
+    if (!step) {
+      if (!spec_.known) {
+        logger("data")->warn(
+            "this worker's input produced no batch at all, so its replicas get batches with no components "
+            "while other workers still have data");
+      }
+      step.emplace();
+      for (int i = 0; i < local; ++i) step->push_back(empty_like(spec_));
+    }
+    // Transpose: per component, one tensor per local replica.
+    std::vector<std::string> names = (*step)[0].names;
+    std::vector<PerReplica> values;
+    for (std::size_t c = 0; c < names.size(); ++c) {
+      std::vector<Tensor> per;
+      for (auto& e : *step) per.push_back(std::move(e.tensors.at(c)));
+      values.emplace_back(std::move(per));
+    }
+    return DistributedElement(std::move(names), std::move(values));
+  }
+
+  std::shared_ptr<DistributedDatasetImpl> ds_;
+  std::size_t depth_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Item> queue_;
+  bool stop_ = false;
+  std::thread thread_;
+  Spec spec_;
+  bool exhausted_ = false;
+  bool ended_ = false;
+  std::int64_t steps_ = 0;
+};
+
+namespace {
+
+// Shares of a global batch per worker: B / W, the first B % W one more.
+std::int64_t worker_share(std::int64_t global, int workers, int index) {
+  return global / workers + (index < global % workers ? 1 : 0);
+}
+
+std::shared_ptr<DistributedDatasetImpl> make_distributed(StrategyImpl& s, const Dataset& ds,
+                                                         const InputOptions& options) {
+  STRATA_ENFORCE(options.prefetch_depth >= 1, STRATA_ERR_INVALID_ARGUMENT,
+                 "InputOptions::prefetch_depth must be at least 1, got ", options.prefetch_depth);
+  const BatchInfo bi = batch_info(ds);
+  STRATA_ENFORCE(bi.batched, STRATA_ERR_INVALID_ARGUMENT,
+                 "distribute_dataset needs a dataset batched by the global batch size; call "
+                 ".batch(global_batch_size) before distributing it, or use distribute_datasets_from_function "
+                 "for per-replica batches");
+  const int workers = s.num_workers;
+  const int w = s.worker_index;
+  const int local = s.num_local_replicas;
+  const int replicas = s.num_replicas_in_sync;
+  const InputContext ctx{workers, w, replicas};
+  const AutoShardPolicy requested = ds.options().auto_shard_policy;
+
+  auto impl = std::make_shared<DistributedDatasetImpl>();
+  impl->strategy = s.shared_from_this();
+  impl->options = options;
+
+  // Decide the policy.
+  AutoShardPolicy applied = requested;
+  std::string reason;
+  if (requested == AutoShardPolicy::HINT) {
+    reason = bi.has_shard_hint ? "shard(SHARD_HINT) placeholders become shard(num_workers, worker_index)"
+                               : "HINT requested but the dataset has no shard(SHARD_HINT): every worker reads "
+                                 "all of it";
+  } else {
+    STRATA_ENFORCE(!bi.has_shard_hint, STRATA_ERR_INVALID_ARGUMENT,
+                   "the dataset uses shard(SHARD_HINT, SHARD_HINT) but its AutoShardPolicy is ",
+                   auto_shard_policy_name(requested), "; set DatasetOptions::auto_shard_policy = "
+                   "AutoShardPolicy::HINT or give shard() real numbers");
+  }
+  if (requested == AutoShardPolicy::FILE || (requested == AutoShardPolicy::AUTO && workers > 1)) {
+    const SourceShardInfo info = source_shard_info(ds, ctx);
+    const bool by_file = (info.flags & STRATA_INPUT_CAN_SHARD_BY_FILE) != 0;
+    const auto nfiles = static_cast<std::int64_t>(info.files.size());
+    if (requested == AutoShardPolicy::FILE) {
+      STRATA_ENFORCE(by_file, STRATA_ERR_INVALID_ARGUMENT,
+                     "AutoShardPolicy::FILE needs a file-based source, but this dataset's source cannot shard by "
+                     "file; use AutoShardPolicy::DATA (or AUTO)");
+      STRATA_ENFORCE(nfiles >= workers, STRATA_ERR_INVALID_ARGUMENT, "AutoShardPolicy::FILE needs at least ",
+                     workers, " files (one per worker) but the dataset has ", nfiles,
+                     "; split the data into more files or use AutoShardPolicy::DATA");
+      reason = std::to_string(nfiles) + " files over " + std::to_string(workers) + " workers";
+    } else if (by_file && nfiles >= workers) {
+      applied = AutoShardPolicy::FILE;
+      reason = "AUTO: the source is file-based with " + std::to_string(nfiles) + " files for " +
+               std::to_string(workers) + " workers";
+    } else {
+      applied = AutoShardPolicy::DATA;
+      reason = by_file ? "AUTO: only " + std::to_string(nfiles) + " files for " + std::to_string(workers) +
+                             " workers, so every worker reads all data and keeps its share"
+                       : "AUTO: the source is not file-based, so every worker reads all data and keeps its share";
+    }
+  } else if (requested == AutoShardPolicy::AUTO) {
+    applied = AutoShardPolicy::OFF;
+    reason = "AUTO: a single worker needs no sharding";
+  } else if (requested == AutoShardPolicy::DATA) {
+    reason = "every worker reads all data and keeps its replicas' rows of each global batch";
+  } else if (requested == AutoShardPolicy::OFF) {
+    reason = workers > 1 ? "OFF: every worker reads all data (elements repeat across workers)" : "OFF";
+  }
+  impl->policy = auto_shard_policy_name(applied);
+  impl->reason = reason;
+  logger("data")->info("distribute_dataset: worker {} of {}: applied AutoShardPolicy {} ({}); global batch {}{}",
+                       w, workers, impl->policy, reason, bi.batch_size,
+                       bi.drop_remainder ? " with drop_remainder" : "");
+
+  const std::vector<std::int32_t> ids = s.replica_ids;
+  if (workers <= 1 || applied == AutoShardPolicy::DATA) {
+    // One global stream per worker; keep this worker's replicas' rows.
+    impl->open = [ds, ctx, ids, replicas](std::int64_t pass) -> std::unique_ptr<StepProducer> {
+      StreamRequest req;
+      req.pass = pass;
+      req.hint = std::make_pair(std::int64_t{1}, std::int64_t{0});
+      return std::make_unique<GlobalSliceProducer>(open_stream(ds, ctx, req), ids, replicas);
+    };
+    return impl;
+  }
+  STRATA_ENFORCE(bi.batch_size >= workers, STRATA_ERR_INVALID_ARGUMENT, "the global batch size ", bi.batch_size,
+                 " is smaller than the number of workers ", workers, " under AutoShardPolicy ", impl->policy,
+                 "; use a global batch of at least one element per worker");
+  StreamRequest base;
+  base.batch_size_override = worker_share(bi.batch_size, workers, w);
+  if (applied == AutoShardPolicy::FILE) {
+    base.source_policy = STRATA_SHARD_FILE;
+    base.num_shards = workers;
+    base.index = w;
+  }
+  base.hint = std::make_pair(std::int64_t{applied == AutoShardPolicy::HINT ? workers : 1},
+                             std::int64_t{applied == AutoShardPolicy::HINT ? w : 0});
+  impl->open = [ds, ctx, base, local](std::int64_t pass) -> std::unique_ptr<StepProducer> {
+    StreamRequest req = base;
+    req.pass = pass;
+    return std::make_unique<LocalSplitProducer>(open_stream(ds, ctx, req), local);
+  };
+  return impl;
+}
+
+std::shared_ptr<DistributedDatasetImpl> make_from_function(StrategyImpl& s,
+                                                           const std::function<Dataset(const InputContext&)>& fn,
+                                                           const InputOptions& options) {
+  STRATA_ENFORCE(options.prefetch_depth >= 1, STRATA_ERR_INVALID_ARGUMENT,
+                 "InputOptions::prefetch_depth must be at least 1, got ", options.prefetch_depth);
+  STRATA_ENFORCE(static_cast<bool>(fn), STRATA_ERR_INVALID_ARGUMENT,
+                 "distribute_datasets_from_function needs a dataset function");
+  auto impl = std::make_shared<DistributedDatasetImpl>();
+  impl->strategy = s.shared_from_this();
+  impl->options = options;
+  impl->policy = "FUNCTION";
+  const int local = s.num_local_replicas;
+  std::vector<std::pair<InputContext, Dataset>> pipelines;
+  if (options.experimental_replication_mode == InputReplicationMode::PER_WORKER) {
+    const InputContext ctx{s.num_workers, s.worker_index, s.num_replicas_in_sync};
+    pipelines.emplace_back(ctx, fn(ctx));
+    impl->reason = "one pipeline per worker (" + std::to_string(s.num_workers) + "), each feeding " +
+                   std::to_string(local) + " local replicas";
+  } else {
+    for (int i = 0; i < local; ++i) {
+      const InputContext ctx{s.num_replicas_in_sync, s.replica_ids.at(static_cast<std::size_t>(i)),
+                             s.num_replicas_in_sync};
+      pipelines.emplace_back(ctx, fn(ctx));
+    }
+    impl->reason = "one pipeline per replica (" + std::to_string(s.num_replicas_in_sync) + ")";
+  }
+  logger("data")->info("distribute_datasets_from_function: worker {} of {}: {}", s.worker_index, s.num_workers,
+                       impl->reason);
+  impl->open = [pipelines, local](std::int64_t pass) -> std::unique_ptr<StepProducer> {
+    std::vector<std::unique_ptr<ElementStream>> streams;
+    for (const auto& [ctx, ds] : pipelines) {
+      StreamRequest req;
+      req.pass = pass;
+      streams.push_back(open_stream(ds, ctx, req));
+    }
+    return std::make_unique<FunctionProducer>(std::move(streams), local);
+  };
+  return impl;
+}
+
+}  // namespace
+}  // namespace detail
+
+// ----------------------------------------------------------- iterator ---
+
+DistributedIterator::DistributedIterator() = default;
+DistributedIterator::DistributedIterator(std::unique_ptr<detail::DistributedIteratorImpl> impl)
+    : impl_(std::move(impl)) {}
+DistributedIterator::DistributedIterator(DistributedIterator&&) noexcept = default;
+DistributedIterator& DistributedIterator::operator=(DistributedIterator&&) noexcept = default;
+DistributedIterator::~DistributedIterator() = default;
+
+std::optional<DistributedElement> DistributedIterator::get_next_as_optional() {
+  STRATA_ENFORCE(impl_ != nullptr, STRATA_ERR_FAILED_PRECONDITION,
+                 "this DistributedIterator is empty (moved from); make one with DistributedDataset::make_iterator");
+  detail::require_cross_replica(*impl_->ds_->strategy, "DistributedIterator::next");
+  return impl_->next();
+}
+
+DistributedElement DistributedIterator::next() {
+  auto e = get_next_as_optional();
+  STRATA_ENFORCE(e.has_value(), STRATA_ERR_OUT_OF_RANGE,
+                 "end of the distributed dataset: every worker's input is exhausted; make a new iterator for "
+                 "another epoch");
+  return std::move(*e);
+}
+
+DistributedIterator::RangeIter::RangeIter(DistributedIterator* it) : it_(it) { cur_ = it_->get_next_as_optional(); }
+
+DistributedIterator::RangeIter& DistributedIterator::RangeIter::operator++() {
+  cur_ = it_->get_next_as_optional();
+  return *this;
+}
+
+// ------------------------------------------------------------ dataset ---
+
+DistributedDataset::DistributedDataset(std::shared_ptr<detail::DistributedDatasetImpl> impl)
+    : impl_(std::move(impl)) {}
+DistributedDataset::DistributedDataset(DistributedDataset&&) noexcept = default;
+DistributedDataset& DistributedDataset::operator=(DistributedDataset&&) noexcept = default;
+DistributedDataset::~DistributedDataset() = default;
+
+DistributedIterator DistributedDataset::make_iterator() const {
+  const std::int64_t pass = impl_->passes.fetch_add(1);
+  return DistributedIterator(std::make_unique<detail::DistributedIteratorImpl>(impl_, pass));
+}
+
+DistributedIterator::RangeIter DistributedDataset::begin() {
+  range_.reset();  // end the previous pass's input thread first
+  range_.emplace(make_iterator());
+  return DistributedIterator::RangeIter(&*range_);
+}
+
+const std::string& DistributedDataset::applied_policy() const { return impl_->policy; }
+const std::string& DistributedDataset::policy_reason() const { return impl_->reason; }
+
+// ----------------------------------------------------------- strategy ---
+
+DistributedDataset Strategy::distribute_dataset(const Dataset& dataset) {
+  return distribute_dataset(dataset, InputOptions{});
+}
+
+DistributedDataset Strategy::distribute_dataset(const Dataset& dataset, const InputOptions& options) {
+  return DistributedDataset(detail::make_distributed(*checked(), dataset, options));
+}
+
+DistributedDataset Strategy::distribute_datasets_from_function(
+    const std::function<Dataset(const InputContext&)>& fn) {
+  return distribute_datasets_from_function(fn, InputOptions{});
+}
+
+DistributedDataset Strategy::distribute_datasets_from_function(
+    const std::function<Dataset(const InputContext&)>& fn, const InputOptions& options) {
+  return DistributedDataset(detail::make_from_function(*checked(), fn, options));
+}
+
+}  // namespace strata

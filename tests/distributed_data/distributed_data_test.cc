@@ -1,0 +1,563 @@
+// SPDX-License-Identifier: Apache-2.0
+// Distributed input: batch splitting across replicas, auto-sharding across
+// workers, lock-step ends, distribute_datasets_from_function, iterators and
+// the bad-use errors. Single-process cases run in this process (mirrored
+// with 1-4 replicas); multi-worker cases run real processes under strata-run
+// (multi_worker_mirrored over TCP) and check the union of what they saw.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../run/subprocess.h"
+#include "dist_data_case.h"
+#include "strata/records.hpp"
+
+namespace strata::test {
+namespace {
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+struct Case {
+  int workers = 1;
+  int local = 1;
+  std::int64_t length = 10;
+  std::int64_t batch = 4;
+  bool drop = false;
+  std::string policy = "AUTO";
+  std::string mode = "dataset";
+  std::string source = "memory";
+  std::vector<std::int64_t> file_sizes;  // records source: ids split over files of these sizes
+  int epochs = 2;
+  std::string label() const {
+    std::string s = "W" + std::to_string(workers) + " L" + std::to_string(local) + " N" + std::to_string(length) +
+                    " B" + std::to_string(batch) + (drop ? " drop" : "") + " " + policy + " " + mode + " " + source;
+    if (!file_sizes.empty()) {
+      s += " files";
+      for (auto f : file_sizes) s += ":" + std::to_string(f);
+    }
+    return s;
+  }
+};
+
+std::string devices(int local) {
+  std::string d;
+  for (int i = 0; i < local; ++i) d += (i ? ",cpu:" : "cpu:") + std::to_string(i);
+  return d;
+}
+
+// Check one run's records (one per worker) against the rules of
+// distributed_data.hpp.
+void check_records(const Case& c, const std::vector<json>& docs, const std::string& expect_policy) {
+  SCOPED_TRACE(c.label());
+  ASSERT_EQ(static_cast<int>(docs.size()), c.workers);
+  const int R = c.workers * c.local;
+  const bool global_path = c.mode == "dataset" && (c.workers == 1 || docs[0]["policy"] == "DATA");
+  for (const json& d : docs) {
+    EXPECT_EQ(d["replicas"].get<int>(), R);
+    if (!expect_policy.empty()) EXPECT_EQ(d["policy"].get<std::string>(), expect_policy);
+  }
+  for (int e = 0; e < c.epochs; ++e) {
+    SCOPED_TRACE("epoch " + std::to_string(e));
+    const std::size_t steps = docs[0]["epochs"][e].size();
+    for (const json& d : docs) ASSERT_EQ(d["epochs"][e].size(), steps) << "workers did not step in lock-step";
+    std::map<std::int64_t, int> seen;
+    std::vector<bool> worker_done(static_cast<std::size_t>(c.workers), false);
+    for (std::size_t t = 0; t < steps; ++t) {
+      SCOPED_TRACE("step " + std::to_string(t));
+      std::vector<std::int64_t> by_replica(static_cast<std::size_t>(R), -1);
+      std::int64_t total = 0;
+      for (const json& d : docs) {
+        const int w = d["worker"].get<int>();
+        const json& step = d["epochs"][e][t];
+        ASSERT_EQ(static_cast<int>(step.size()), c.local);
+        std::int64_t local_total = 0;
+        std::vector<std::int64_t> local_sizes;
+        for (int i = 0; i < c.local; ++i) {
+          const auto ids = step[i].get<std::vector<std::int64_t>>();
+          for (auto id : ids) ++seen[id];
+          by_replica[d["replica_ids"][i].get<std::size_t>()] = static_cast<std::int64_t>(ids.size());
+          local_sizes.push_back(static_cast<std::int64_t>(ids.size()));
+          local_total += static_cast<std::int64_t>(ids.size());
+        }
+        total += local_total;
+        if (c.mode == "dataset" && !global_path) {
+          // Each worker batches its own stream with its share of B and
+          // splits it over its local replicas.
+          const std::int64_t share = c.batch / c.workers + (w < c.batch % c.workers ? 1 : 0);
+          EXPECT_LE(local_total, share);
+          if (c.drop) EXPECT_TRUE(local_total == 0 || local_total == share) << local_total;
+          if (worker_done[static_cast<std::size_t>(w)]) EXPECT_EQ(local_total, 0) << "worker " << w << " resumed";
+          if (local_total < share) worker_done[static_cast<std::size_t>(w)] = true;
+          const std::int64_t cl = ceil_div(local_total, c.local);
+          for (int i = 0; i < c.local; ++i)
+            EXPECT_EQ(local_sizes[static_cast<std::size_t>(i)], std::clamp<std::int64_t>(local_total - i * cl, 0, cl))
+                << "local replica " << i << " of worker " << w;
+        }
+        if (c.mode != "dataset") {
+          const std::int64_t per = c.batch / R;
+          for (auto s : local_sizes) {
+            EXPECT_LE(s, per);
+            if (c.drop) EXPECT_TRUE(s == 0 || s == per);
+          }
+        }
+      }
+      EXPECT_GT(total, 0) << "a step where no replica had data";
+      if (global_path) {
+        // Global batch b split over all replicas with c = ceil(b / R).
+        EXPECT_LE(total, c.batch);
+        if (t + 1 < steps || c.drop) EXPECT_EQ(total, c.batch);
+        const std::int64_t cc = ceil_div(total, R);
+        for (int g = 0; g < R; ++g)
+          EXPECT_EQ(by_replica[static_cast<std::size_t>(g)], std::clamp<std::int64_t>(total - g * cc, 0, cc))
+              << "replica " << g;
+      }
+    }
+    // Exactly once (OFF: once per worker), nothing missing unless dropped.
+    const int copies = c.policy == "OFF" && c.mode == "dataset" ? c.workers : 1;
+    for (const auto& [id, n] : seen) {
+      EXPECT_GE(id, 0);
+      EXPECT_LT(id, c.length);
+      EXPECT_EQ(n, copies) << "element " << id;
+    }
+    if (!c.drop) {
+      EXPECT_EQ(static_cast<std::int64_t>(seen.size()), c.length) << "elements missing";
+    }
+    if (global_path) {
+      const std::int64_t want = c.drop ? c.length / c.batch : ceil_div(c.length, c.batch);
+      EXPECT_EQ(static_cast<std::int64_t>(steps), want);
+      if (c.drop) EXPECT_EQ(static_cast<std::int64_t>(seen.size()), want * c.batch);
+    }
+  }
+}
+
+Args args_of(const Case& c) {
+  Args a;
+  a.strategy = c.workers > 1 ? "multi_worker_mirrored" : "mirrored";
+  a.devices = devices(c.local);
+  a.source = c.source;
+  a.length = c.length;
+  a.batch = c.batch;
+  a.drop = c.drop;
+  a.policy = c.policy;
+  a.epochs = c.epochs;
+  a.mode = c.mode;
+  return a;
+}
+
+// Write ids 0..N-1 over record files of the given sizes.
+std::vector<std::string> write_files(const TempDir& dir, const std::vector<std::int64_t>& sizes) {
+  std::vector<std::string> files;
+  std::int64_t id = 0;
+  for (std::size_t k = 0; k < sizes.size(); ++k) {
+    files.push_back(dir.str() + "/part-" + std::to_string(k) + ".rec");
+    RecordWriter w(files.back());
+    for (std::int64_t i = 0; i < sizes[k]; ++i, ++id) w.write_features({TensorView(&id, {}, DType::kInt64)});
+    w.close();
+  }
+  return files;
+}
+
+// ------------------------------------------------------ single process ---
+
+TEST(DistributedDataTest, SplitsEveryBatchAcrossReplicasExactlyOnce) {
+  for (int local : {1, 2, 3, 4})
+    for (std::int64_t batch : {1, 3, 4, 7, 8})
+      for (std::int64_t length : {1, 5, 8, 17})
+        for (bool drop : {false, true}) {
+          Case c;
+          c.local = local;
+          c.batch = batch;
+          c.length = length;
+          c.drop = drop;
+          if (drop && length < batch) continue;  // no elements: see NoElementsIsAnError
+          json doc = run_distributed(args_of(c));
+          check_records(c, {doc}, "OFF");
+        }
+}
+
+TEST(DistributedDataTest, DocumentedExamplesOfTheSplit) {
+  // tf.distribute's examples: range(8).batch(4) on 3 replicas gives 2+2+0;
+  // range(6).batch(4) on 2 replicas gives 2+2 then 1+1.
+  Case c;
+  c.local = 3;
+  c.length = 8;
+  c.batch = 4;
+  c.epochs = 1;
+  json doc = run_distributed(args_of(c));
+  EXPECT_EQ(doc["epochs"][0][0].dump(), "[[0,1],[2,3],[]]");
+  EXPECT_EQ(doc["epochs"][0][1].dump(), "[[4,5],[6,7],[]]");
+  c.local = 2;
+  c.length = 6;
+  doc = run_distributed(args_of(c));
+  EXPECT_EQ(doc["epochs"][0].dump(), "[[[0,1],[2,3]],[[4],[5]]]");
+}
+
+TEST(DistributedDataTest, EverySourceKindDistributes) {
+  TempDir dir;
+  for (const std::string source : {"memory", "generator", "records"}) {
+    Case c;
+    c.local = 2;
+    c.length = 11;
+    c.batch = 4;
+    c.source = source;
+    Args a = args_of(c);
+    if (source == "records") a.files = write_files(dir, {4, 0, 7});
+    check_records(c, {run_distributed(a)}, "OFF");
+  }
+}
+
+TEST(DistributedDataTest, DatasetsFromFunctionPerWorkerAndPerReplica) {
+  for (const std::string mode : {"per_worker", "per_replica"})
+    for (int local : {1, 2, 4})
+      for (std::int64_t length : {3, 8, 13})
+        for (bool drop : {false, true}) {
+          Case c;
+          c.mode = mode;
+          c.local = local;
+          c.batch = 4;
+          c.length = length;
+          c.drop = drop;
+          // Skip the cases with no full batch anywhere (NoElementsIsAnError).
+          const std::int64_t per = c.batch / local;
+          if (drop && (mode == "per_worker" ? length : ceil_div(length, local)) < per) continue;
+          check_records(c, {run_distributed(args_of(c))}, "FUNCTION");
+        }
+}
+
+TEST(DistributedDataTest, PerReplicaPipelinesSeeTheirReplicaId) {
+  auto strategy = Strategy::create("mirrored", R"({"devices":["cpu:0","cpu:1","cpu:2"]})");
+  std::vector<InputContext> seen;
+  InputOptions io;
+  io.experimental_replication_mode = InputReplicationMode::PER_REPLICA;
+  auto dist = strategy.distribute_datasets_from_function(
+      [&](const InputContext& ctx) {
+        seen.push_back(ctx);
+        Element e;
+        e.add("v", Tensor::from_vector<std::int64_t>({ctx.input_pipeline_id, ctx.input_pipeline_id}, {2}));
+        return Dataset::from_tensor_slices(std::move(e)).batch(1);
+      },
+      io);
+  ASSERT_EQ(seen.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(seen[i].num_input_pipelines, 3);
+    EXPECT_EQ(seen[i].input_pipeline_id, i);
+    EXPECT_EQ(seen[i].num_replicas_in_sync, 3);
+  }
+  auto it = dist.make_iterator();
+  DistributedElement first = it.next();
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(first["v"][static_cast<std::size_t>(i)].to_vector<std::int64_t>()[0], i);
+  EXPECT_EQ(first.local_batch_sizes(), (std::vector<std::int64_t>{1, 1, 1}));
+}
+
+TEST(DistributedDataTest, InputIsPreparedAheadOnItsOwnThread) {
+  auto strategy = Strategy::create("mirrored", R"({"devices":["cpu:0","cpu:1"]})");
+  auto pulled = std::make_shared<std::atomic<int>>(0);
+  auto ds = Dataset::from_generator([pulled](const InputContext&) {
+              auto i = std::make_shared<std::int64_t>(0);
+              return [pulled, i]() -> std::optional<Element> {
+                if (*i >= 100) return std::nullopt;
+                ++*pulled;
+                Element e;
+                e.add("x", Tensor::scalar<std::int64_t>((*i)++));
+                return e;
+              };
+            }).batch(2);
+  InputOptions io;
+  io.prefetch_depth = 3;
+  auto dist = strategy.distribute_dataset(ds, io);
+  auto it = dist.make_iterator();
+  (void)it.next();
+  // While the "training step" runs, the input thread fills its queue: 3
+  // more steps of 2 elements beyond the one consumed, and then stops.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (pulled->load() < 8 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_GE(pulled->load(), 8);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_LE(pulled->load(), 10) << "the queue is bounded by prefetch_depth";
+}
+
+TEST(DistributedDataTest, IteratorEndsCleanly) {
+  auto strategy = Strategy::create("mirrored", R"({"devices":["cpu:0","cpu:1"]})");
+  Element e;
+  e.add("x", Tensor::from_vector<float>({1, 2, 3}, {3}));
+  auto dist = strategy.distribute_dataset(Dataset::from_tensor_slices(std::move(e)).batch(2));
+  auto it = dist.make_iterator();
+  auto a = it.next();
+  EXPECT_EQ(a.local_batch_sizes(), (std::vector<std::int64_t>{1, 1}));
+  auto b = it.get_next_as_optional();
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(b->local_batch_sizes(), (std::vector<std::int64_t>{1, 0}));
+  EXPECT_EQ((*b)["x"][1].shape(), (std::vector<std::int64_t>{0}));
+  EXPECT_FALSE(it.get_next_as_optional().has_value());
+  EXPECT_THROW(it.next(), OutOfRangeError);
+  // A new iterator is a new epoch; an abandoned one stops its thread.
+  auto again = dist.make_iterator();
+  EXPECT_EQ(again.next().local_batch_sizes(), (std::vector<std::int64_t>{1, 1}));
+  const auto t0 = std::chrono::steady_clock::now();
+  { DistributedIterator moved = std::move(again); }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+}
+
+TEST(DistributedDataTest, ErrorsInTheInputReachTheStep) {
+  auto strategy = Strategy::create("mirrored", R"({"devices":["cpu:0","cpu:1"]})");
+  auto ds = Dataset::from_generator([](const InputContext&) {
+              auto i = std::make_shared<int>(0);
+              return [i]() -> std::optional<Element> {
+                if (++*i == 5) throw InvalidArgumentError("bad example 5");
+                Element e;
+                e.add("x", Tensor::scalar<float>(1.0f));
+                return e;
+              };
+            }).batch(2);
+  auto dist = strategy.distribute_dataset(ds);
+  auto it = dist.make_iterator();
+  (void)it.next();
+  (void)it.next();
+  try {
+    (void)it.next();
+    FAIL() << "expected the generator's error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("bad example 5"), std::string::npos) << e.what();
+  }
+}
+
+// ------------------------------------------------------------- bad use ---
+
+TEST(DistributedDataTest, PerReplicaBatchSizeMustDivide) {
+  InputContext ctx{2, 0, 3};
+  EXPECT_EQ(ctx.get_per_replica_batch_size(9), 3);
+  try {
+    (void)ctx.get_per_replica_batch_size(8);
+    FAIL();
+  } catch (const InvalidArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find("not divisible"), std::string::npos) << e.what();
+  }
+  // Through distribute_datasets_from_function the error reaches the caller.
+  auto strategy = Strategy::create("mirrored", R"({"devices":["cpu:0","cpu:1","cpu:2"]})");
+  EXPECT_THROW(strategy.distribute_datasets_from_function([](const InputContext& c) {
+    Element e;
+    e.add("x", Tensor::from_vector<float>({1, 2}, {2}));
+    return Dataset::from_tensor_slices(std::move(e)).batch(c.get_per_replica_batch_size(8));
+  }),
+               InvalidArgumentError);
+}
+
+TEST(DistributedDataTest, NoElementsIsAnError) {
+  auto strategy = Strategy::create("mirrored", R"({"devices":["cpu:0","cpu:1"]})");
+  Element e;
+  e.add("x", Tensor::from_vector<float>({1, 2, 3}, {3}));
+  auto empty = Dataset::from_tensor_slices(std::move(e)).take(0).batch(2);
+  auto dist = strategy.distribute_dataset(empty);
+  auto it = dist.make_iterator();
+  try {
+    (void)it.get_next_as_optional();
+    FAIL() << "an empty dataset must be an error, not zero steps";
+  } catch (const InvalidArgumentError& err) {
+    EXPECT_NE(std::string(err.what()).find("no elements"), std::string::npos) << err.what();
+  }
+  // drop_remainder with a batch larger than the data is the same mistake.
+  Element f;
+  f.add("x", Tensor::from_vector<float>({1, 2, 3}, {3}));
+  auto dropped = strategy.distribute_dataset(Dataset::from_tensor_slices(std::move(f)).batch(4, true));
+  auto it2 = dropped.make_iterator();
+  EXPECT_THROW(it2.next(), InvalidArgumentError);
+}
+
+TEST(DistributedDataTest, UnbatchedDatasetIsRefused) {
+  auto strategy = Strategy::create("mirrored", R"({"devices":["cpu:0","cpu:1"]})");
+  Element e;
+  e.add("x", Tensor::from_vector<float>({1, 2, 3}, {3}));
+  try {
+    (void)strategy.distribute_dataset(Dataset::from_tensor_slices(std::move(e)));
+    FAIL();
+  } catch (const InvalidArgumentError& err) {
+    EXPECT_NE(std::string(err.what()).find(".batch(global_batch_size)"), std::string::npos) << err.what();
+  }
+}
+
+TEST(DistributedDataTest, FilePolicyNeedsAFileBasedSource) {
+  auto strategy = Strategy::create("mirrored", R"({"devices":["cpu:0"]})");
+  Element e;
+  e.add("x", Tensor::from_vector<float>({1, 2, 3}, {3}));
+  DatasetOptions o;
+  o.auto_shard_policy = AutoShardPolicy::FILE;
+  try {
+    (void)strategy.distribute_dataset(Dataset::from_tensor_slices(std::move(e)).batch(2).with_options(o));
+    FAIL();
+  } catch (const InvalidArgumentError& err) {
+    EXPECT_NE(std::string(err.what()).find("file-based"), std::string::npos) << err.what();
+  }
+}
+
+TEST(DistributedDataTest, ShardHintNeedsHintPolicy) {
+  auto strategy = Strategy::create("mirrored", R"({"devices":["cpu:0"]})");
+  Element e;
+  e.add("x", Tensor::from_vector<float>({1, 2, 3}, {3}));
+  auto ds = Dataset::from_tensor_slices(std::move(e)).shard(SHARD_HINT, SHARD_HINT).batch(2);
+  EXPECT_THROW((void)strategy.distribute_dataset(ds), InvalidArgumentError);
+  DatasetOptions o;
+  o.auto_shard_policy = AutoShardPolicy::HINT;
+  auto dist = strategy.distribute_dataset(ds.with_options(o));
+  EXPECT_EQ(dist.applied_policy(), "HINT");
+  std::int64_t n = 0;
+  for (DistributedElement& b : dist) n += b.local_batch_sizes()[0];
+  EXPECT_EQ(n, 3);
+}
+
+// -------------------------------------------------------- multi-worker ---
+
+#ifdef STRATA_RUN_BIN
+// Run `c` as c.workers processes under strata-run; returns their records
+// (or, when `expect_error` is set, checks that the run fails with it).
+std::vector<json> run_cluster(const Case& c, const std::string& expect_error = "") {
+  TempDir dir;
+  std::vector<std::string> argv = {STRATA_RUN_BIN, "-n", std::to_string(c.workers), "--timeout", "120", "--",
+                                   DIST_DATA_WORKER_BIN};
+  const Args a = args_of(c);
+  for (const std::string& s :
+       std::vector<std::string>{"--strategy", a.strategy, "--devices", a.devices, "--source", a.source, "--length",
+                                std::to_string(a.length), "--batch", std::to_string(a.batch), "--policy", a.policy,
+                                "--epochs", std::to_string(a.epochs), "--mode", a.mode, "--out",
+                                dir.str() + "/out-{rank}.json"})
+    argv.push_back(s);
+  if (c.drop) argv.push_back("--drop");
+  if (!c.file_sizes.empty()) {
+    argv.push_back("--files");
+    for (const auto& f : write_files(dir, c.file_sizes)) argv.push_back(f);
+  }
+  ProcResult r = run_program(argv, {{"STRATA_LOG_LEVEL", std::string("warn")}}, 150);
+  EXPECT_FALSE(r.timed_out) << c.label() << " hung\n" << r.err;
+  if (!expect_error.empty()) {
+    EXPECT_NE(r.exit_code, 0) << c.label();
+    EXPECT_NE(r.err.find(expect_error), std::string::npos) << c.label() << "\n" << r.err;
+    return {};
+  }
+  EXPECT_EQ(r.exit_code, 0) << c.label() << "\n" << r.out << r.err;
+  std::vector<json> docs;
+  for (int w = 0; w < c.workers; ++w) {
+    const std::string text = slurp(dir.str() + "/out-" + std::to_string(w) + ".json");
+    if (text.empty()) {
+      ADD_FAILURE() << c.label() << ": worker " << w << " wrote no record\n" << r.err;
+      return {};
+    }
+    docs.push_back(json::parse(text));
+  }
+  return docs;
+}
+
+void check_cluster(const Case& c, const std::string& expect_policy) {
+  auto docs = run_cluster(c);
+  if (!docs.empty()) check_records(c, docs, expect_policy);
+}
+
+TEST(DistributedDataMultiWorkerTest, AutoShardsByFileWhenThereAreEnoughFiles) {
+  Case c;
+  c.workers = 2;
+  c.local = 2;
+  c.source = "records";
+  c.file_sizes = {9, 2, 5, 7};  // uneven: worker 0 reads 14, worker 1 reads 9
+  c.length = 23;
+  c.batch = 4;
+  check_cluster(c, "FILE");
+  c.drop = true;
+  check_cluster(c, "FILE");
+}
+
+TEST(DistributedDataMultiWorkerTest, AutoFallsBackToDataWithTooFewFiles) {
+  Case c;
+  c.workers = 3;
+  c.local = 1;
+  c.source = "records";
+  c.file_sizes = {6, 5};
+  c.length = 11;
+  c.batch = 5;
+  check_cluster(c, "DATA");
+}
+
+TEST(DistributedDataMultiWorkerTest, AutoUsesDataForInMemorySources) {
+  for (int local : {1, 2})
+    for (std::int64_t batch : {2, 3, 8})
+      for (bool drop : {false, true}) {
+        Case c;
+        c.workers = 2;
+        c.local = local;
+        c.length = 13;
+        c.batch = batch;
+        c.drop = drop;
+        check_cluster(c, "DATA");
+      }
+}
+
+TEST(DistributedDataMultiWorkerTest, ExplicitPolicies) {
+  Case c;
+  c.workers = 2;
+  c.local = 2;
+  c.source = "records";
+  c.file_sizes = {3, 8, 1};
+  c.length = 12;
+  c.batch = 6;
+  for (const std::string policy : {"FILE", "DATA", "OFF"}) {
+    c.policy = policy;
+    check_cluster(c, policy);
+  }
+  c.policy = "HINT";
+  c.source = "generator";
+  c.file_sizes.clear();
+  check_cluster(c, "HINT");
+}
+
+TEST(DistributedDataMultiWorkerTest, UnevenWorkersStepInLockStepUntilAllAreDone) {
+  Case c;
+  c.workers = 3;
+  c.local = 2;
+  c.source = "records";
+  c.file_sizes = {1, 20, 4};  // worker 1 has far more data than the others
+  c.length = 25;
+  c.batch = 6;
+  check_cluster(c, "FILE");
+}
+
+TEST(DistributedDataMultiWorkerTest, DatasetsFromFunction) {
+  for (const std::string mode : {"per_worker", "per_replica"}) {
+    Case c;
+    c.workers = 2;
+    c.local = 2;
+    c.length = 15;
+    c.batch = 4;
+    c.mode = mode;
+    check_cluster(c, "FUNCTION");
+  }
+}
+
+TEST(DistributedDataMultiWorkerTest, FileShardingWithTooFewFilesFails) {
+  Case c;
+  c.workers = 3;
+  c.source = "records";
+  c.file_sizes = {4, 4};
+  c.length = 8;
+  c.policy = "FILE";
+  run_cluster(c, "needs at least 3 files");
+}
+
+TEST(DistributedDataMultiWorkerTest, GlobalBatchSmallerThanWorkersFails) {
+  Case c;
+  c.workers = 3;
+  c.source = "records";
+  c.file_sizes = {4, 4, 4};
+  c.length = 12;
+  c.batch = 2;
+  c.policy = "FILE";
+  run_cluster(c, "smaller than the number of workers");
+}
+#endif
+
+}  // namespace
+}  // namespace strata::test
