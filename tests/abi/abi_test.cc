@@ -205,6 +205,16 @@ static_assert(offsetof(strata_input_vtable, cardinality) == 56, "strata_input_vt
 static_assert(offsetof(strata_input_vtable, save_state) == 64, "strata_input_vtable.save_state moved");
 static_assert(offsetof(strata_input_vtable, restore_state) == 72, "strata_input_vtable.restore_state moved");
 
+static_assert(sizeof(strata_input_arrays) == 280, "strata_input_arrays size changed: the ABI is frozen; append fields and bump STRATA_ABI_MINOR");
+static_assert(offsetof(strata_input_arrays, num_components) == 16, "strata_input_arrays.num_components moved");
+static_assert(offsetof(strata_input_arrays, names) == 24, "strata_input_arrays.names moved");
+static_assert(offsetof(strata_input_arrays, tensors) == 152, "strata_input_arrays.tensors moved");
+static_assert(sizeof(strata_input_generator) == 48, "strata_input_generator size changed: the ABI is frozen; append fields and bump STRATA_ABI_MINOR");
+static_assert(offsetof(strata_input_generator, user) == 16, "strata_input_generator.user moved");
+static_assert(offsetof(strata_input_generator, start) == 24, "strata_input_generator.start moved");
+static_assert(offsetof(strata_input_generator, next) == 32, "strata_input_generator.next moved");
+static_assert(offsetof(strata_input_generator, finish) == 40, "strata_input_generator.finish moved");
+
 static_assert(STRATA_ABI_MAJOR == 1, "ABI major");
 static_assert(STRATA_ABI_MINOR == 1, "ABI minor: add pinned numbers for the new fields when raising it");
 static_assert(STRATA_HOST_API_STRUCT_SIZE_1_0 == 120, "host table 1.0 size");
@@ -396,6 +406,15 @@ const Layout kLayout[] = {
     {"strata_element", "num_components", offsetof(strata_element, num_components), 16},
     {"strata_element", "names", offsetof(strata_element, names), 24},
     {"strata_element", "tensors", offsetof(strata_element, tensors), 152},
+    {"strata_input_arrays", nullptr, sizeof(strata_input_arrays), 280},
+    {"strata_input_arrays", "num_components", offsetof(strata_input_arrays, num_components), 16},
+    {"strata_input_arrays", "names", offsetof(strata_input_arrays, names), 24},
+    {"strata_input_arrays", "tensors", offsetof(strata_input_arrays, tensors), 152},
+    {"strata_input_generator", nullptr, sizeof(strata_input_generator), 48},
+    {"strata_input_generator", "user", offsetof(strata_input_generator, user), 16},
+    {"strata_input_generator", "start", offsetof(strata_input_generator, start), 24},
+    {"strata_input_generator", "next", offsetof(strata_input_generator, next), 32},
+    {"strata_input_generator", "finish", offsetof(strata_input_generator, finish), 40},
     {"strata_input_vtable", nullptr, sizeof(strata_input_vtable), 80},
     {"strata_input_vtable", "struct_size", offsetof(strata_input_vtable, struct_size), 0},
     {"strata_input_vtable", "abi_minor", offsetof(strata_input_vtable, abi_minor), 4},
@@ -420,7 +439,7 @@ TEST(AbiTest, LayoutMatchesThePinnedNumbers) {
       EXPECT_EQ(l.actual, l.pinned) << "sizeof(" << l.type << ")";
     }
   }
-  EXPECT_EQ(rows, 180u);
+  EXPECT_EQ(rows, 189u);
 }
 
 TEST(AbiTest, EnumValuesArePinned) {
