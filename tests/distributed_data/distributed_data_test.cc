@@ -61,7 +61,9 @@ void check_records(const Case& c, const std::vector<json>& docs, const std::stri
   const bool global_path = c.mode == "dataset" && (c.workers == 1 || docs[0]["policy"] == "DATA");
   for (const json& d : docs) {
     EXPECT_EQ(d["replicas"].get<int>(), R);
-    if (!expect_policy.empty()) EXPECT_EQ(d["policy"].get<std::string>(), expect_policy);
+    if (!expect_policy.empty()) {
+      EXPECT_EQ(d["policy"].get<std::string>(), expect_policy);
+    }
   }
   for (int e = 0; e < c.epochs; ++e) {
     SCOPED_TRACE("epoch " + std::to_string(e));
@@ -92,8 +94,12 @@ void check_records(const Case& c, const std::vector<json>& docs, const std::stri
           // splits it over its local replicas.
           const std::int64_t share = c.batch / c.workers + (w < c.batch % c.workers ? 1 : 0);
           EXPECT_LE(local_total, share);
-          if (c.drop) EXPECT_TRUE(local_total == 0 || local_total == share) << local_total;
-          if (worker_done[static_cast<std::size_t>(w)]) EXPECT_EQ(local_total, 0) << "worker " << w << " resumed";
+          if (c.drop) {
+            EXPECT_TRUE(local_total == 0 || local_total == share) << local_total;
+          }
+          if (worker_done[static_cast<std::size_t>(w)]) {
+            EXPECT_EQ(local_total, 0) << "worker " << w << " resumed";
+          }
           if (local_total < share) worker_done[static_cast<std::size_t>(w)] = true;
           const std::int64_t cl = ceil_div(local_total, c.local);
           for (int i = 0; i < c.local; ++i)
@@ -104,7 +110,9 @@ void check_records(const Case& c, const std::vector<json>& docs, const std::stri
           const std::int64_t per = c.batch / R;
           for (auto s : local_sizes) {
             EXPECT_LE(s, per);
-            if (c.drop) EXPECT_TRUE(s == 0 || s == per);
+            if (c.drop) {
+              EXPECT_TRUE(s == 0 || s == per);
+            }
           }
         }
       }
@@ -112,7 +120,9 @@ void check_records(const Case& c, const std::vector<json>& docs, const std::stri
       if (global_path) {
         // Global batch b split over all replicas with c = ceil(b / R).
         EXPECT_LE(total, c.batch);
-        if (t + 1 < steps || c.drop) EXPECT_EQ(total, c.batch);
+        if (t + 1 < steps || c.drop) {
+          EXPECT_EQ(total, c.batch);
+        }
         const std::int64_t cc = ceil_div(total, R);
         for (int g = 0; g < R; ++g)
           EXPECT_EQ(by_replica[static_cast<std::size_t>(g)], std::clamp<std::int64_t>(total - g * cc, 0, cc))
@@ -132,7 +142,9 @@ void check_records(const Case& c, const std::vector<json>& docs, const std::stri
     if (global_path) {
       const std::int64_t want = c.drop ? c.length / c.batch : ceil_div(c.length, c.batch);
       EXPECT_EQ(static_cast<std::int64_t>(steps), want);
-      if (c.drop) EXPECT_EQ(static_cast<std::int64_t>(seen.size()), want * c.batch);
+      if (c.drop) {
+        EXPECT_EQ(static_cast<std::int64_t>(seen.size()), want * c.batch);
+      }
     }
   }
 }
