@@ -187,8 +187,9 @@ class STRATA_API PluginHost {
 };
 
 /// Resolvers tried by auto-detection, in order: "slurm" (its detect():
-/// SLURM_PROCID set), "tf_config" (TF_CONFIG set and non-empty), "tpu" (its
-/// detect(): KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS, TPU_NAME or TPU_CONFIG set).
+/// SLURM_PROCID and SLURM_STEP_NODELIST set, i.e. a task of a job step),
+/// "tf_config" (TF_CONFIG set and non-empty), "tpu" (its detect():
+/// KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS, TPU_NAME or TPU_CONFIG set).
 STRATA_API const std::vector<std::string>& cluster_resolver_detect_order();
 
 /// The resolver to use: `configured` (the job config's /cluster_resolver/name,
