@@ -67,6 +67,9 @@ TEST(SlurmHostlistTest, MalformedListsNameTheVariableAndTheFix) {
       {"a[-1]", "has the entry '-1'"},
       {"a[1,,2]", "has the entry ''"},
       {"a b", "whitespace"},
+      // Found by slurm_fuzz: a byte that is not text made describe() throw.
+      {"a[02-03]b\x80[3,5]", "the character 0x80 at position 9"},
+      {"n1;rm", "the character 0x3b"},
       {"a[0-99999999]", "more than"},
       {"a[0-999]b[0-999]c[0-9]", "more than"},
   };

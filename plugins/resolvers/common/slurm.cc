@@ -12,7 +12,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cctype>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 
@@ -148,6 +150,15 @@ std::vector<std::string> expand_hostlist(std::string_view list, const std::strin
     if (i < list.size() && (c == ' ' || c == '\t' || c == '\n' || c == '\r'))
       STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, origin, " '", list, "' contains whitespace at position ", i,
                    "; a hostlist is comma-separated without spaces, e.g. ", kHostlistExample);
+    // Node names become cluster addresses (and JSON strings): only what a
+    // host name may hold. The list is not echoed, as it may not be text.
+    const auto u = static_cast<unsigned char>(c);
+    if (i < list.size() && !std::isalnum(u) && c != '-' && c != '_' && c != '.' && c != '[' && c != ']' && c != ',') {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "0x%02x", u);
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, origin, " has the character ", hex, " at position ", i,
+                   "; node names hold letters, digits, '-', '_' and '.', e.g. ", kHostlistExample);
+    }
     if (c == '[') {
       if (depth != 0)
         STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, origin, " '", list, "' has a '[' inside brackets at position ", i,
