@@ -12,7 +12,9 @@
 // Splitting (Strategy::distribute_dataset). The dataset must be batched by
 // the GLOBAL batch size B. With R replicas in sync:
 //  - one worker, or AutoShardPolicy::DATA: every worker reads the same global
-//    batches; a batch of b elements gives replica r (in replica_id_in_sync_group
+//    batches (so the dataset must be deterministic: seeded shuffles, a
+//    generator that yields the same sequence on every worker); a batch of b
+//    elements gives replica r (in replica_id_in_sync_group
 //    order) the rows [r*c, min((r+1)*c, b)) with c = ceil(b / R). So B=8 on 3
 //    replicas is 3+3+2, and a short last batch of 2 on 4 replicas is 1+1+0+0.
 //  - FILE, OFF or HINT on W > 1 workers: each worker batches its own stream
