@@ -135,6 +135,45 @@ TEST(SlurmResolveTest, DefaultJobIsAllWorkersInBlockOrderWithPortsByLocalIndex) 
   }
 }
 
+TEST(SlurmResolveTest, LayoutFollowsTheStepsDistribution) {
+  // Block (default), cyclic and plane, as srun -m lays tasks out; the node
+  // capacities come from the tasks per node. Seen on the CI's Slurm cluster:
+  // with -m cyclic over n[1-2] / 2(x2), rank 1 runs on n2 with SLURM_LOCALID 0.
+  auto places = [](const std::vector<int32_t>& tpn, const std::string& dist, int64_t plane) {
+    std::string s;
+    for (const TaskPlace& t : lay_out_tasks(tpn, dist, plane))
+      s += std::to_string(t.node) + "." + std::to_string(t.local) + " ";
+    return s;
+  };
+  EXPECT_EQ(places({2, 2}, "block", 1), "0.0 0.1 1.0 1.1 ");
+  EXPECT_EQ(places({2, 2}, "cyclic", 1), "0.0 1.0 0.1 1.1 ");
+  EXPECT_EQ(places({3, 1}, "cyclic", 1), "0.0 1.0 0.1 0.2 ");
+  EXPECT_EQ(places({4, 4}, "plane", 2), "0.0 0.1 1.0 1.1 0.2 0.3 1.2 1.3 ");
+  EXPECT_EQ(places({3, 1, 2}, "plane", 2), "0.0 0.1 1.0 2.0 2.1 0.2 ");
+
+  SlurmEnv e = step(1, "n[1-2]", "2(x2)", 4);
+  e.distribution = "cyclic:block";  // srun -m cyclic; the part after ':' is within a node
+  const SlurmResult r = resolve_slurm(e, json::object(), no_driver);
+  EXPECT_EQ(r.node, "n2");
+  EXPECT_EQ(r.local_index, 0);
+  EXPECT_EQ(r.resolution.cluster.json, json::parse(R"({"worker": ["n1:8888", "n2:8888", "n1:8889", "n2:8889"]})"));
+  // GPUs follow the task's real place on its node.
+  e.cuda_visible_devices = "0,1";
+  EXPECT_EQ(resolve_slurm(e, json::object(), no_driver).visible_devices, "0");
+
+  e.distribution = "arbitrary";
+  try {
+    (void)resolve_slurm(e, json::object(), no_driver);
+    ADD_FAILURE() << "no error for an arbitrary distribution";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("srun -m block"), std::string::npos) << err.what();
+  }
+  e.distribution = "plane";
+  EXPECT_THROW((void)resolve_slurm(e, json::object(), no_driver), InvalidArgumentError);
+  e.plane_size = "2";
+  EXPECT_EQ(resolve_slurm(e, json::object(), no_driver).node, "n1");  // plane=2: ranks 0,1 on n1
+}
+
 TEST(SlurmResolveTest, JobsTakeConsecutiveRanksInNameOrder) {
   const json opts = {{"jobs", {{"worker", 3}, {"ps", 1}}}, {"port_base", 2222}};
   const json spec = json::parse(R"({"ps": ["a:2222"], "worker": ["a:2223", "b:2222", "b:2223"]})");

@@ -220,8 +220,34 @@ std::vector<int32_t> expand_tasks_per_node(std::string_view text, const std::str
   return out;
 }
 
+std::vector<TaskPlace> lay_out_tasks(const std::vector<int32_t>& tasks_per_node, const std::string& distribution,
+                                     int64_t plane_size) {
+  std::vector<TaskPlace> out;
+  std::vector<int32_t> used(tasks_per_node.size(), 0);
+  int64_t total = 0;
+  for (int32_t n : tasks_per_node) total += n;
+  out.reserve(static_cast<std::size_t>(total));
+  if (distribution == "block") {
+    for (std::size_t i = 0; i < tasks_per_node.size(); ++i)
+      for (int32_t k = 0; k < tasks_per_node[i]; ++k) out.push_back({static_cast<int32_t>(i), k});
+    return out;
+  }
+  // cyclic is plane with blocks of 1: round-robin over the nodes with room.
+  const int64_t block = distribution == "cyclic" ? 1 : plane_size;
+  std::size_t node = 0;
+  while (static_cast<int64_t>(out.size()) < total) {
+    while (used[node] >= tasks_per_node[node]) node = (node + 1) % tasks_per_node.size();
+    for (int64_t k = 0; k < block && used[node] < tasks_per_node[node]; ++k)
+      out.push_back({static_cast<int32_t>(node), used[node]++});
+    node = (node + 1) % tasks_per_node.size();
+  }
+  return out;
+}
+
 SlurmEnv SlurmEnv::from_environment() {
   SlurmEnv e;
+  e.distribution = env_value("SLURM_DISTRIBUTION");
+  e.plane_size = env_value("SLURM_DIST_PLANESIZE");
   e.procid = env_value("SLURM_PROCID");
   e.num_tasks = env_value("SLURM_STEP_NUM_TASKS");
   if (!e.num_tasks) {
@@ -417,19 +443,30 @@ SlurmResult resolve_slurm(const SlurmEnv& env, const nlohmann::json& options,
     STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "SLURM_PROCID=", rank, " is out of range for a step of ", num_tasks,
                  " task(s) (ranks 0..", num_tasks - 1, "); the Slurm variables come from different steps");
 
-  // Block distribution: ranks 0..k0-1 on node 0, and so on.
-  int64_t first = 0;
-  int32_t max_tasks = 0;
-  std::size_t node_index = 0;
-  for (std::size_t i = 0; i < r.tasks_per_node.size(); ++i) {
-    max_tasks = std::max(max_tasks, r.tasks_per_node[i]);
-    if (rank >= first && rank < first + r.tasks_per_node[i]) {
-      node_index = i;
-      r.local_index = static_cast<int32_t>(rank - first);
+  // Where every rank runs, by the step's node-level distribution (srun -m).
+  std::string distribution = "block";
+  int64_t plane = 1;
+  if (env.distribution) {
+    distribution = env.distribution->substr(0, env.distribution->find(':'));
+    if (distribution.empty() || distribution == "*") distribution = "block";
+    if (distribution == "plane") {
+      const auto p = env.plane_size ? parse_decimal(*env.plane_size) : std::nullopt;
+      if (!p || *p == 0 || *p > INT32_MAX)
+        STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "SLURM_DISTRIBUTION=plane needs a positive SLURM_DIST_PLANESIZE, got '",
+                     env.plane_size.value_or(""), "'; start the step with srun -m plane=N");
+      plane = static_cast<int64_t>(*p);
+    } else if (distribution != "block" && distribution != "cyclic") {
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "SLURM_DISTRIBUTION='", *env.distribution,
+                   "' lays tasks out in a way the slurm resolver cannot reproduce (it knows block, cyclic and "
+                   "plane); start the step with srun -m block (the default) or -m cyclic");
     }
-    first += r.tasks_per_node[i];
   }
-  r.node = r.hosts[node_index];
+  const std::vector<TaskPlace> places = lay_out_tasks(r.tasks_per_node, distribution, plane);
+  int32_t max_tasks = 0;
+  for (int32_t n : r.tasks_per_node) max_tasks = std::max(max_tasks, n);
+  const TaskPlace& me = places[static_cast<std::size_t>(rank)];
+  r.node = r.hosts[static_cast<std::size_t>(me.node)];
+  r.local_index = me.local;
 
   // Ports.
   const int32_t port_base = option_int(opts, "port_base", 8888, 1, 65535);
@@ -439,9 +476,8 @@ SlurmResult resolve_slurm(const SlurmEnv& env, const nlohmann::json& options,
                  ", beyond 65535; choose a lower port_base");
   std::vector<std::string> addresses;
   addresses.reserve(static_cast<std::size_t>(total));
-  for (std::size_t i = 0; i < r.hosts.size(); ++i)
-    for (int32_t k = 0; k < r.tasks_per_node[i]; ++k)
-      addresses.push_back(r.hosts[i] + ":" + std::to_string(port_base + k));
+  for (const TaskPlace& t : places)
+    addresses.push_back(r.hosts[static_cast<std::size_t>(t.node)] + ":" + std::to_string(port_base + t.local));
 
   // Jobs, in name order over consecutive ranks.
   std::map<std::string, int64_t> jobs;
@@ -493,7 +529,7 @@ SlurmResult resolve_slurm(const SlurmEnv& env, const nlohmann::json& options,
   } else {
     r.gpus_per_node = std::max<int32_t>(0, driver_gpus ? driver_gpus() : 0);
   }
-  const int32_t local_tasks = r.tasks_per_node[node_index];
+  const int32_t local_tasks = r.tasks_per_node[static_cast<std::size_t>(me.node)];
   if (opts.contains("gpus_per_task") && !opts["gpus_per_task"].is_null()) {
     r.gpus_per_task = option_int(opts, "gpus_per_task", 0, 0, 1 << 16);
     // Every node runs with the same gpus_per_task, so the fullest node decides.

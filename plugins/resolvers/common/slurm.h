@@ -37,6 +37,18 @@ std::vector<std::string> expand_hostlist(std::string_view list, const std::strin
 /// repetition is a positive decimal integer.
 std::vector<int32_t> expand_tasks_per_node(std::string_view text, const std::string& origin);
 
+/// Where each rank runs: its node index and its index among that node's
+/// tasks, for Slurm's node-level distributions. `block`: ranks fill node 0,
+/// then node 1, ...; `cyclic`: ranks go round-robin over the nodes that
+/// still have room; `plane` with size p: blocks of p consecutive ranks go
+/// round-robin. `tasks_per_node` gives each node's capacity.
+struct TaskPlace {
+  int32_t node = 0;
+  int32_t local = 0;
+};
+std::vector<TaskPlace> lay_out_tasks(const std::vector<int32_t>& tasks_per_node, const std::string& distribution,
+                                     int64_t plane_size);
+
 constexpr std::size_t kMaxHosts = 1u << 20;
 
 /// The Slurm variables the resolver reads, with the name each came from.
@@ -49,6 +61,11 @@ struct SlurmEnv {
   std::optional<std::string> tasks_per_node;  ///< SLURM_STEP_TASKS_PER_NODE, else SLURM_TASKS_PER_NODE
   std::string tasks_per_node_var = "SLURM_STEP_TASKS_PER_NODE";
   std::optional<std::string> cuda_visible_devices;  ///< CUDA_VISIBLE_DEVICES
+  /// SLURM_DISTRIBUTION (srun -m): how ranks are laid out over the nodes;
+  /// "block" (the default), "cyclic" or "plane" (with SLURM_DIST_PLANESIZE).
+  /// Only the part before ':' (the node level) matters here.
+  std::optional<std::string> distribution;
+  std::optional<std::string> plane_size;  ///< SLURM_DIST_PLANESIZE
 
   /// Snapshot of the current process environment (empty values count as unset).
   static SlurmEnv from_environment();
