@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // libFuzzer target for the Slurm resolver's parsers and resolution. The input
-// is "hostlist\ntasks-per-node\nprocid\noptions-json" (missing lines are
-// unset). Any input must either resolve consistently or be rejected with
-// INVALID_ARGUMENT; anything else (a crash, another exception, a task placed
-// outside the expanded node list) aborts so libFuzzer reports it.
+// is "hostlist\ntasks-per-node\nprocid\noptions-json\ndistribution" (missing
+// lines are unset; plane uses SLURM_DIST_PLANESIZE=2). Any input must either
+// resolve consistently or be rejected with INVALID_ARGUMENT; anything else
+// (a crash, another exception, a task placed outside the expanded node list,
+// running out of memory) aborts so libFuzzer reports it.
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -18,7 +19,7 @@ namespace {
 std::vector<std::string> lines(std::string_view text) {
   std::vector<std::string> out;
   std::size_t start = 0;
-  while (out.size() < 4) {
+  while (out.size() < 5) {
     const std::size_t nl = text.find('\n', start);
     out.emplace_back(text.substr(start, nl == std::string_view::npos ? std::string_view::npos : nl - start));
     if (nl == std::string_view::npos) break;
@@ -46,6 +47,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     env.tasks_per_node = l[1];
     env.procid = l[2];
     env.cuda_visible_devices = std::string();
+    if (l.size() > 4) {
+      env.distribution = l[4];
+      env.plane_size = "2";
+    }
     nlohmann::json options = nlohmann::json::object();
     if (l.size() > 3) {
       options = nlohmann::json::parse(l[3], nullptr, false);

@@ -168,6 +168,10 @@ TEST(SlurmResolveTest, LayoutFollowsTheStepsDistribution) {
   } catch (const Error& err) {
     EXPECT_NE(std::string(err.what()).find("srun -m block"), std::string::npos) << err.what();
   }
+  // Found by slurm_fuzz: a huge task count once built an address per task.
+  SlurmEnv huge = step(2, "n", "444217217", 444217217);
+  EXPECT_THROW((void)resolve_slurm(huge, json::object(), no_driver), InvalidArgumentError);
+
   e.distribution = "plane";
   EXPECT_THROW((void)resolve_slurm(e, json::object(), no_driver), InvalidArgumentError);
   e.plane_size = "2";

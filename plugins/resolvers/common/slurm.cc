@@ -424,6 +424,13 @@ SlurmResult resolve_slurm(const SlurmEnv& env, const nlohmann::json& options,
   }
   int64_t total = 0;
   for (int32_t n : r.tasks_per_node) total += n;
+  // Every task gets a cluster address: bound the list before building it.
+  if (total > static_cast<int64_t>(kMaxHosts))
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "the tasks per node (",
+                 env.tasks_per_node ? env.tasks_per_node_var + "='" + *env.tasks_per_node + "'"
+                                    : std::string("option tasks_per_node"),
+                 ") add up to ", total, " tasks, more than the ", kMaxHosts,
+                 " any real step has; use the step's own variables (start the program with srun)");
 
   int64_t num_tasks = total;
   if (env.num_tasks) {
