@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -33,6 +34,9 @@ struct Args {
   int epochs = 1;
   std::string mode = "dataset";  // dataset | per_worker | per_replica
   int prefetch = 2;
+  // The process with this STRATA_RANK adds a component "extra" to its
+  // elements (to test the check that workers agree on the layout); -1: none.
+  int variant_rank = -1;
 };
 
 inline strata::AutoShardPolicy parse_policy(const std::string& p) {
@@ -89,6 +93,12 @@ inline json run_distributed(const Args& a) {
   std::optional<strata::DistributedDataset> dist;
   if (a.mode == "dataset") {
     strata::Dataset ds = source(a);
+    const char* rank = std::getenv("STRATA_RANK");
+    if (a.variant_rank >= 0 && rank != nullptr && std::atoi(rank) == a.variant_rank)
+      ds = ds.map([](strata::Element e) {
+        e.add("extra", strata::Tensor::scalar<float>(1.0f));
+        return e;
+      });
     if (a.policy == "HINT") ds = ds.shard(strata::SHARD_HINT, strata::SHARD_HINT);
     dist.emplace(strategy.distribute_dataset(ds.batch(a.batch, a.drop).with_options(dopts), io));
   } else {

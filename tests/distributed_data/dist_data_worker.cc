@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
   app.add_option("--epochs", a.epochs);
   app.add_option("--mode", a.mode);
   app.add_option("--prefetch", a.prefetch);
+  app.add_option("--variant-rank", a.variant_rank);
   app.add_option("--out", out)->required();
   CLI11_PARSE(app, argc, argv);
   const char* rank = std::getenv("STRATA_RANK");

@@ -35,6 +35,7 @@ struct Case {
   std::string source = "memory";
   std::vector<std::int64_t> file_sizes;  // records source: ids split over files of these sizes
   int epochs = 2;
+  int variant_rank = -1;                 // see Args::variant_rank
   std::string label() const {
     std::string s = "W" + std::to_string(workers) + " L" + std::to_string(local) + " N" + std::to_string(length) +
                     " B" + std::to_string(batch) + (drop ? " drop" : "") + " " + policy + " " + mode + " " + source;
@@ -441,6 +442,10 @@ std::vector<json> run_cluster(const Case& c, const std::string& expect_error = "
                                 dir.str() + "/out-{rank}.json"})
     argv.push_back(s);
   if (c.drop) argv.push_back("--drop");
+  if (c.variant_rank >= 0) {
+    argv.push_back("--variant-rank");
+    argv.push_back(std::to_string(c.variant_rank));
+  }
   if (!c.file_sizes.empty()) {
     argv.push_back("--files");
     for (const auto& f : write_files(dir, c.file_sizes)) argv.push_back(f);
@@ -535,6 +540,39 @@ TEST(DistributedDataMultiWorkerTest, UnevenWorkersStepInLockStepUntilAllAreDone)
   c.length = 25;
   c.batch = 6;
   check_cluster(c, "FILE");
+}
+
+// A worker whose shard yields no batch at all still steps in lock-step; its
+// replicas get empty batches with the layout the other workers agree on.
+TEST(DistributedDataMultiWorkerTest, WorkersWithNoBatchGetEmptyBatchesOfTheRightLayout) {
+  Case c;
+  c.workers = 2;
+  c.local = 2;
+  c.source = "records";
+  c.file_sizes = {1, 6};  // worker 0: one record, less than its share of 2, dropped
+  c.length = 7;
+  c.batch = 4;
+  c.drop = true;
+  check_cluster(c, "FILE");
+  c.workers = 3;
+  c.local = 1;
+  c.file_sizes = {1, 1, 9};  // workers 0 and 1 have no batch, worker 2 has four
+  c.length = 11;
+  c.batch = 6;
+  check_cluster(c, "FILE");
+}
+
+TEST(DistributedDataMultiWorkerTest, WorkersWithDifferentLayoutsFail) {
+  Case c;
+  c.workers = 3;
+  c.source = "records";
+  c.file_sizes = {1, 6, 6};
+  c.length = 13;
+  c.batch = 6;
+  c.drop = true;
+  c.policy = "FILE";
+  c.variant_rank = 2;  // worker 2 adds a component; worker 0 has no batch and asks for the layout
+  run_cluster(c, "the workers' inputs have different element layouts");
 }
 
 TEST(DistributedDataMultiWorkerTest, DatasetsFromFunction) {

@@ -24,7 +24,10 @@
 // Every step is in lock-step across workers: when one worker's data ends
 // first, its replicas get empty batches (first dimension 0) until every
 // worker is exhausted, and iteration ends on all workers at the same step.
-// The end is agreed with a small all-reduce per step across workers.
+// The end is agreed with a small all-reduce per step across workers. A
+// worker whose input yields no batch at all takes the element layout (names,
+// dtypes, row shapes) from the others, once, and the workers that have one
+// check that theirs agree (InvalidArgumentError naming both otherwise).
 //
 // distribute_datasets_from_function: `fn(InputContext)` builds each
 // pipeline's dataset, already batched PER REPLICA (use

@@ -39,7 +39,7 @@ enum class DType { kFloat32, kFloat64, kFloat16, kBFloat16, kInt32, kInt64, kUIn
 /// DLPack type of `dtype` (lanes = 1).
 STRATA_API DLDataType to_dlpack(DType dtype);
 /// Inverse of to_dlpack; throws InvalidArgumentError for anything else
-/// (e.g. uint8, complex, vector lanes).
+/// (e.g. int8, complex, vector lanes).
 STRATA_API DType dtype_from_dlpack(DLDataType dt);
 /// "float32", "float64", "float16", "bfloat16", "int32", "int64", "uint8".
 STRATA_API const char* dtype_name(DType dtype);

@@ -14,6 +14,8 @@
 #include <utility>
 #include <variant>
 
+#include <nlohmann/json.hpp>
+
 #include "api/strategy_impl.h"
 #include "data/dataset_internal.h"
 #include "log.h"
@@ -77,6 +79,38 @@ Spec spec_of(const Element& e) {
   }
   s.known = true;
   return s;
+}
+
+// A spec as one line of JSON, tagged with the worker that sent it (for
+// the exchange in DistributedIteratorImpl::share_spec).
+std::string encode_spec(const Spec& s, int worker) {
+  nlohmann::json j = {{"worker", worker}, {"names", s.names}, {"shapes", s.row_shapes}};
+  for (DType d : s.dtypes) j["dtypes"].push_back(static_cast<int>(d));
+  return j.dump() + "\n";
+}
+
+std::pair<Spec, int> decode_spec(const std::string& line) {
+  const nlohmann::json j = nlohmann::json::parse(line);
+  Spec s;
+  s.names = j.at("names").get<std::vector<std::string>>();
+  s.row_shapes = j.at("shapes").get<std::vector<std::vector<std::int64_t>>>();
+  for (int d : j.value("dtypes", std::vector<int>{})) s.dtypes.push_back(static_cast<DType>(d));
+  s.known = true;
+  return {s, j.at("worker").get<int>()};
+}
+
+std::string describe_spec(const Spec& s) {
+  std::string out;
+  for (std::size_t i = 0; i < s.names.size(); ++i) {
+    out += (i ? ", " : "") + s.names[i] + ": " + dtype_name(s.dtypes[i]) + "[batch";
+    for (auto d : s.row_shapes[i]) out += "," + std::to_string(d);
+    out += "]";
+  }
+  return out.empty() ? "(no components)" : out;
+}
+
+bool same_spec(const Spec& a, const Spec& b) {
+  return a.names == b.names && a.dtypes == b.dtypes && a.row_shapes == b.row_shapes;
 }
 
 Element empty_like(const Spec& s) {
@@ -303,15 +337,65 @@ struct DistributedIteratorImpl {
   }
 
   // Number of workers that still have data this step (this one included).
+  // The same reduction says whether some worker has never seen a batch and
+  // so cannot shape its empty ones; then the workers exchange the element
+  // layout once (share_spec).
   std::int64_t agree(bool has_data) {
     StrategyImpl& s = *ds_->strategy;
     if (s.num_workers <= 1) return has_data ? 1 : 0;
     std::vector<Tensor> flags;
-    for (int i = 0; i < s.num_local_replicas; ++i)
-      flags.push_back(Tensor::scalar<float>(i == 0 && has_data ? 1.0f : 0.0f));
+    for (int i = 0; i < s.num_local_replicas; ++i) {
+      const bool first = i == 0;
+      flags.push_back(Tensor::from_vector<float>(
+          {first && has_data ? 1.0f : 0.0f, first && !spec_.known ? 1.0f : 0.0f}, {2}));
+    }
     Strategy handle(&s, nullptr);
     Tensor sum = handle.reduce(ReduceOp::SUM, PerReplica(std::move(flags)));
-    return static_cast<std::int64_t>(sum.data<float>()[0] + 0.5f);
+    const auto live = static_cast<std::int64_t>(sum.data<float>()[0] + 0.5f);
+    const bool someone_needs_spec = sum.data<float>()[1] > 0.5f;
+    if (live > 0 && someone_needs_spec) share_spec(handle);
+    return live;
+  }
+
+  // Every worker that knows the layout sends it; all check that the layouts
+  // agree, and a worker that had none takes it.
+  void share_spec(Strategy& handle) {
+    StrategyImpl& s = *ds_->strategy;
+    std::vector<Tensor> blobs;
+    for (int i = 0; i < s.num_local_replicas; ++i) {
+      // JSON text padded with NULs to whole int64 words (gather moves
+      // numeric tensors; JSON never holds a raw NUL).
+      std::string mine = i == 0 && spec_.known ? encode_spec(spec_, s.worker_index) : std::string();
+      mine.resize((mine.size() + 7) / 8 * 8, '\0');
+      blobs.push_back(Tensor::from_bytes(mine.data(), mine.size(), {static_cast<std::int64_t>(mine.size() / 8)},
+                                         DType::kInt64));
+    }
+    Tensor all = handle.gather(PerReplica(std::move(blobs)), 0);
+    std::string text(static_cast<const char*>(all.raw_data()), all.nbytes());
+    text.erase(std::remove(text.begin(), text.end(), '\0'), text.end());
+    std::optional<std::pair<Spec, int>> first;
+    std::size_t pos = 0;
+    while (pos < text.size()) {
+      const std::size_t end = text.find('\n', pos);
+      auto got = decode_spec(text.substr(pos, end - pos));
+      pos = end == std::string::npos ? text.size() : end + 1;
+      if (!first) {
+        first = std::move(got);
+        continue;
+      }
+      STRATA_ENFORCE(same_spec(first->first, got.first), STRATA_ERR_INVALID_ARGUMENT,
+                     "the workers' inputs have different element layouts: worker ", first->second, " has {",
+                     describe_spec(first->first), "} but worker ", got.second, " has {", describe_spec(got.first),
+                     "}; every worker must build the same dataset");
+    }
+    STRATA_ENFORCE(first.has_value(), STRATA_ERR_INTERNAL,
+                   "no worker sent its element layout although some still have data");
+    if (!spec_.known) {
+      logger("data")->info("this worker's input produced no batch; its replicas get empty batches shaped like "
+                           "worker {}'s: {}",
+                           first->second, describe_spec(first->first));
+      spec_ = std::move(first->first);
+    }
   }
 
   std::optional<DistributedElement> next() {
@@ -339,11 +423,7 @@ struct DistributedIteratorImpl {
     ++steps_;
     const int local = ds_->strategy->num_local_replicas;
     if (!step) {
-      if (!spec_.known) {
-        logger("data")->warn(
-            "this worker's input produced no batch at all, so its replicas get batches with no components "
-            "while other workers still have data");
-      }
+      STRATA_ENFORCE(spec_.known, STRATA_ERR_INTERNAL, "the element layout is unknown on an empty step");
       step.emplace();
       for (int i = 0; i < local; ++i) step->push_back(empty_like(spec_));
     }
