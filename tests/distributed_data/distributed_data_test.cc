@@ -9,7 +9,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <map>
+#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
@@ -340,6 +342,83 @@ TEST(DistributedDataTest, ErrorsInTheInputReachTheStep) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("bad example 5"), std::string::npos) << e.what();
   }
+}
+
+// A callback that blocks is a DeadlineExceededError at the step, not a
+// hang, and dropping the iterator does not wait for the callback.
+TEST(DistributedDataTest, BlockedInputCallbackIsADeadlineNotAHang) {
+  auto strategy = Strategy::create("mirrored", R"({"devices":["cpu:0","cpu:1"]})");
+  struct Gate {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool open = false;
+  };
+  auto gate = std::make_shared<Gate>();
+  auto ds = Dataset::from_generator([gate](const InputContext&) {
+              auto i = std::make_shared<int>(0);
+              return [gate, i]() -> std::optional<Element> {
+                if (++*i == 3) {  // the second batch never comes until the gate opens
+                  std::unique_lock<std::mutex> l(gate->mu);
+                  gate->cv.wait(l, [&] { return gate->open; });
+                }
+                Element e;
+                e.add("x", Tensor::scalar<float>(1.0f));
+                return e;
+              };
+            }).batch(2);
+  InputOptions io;
+  io.timeout_s = 0.5;
+  auto dist = strategy.distribute_dataset(ds, io);
+  std::chrono::steady_clock::time_point dropped;
+  {
+    auto it = dist.make_iterator();
+    (void)it.next();
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      (void)it.next();
+      FAIL() << "expected a deadline";
+    } catch (const DeadlineExceededError& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("step 2"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("InputOptions::timeout_s"), std::string::npos) << msg;
+    }
+    const auto waited = std::chrono::steady_clock::now() - t0;
+    EXPECT_GE(waited, std::chrono::milliseconds(450));
+    EXPECT_LT(waited, std::chrono::seconds(5));
+    EXPECT_FALSE(it.get_next_as_optional().has_value()) << "an iterator that timed out has ended";
+    dropped = std::chrono::steady_clock::now();  // the iterator goes while the callback still blocks
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - dropped, std::chrono::seconds(5));
+  {
+    std::lock_guard<std::mutex> l(gate->mu);
+    gate->open = true;
+  }
+  gate->cv.notify_all();
+  // The left-alone input thread finishes once the callback returns; a fresh
+  // iterator works.
+  io.timeout_s = 30;
+  auto dist2 = strategy.distribute_dataset(ds, io);
+  std::int64_t rows = 0;
+  int steps = 0;
+  auto it2 = dist2.make_iterator();
+  while (auto b = it2.get_next_as_optional()) {
+    for (auto n : b->local_batch_sizes()) rows += n;
+    if (++steps == 3) break;
+  }
+  EXPECT_EQ(rows, 6);
+}
+
+TEST(DistributedDataTest, InputOptionsAreChecked) {
+  auto strategy = Strategy::create("mirrored", R"({"devices":["cpu:0"]})");
+  Element e;
+  e.add("x", Tensor::from_vector<float>({1, 2, 3}, {3}));
+  auto ds = Dataset::from_tensor_slices(std::move(e)).batch(2);
+  InputOptions io;
+  io.timeout_s = 0;
+  EXPECT_THROW(strategy.distribute_dataset(ds, io), InvalidArgumentError);
+  io.timeout_s = 1;
+  io.prefetch_depth = 0;
+  EXPECT_THROW(strategy.distribute_dataset(ds, io), InvalidArgumentError);
 }
 
 // ------------------------------------------------------------- bad use ---

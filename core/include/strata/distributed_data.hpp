@@ -70,6 +70,11 @@ struct InputOptions {
   /// For distribute_datasets_from_function (distribute_dataset is always
   /// per worker).
   InputReplicationMode experimental_replication_mode = InputReplicationMode::PER_WORKER;
+  /// Longest a step waits for its input (seconds, > 0): past it, next()
+  /// throws DeadlineExceededError instead of hanging on a callback that
+  /// blocks. Raise it for input that is slow on purpose (huge batches, a
+  /// heavy map()).
+  double timeout_s = 600;
 };
 
 /// One step of input: for every component, one tensor per local replica.

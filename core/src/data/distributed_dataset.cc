@@ -5,6 +5,7 @@
 // strata/distributed_data.hpp for the rules).
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -270,7 +271,9 @@ struct DistributedDatasetImpl {
   std::function<std::unique_ptr<StepProducer>(std::int64_t pass)> open;
 };
 
-// The input thread and its bounded queue of local steps.
+// The input thread and its bounded queue of local steps. The thread owns
+// its state through a shared_ptr, so that if it is stuck in a user callback
+// when the iterator goes away it can be left to finish on its own.
 struct DistributedIteratorImpl {
   struct Item {
     LocalStep step;
@@ -278,32 +281,71 @@ struct DistributedIteratorImpl {
     Spec spec;  // the producer's spec after this step
   };
 
+  struct Shared {
+    std::shared_ptr<DistributedDatasetImpl> ds;
+    std::size_t depth = 1;
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<Item> queue;
+    bool stop = false;
+    bool done = false;  // the thread has returned (or is about to)
+
+    void push(Item item) {
+      {
+        std::lock_guard<std::mutex> l(mu);
+        queue.push_back(std::move(item));
+      }
+      cv.notify_all();
+    }
+  };
+
   DistributedIteratorImpl(std::shared_ptr<DistributedDatasetImpl> ds, std::int64_t pass)
-      : ds_(std::move(ds)), depth_(static_cast<std::size_t>(std::max(1, ds_->options.prefetch_depth))) {
-    thread_ = std::thread([this, pass] { produce(pass); });
+      : ds_(std::move(ds)), sh_(std::make_shared<Shared>()) {
+    sh_->ds = ds_;
+    sh_->depth = static_cast<std::size_t>(std::max(1, ds_->options.prefetch_depth));
+    thread_ = std::thread([sh = sh_, pass] { produce(*sh, pass); });
   }
   ~DistributedIteratorImpl() {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      stop_ = true;
+    std::unique_lock<std::mutex> l(sh_->mu);
+    sh_->stop = true;
+    sh_->cv.notify_all();
+    // Each source call is bounded by source_timeout_s, but a map() or
+    // generator callback is not: wait a little, then leave it alone.
+    const bool done = sh_->cv.wait_for(l, std::chrono::seconds(2), [&] { return sh_->done; });
+    l.unlock();
+    if (done) {
+      thread_.join();
+    } else {
+      logger("data")->warn(
+          "the input thread is still busy 2 s after its iterator was destroyed; it is left to finish on its own "
+          "(a map() or generator callback that blocks should return promptly)");
+      thread_.detach();
     }
-    cv_.notify_all();
-    thread_.join();
   }
 
-  void produce(std::int64_t pass) {
+  static void produce(Shared& sh, std::int64_t pass) {
+    struct MarkDone {
+      Shared& sh;
+      ~MarkDone() {
+        {
+          std::lock_guard<std::mutex> l(sh.mu);
+          sh.done = true;
+        }
+        sh.cv.notify_all();
+      }
+    } mark{sh};
     std::unique_ptr<StepProducer> producer;
     try {
-      producer = ds_->open(pass);
+      producer = sh.ds->open(pass);
     } catch (...) {
-      push(Item{std::nullopt, std::current_exception(), {}});
+      sh.push(Item{std::nullopt, std::current_exception(), {}});
       return;
     }
     for (;;) {
       {
-        std::unique_lock<std::mutex> l(mu_);
-        cv_.wait(l, [&] { return stop_ || queue_.size() < depth_; });
-        if (stop_) return;
+        std::unique_lock<std::mutex> l(sh.mu);
+        sh.cv.wait(l, [&] { return sh.stop || sh.queue.size() < sh.depth; });
+        if (sh.stop) return;
       }
       Item item;
       try {
@@ -313,26 +355,26 @@ struct DistributedIteratorImpl {
       }
       item.spec = producer->spec;
       const bool last = !item.step || item.error;
-      push(std::move(item));
+      sh.push(std::move(item));
       if (last) return;
     }
   }
 
-  void push(Item item) {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      queue_.push_back(std::move(item));
-    }
-    cv_.notify_all();
-  }
-
+  // The next local step, waiting at most InputOptions::timeout_s for it.
   Item pop() {
-    std::unique_lock<std::mutex> l(mu_);
-    cv_.wait(l, [&] { return !queue_.empty(); });
-    Item item = std::move(queue_.front());
-    queue_.pop_front();
+    const double limit_s = std::min(ds_->options.timeout_s, 3.2e7);  // a year at most: no overflow
+    std::unique_lock<std::mutex> l(sh_->mu);
+    const bool ready = sh_->cv.wait_for(l, std::chrono::duration<double>(limit_s), [&] { return !sh_->queue.empty(); });
+    if (!ready) {
+      STRATA_THROW(STRATA_ERR_DEADLINE_EXCEEDED, "the input for step ", steps_ + 1, " was not ready after ",
+                   ds_->options.timeout_s, " s (policy ", ds_->policy,
+                   "): the input thread is still inside the pipeline, most likely a map() or generator callback "
+                   "that blocks; fix the callback, or raise InputOptions::timeout_s if the input is only slow");
+    }
+    Item item = std::move(sh_->queue.front());
+    sh_->queue.pop_front();
     l.unlock();
-    cv_.notify_all();
+    sh_->cv.notify_all();
     return item;
   }
 
@@ -402,7 +444,13 @@ struct DistributedIteratorImpl {
     if (ended_) return std::nullopt;
     LocalStep step;
     if (!exhausted_) {
-      Item item = pop();
+      Item item;
+      try {
+        item = pop();
+      } catch (...) {
+        ended_ = true;
+        throw;
+      }
       if (item.error) {
         ended_ = true;
         std::rethrow_exception(item.error);
@@ -439,11 +487,7 @@ struct DistributedIteratorImpl {
   }
 
   std::shared_ptr<DistributedDatasetImpl> ds_;
-  std::size_t depth_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Item> queue_;
-  bool stop_ = false;
+  std::shared_ptr<Shared> sh_;
   std::thread thread_;
   Spec spec_;
   bool exhausted_ = false;
@@ -458,10 +502,16 @@ std::int64_t worker_share(std::int64_t global, int workers, int index) {
   return global / workers + (index < global % workers ? 1 : 0);
 }
 
-std::shared_ptr<DistributedDatasetImpl> make_distributed(StrategyImpl& s, const Dataset& ds,
-                                                         const InputOptions& options) {
+void check_input_options(const InputOptions& options) {
   STRATA_ENFORCE(options.prefetch_depth >= 1, STRATA_ERR_INVALID_ARGUMENT,
                  "InputOptions::prefetch_depth must be at least 1, got ", options.prefetch_depth);
+  STRATA_ENFORCE(options.timeout_s > 0, STRATA_ERR_INVALID_ARGUMENT, "InputOptions::timeout_s is ",
+                 options.timeout_s, "; pass a positive number of seconds");
+}
+
+std::shared_ptr<DistributedDatasetImpl> make_distributed(StrategyImpl& s, const Dataset& ds,
+                                                         const InputOptions& options) {
+  check_input_options(options);
   const BatchInfo bi = batch_info(ds);
   STRATA_ENFORCE(bi.batched, STRATA_ERR_INVALID_ARGUMENT,
                  "distribute_dataset needs a dataset batched by the global batch size; call "
@@ -561,8 +611,7 @@ std::shared_ptr<DistributedDatasetImpl> make_distributed(StrategyImpl& s, const 
 std::shared_ptr<DistributedDatasetImpl> make_from_function(StrategyImpl& s,
                                                            const std::function<Dataset(const InputContext&)>& fn,
                                                            const InputOptions& options) {
-  STRATA_ENFORCE(options.prefetch_depth >= 1, STRATA_ERR_INVALID_ARGUMENT,
-                 "InputOptions::prefetch_depth must be at least 1, got ", options.prefetch_depth);
+  check_input_options(options);
   STRATA_ENFORCE(static_cast<bool>(fn), STRATA_ERR_INVALID_ARGUMENT,
                  "distribute_datasets_from_function needs a dataset function");
   auto impl = std::make_shared<DistributedDatasetImpl>();
