@@ -91,17 +91,7 @@ class GeneratorPipeline : public sdk::InputPipelineBase {
   }
 
   void shard(strata_shard_policy policy, int32_t num_shards, int32_t index) override {
-    if (policy == STRATA_SHARD_OFF) return;
-    if (policy == STRATA_SHARD_FILE)
-      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT,
-                   "FILE sharding is impossible for the generator input pipeline: it is not file-based; "
-                   "use AutoShardPolicy DATA or AUTO");
-    if (num_shards < 1 || index < 0 || index >= num_shards)
-      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, kComp, ": shard(DATA, ", num_shards, ", ", index,
-                   ") is invalid; need num_shards >= 1 and 0 <= index < num_shards");
-    if (started_) STRATA_THROW(STRATA_ERR_FAILED_PRECONDITION, kComp, ": shard() after next(); shard before reading");
-    first_ += static_cast<int64_t>(index) * stride_;
-    stride_ *= num_shards;
+    shard_.apply(kComp, "it is not file-based", policy, num_shards, index, started_);
   }
 
   void next(int64_t, strata_element& out) override {
@@ -129,7 +119,7 @@ class GeneratorPipeline : public sdk::InputPipelineBase {
                      STRATA_ELEMENT_MAX_COMPONENTS, " components");
       }
       const int64_t index = produced_++;
-      if (index < first_ || (index - first_) % stride_ != 0) {
+      if (!shard_.keeps(index)) {
         free_element(e);  // another shard's element
         continue;
       }
@@ -148,7 +138,8 @@ class GeneratorPipeline : public sdk::InputPipelineBase {
   sdk::Host host_;
   const strata_input_generator* gen_ = nullptr;
   void* pass_ = nullptr;
-  int64_t first_ = 0, stride_ = 1, produced_ = 0;
+  sdk::DataShard shard_;
+  int64_t produced_ = 0;
   bool started_ = false, ended_ = false;
 };
 

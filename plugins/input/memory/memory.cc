@@ -303,18 +303,7 @@ class MemoryPipeline : public sdk::InputPipelineBase {
   }
 
   void shard(strata_shard_policy policy, int32_t num_shards, int32_t index) override {
-    if (policy == STRATA_SHARD_OFF) return;
-    if (policy == STRATA_SHARD_FILE)
-      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT,
-                   "FILE sharding is impossible for the memory input pipeline: it is not file-based (its "
-                   "rows are in memory); use AutoShardPolicy DATA or AUTO");
-    if (num_shards < 1 || index < 0 || index >= num_shards)
-      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, kComp, ": shard(DATA, ", num_shards, ", ", index,
-                   ") is invalid; need num_shards >= 1 and 0 <= index < num_shards");
-    if (started_) STRATA_THROW(STRATA_ERR_FAILED_PRECONDITION, kComp, ": shard() after next(); shard before reading");
-    // Compose with an earlier shard: keep every n-th of the rows kept so far.
-    first_ += static_cast<int64_t>(index) * stride_;
-    stride_ *= num_shards;
+    shard_.apply(kComp, "it is not file-based (its rows are in memory)", policy, num_shards, index, started_);
   }
 
   void next(int64_t, strata_element& out) override {
@@ -334,19 +323,16 @@ class MemoryPipeline : public sdk::InputPipelineBase {
       out.names[i] = comps_[i].name.c_str();
       out.tensors[i] = made[i].release();
     }
-    pos_ += stride_;
+    pos_ += shard_.stride;
   }
 
-  int64_t cardinality() {
-    if (first_ >= rows_) return 0;
-    return (rows_ - first_ + stride_ - 1) / stride_;
-  }
+  int64_t cardinality() { return shard_.count(rows_); }
 
   /// The position as JSON: rows, the shard (first row, stride) and the next
   /// row to hand out. Restoring needs the same data and the same shard.
   std::string save_state() {
-    const int64_t next = started_ ? pos_ : first_;
-    return nlohmann::json{{"rows", rows_}, {"first", first_}, {"stride", stride_}, {"next", next}}.dump();
+    const int64_t next = started_ ? pos_ : shard_.first;
+    return nlohmann::json{{"rows", rows_}, {"first", shard_.first}, {"stride", shard_.stride}, {"next", next}}.dump();
   }
 
   void restore_state(const void* data, uint64_t len) {
@@ -364,11 +350,11 @@ class MemoryPipeline : public sdk::InputPipelineBase {
       return j[k].get<int64_t>();
     };
     const int64_t rows = num("rows"), first = num("first"), stride = num("stride"), next = num("next");
-    if (rows != rows_ || first != first_ || stride != stride_)
+    if (rows != rows_ || first != shard_.first || stride != shard_.stride)
       STRATA_THROW(STRATA_ERR_FAILED_PRECONDITION, kComp, ": saved state is for ", rows, " rows sharded (first ", first,
-                   ", stride ", stride, ") but this pipeline has ", rows_, " rows sharded (first ", first_, ", stride ",
-                   stride_, "); restore into a pipeline opened with the same data and shard");
-    if (next < first_ || (next - first_) % stride_ != 0)
+                   ", stride ", stride, ") but this pipeline has ", rows_, " rows sharded (first ", shard_.first,
+                   ", stride ", shard_.stride, "); restore into a pipeline opened with the same data and shard");
+    if (!shard_.keeps(next))
       STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, kComp, ": saved position ", next, " is not a row of this shard");
     if (!started_) start();
     pos_ = next;
@@ -379,7 +365,7 @@ class MemoryPipeline : public sdk::InputPipelineBase {
     started_ = true;
     for (Component& c : comps_)
       if (c.base == nullptr && !c.file.empty() && rows_ > 0) load_npy_data(c);
-    pos_ = first_;
+    pos_ = shard_.first;
   }
 
   static std::string where(const Component& c) { return c.file.empty() ? "" : " (" + c.file + ")"; }
@@ -469,7 +455,8 @@ class MemoryPipeline : public sdk::InputPipelineBase {
   sdk::Host host_;
   std::vector<Component> comps_;
   int64_t rows_ = 0;
-  int64_t first_ = 0, stride_ = 1, pos_ = 0;
+  sdk::DataShard shard_;
+  int64_t pos_ = 0;
   bool started_ = false;
 };
 

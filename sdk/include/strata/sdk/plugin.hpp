@@ -635,6 +635,37 @@ struct ResolverAdapter {
 
 // -------------------------------------------------------- input pipeline ---
 
+/// Element-wise (DATA) sharding for input pipelines that are not file-based:
+/// keep elements first, first + stride, ... A second shard() composes with
+/// the first (keeps every n-th of the elements kept so far), as tf.data does.
+struct DataShard {
+  int64_t first = 0;
+  int64_t stride = 1;
+
+  /// Apply shard(policy, num_shards, index) for `component` (e.g. "memory
+  /// input pipeline", as errors name it).
+  /// FILE is refused with `why_not_file` (why this pipeline has no files);
+  /// a shard after reading started is refused too.
+  void apply(const char* component, const char* why_not_file, strata_shard_policy policy, int32_t num_shards,
+             int32_t index, bool started) {
+    if (policy == STRATA_SHARD_OFF) return;
+    if (policy == STRATA_SHARD_FILE)
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "FILE sharding is impossible for the ", component, ": ",
+                   why_not_file, "; use AutoShardPolicy DATA or AUTO");
+    if (num_shards < 1 || index < 0 || index >= num_shards)
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, component, ": shard(DATA, ", num_shards, ", ", index,
+                   ") is invalid; need num_shards >= 1 and 0 <= index < num_shards");
+    if (started)
+      STRATA_THROW(STRATA_ERR_FAILED_PRECONDITION, component, ": shard() after next(); shard before reading");
+    first += static_cast<int64_t>(index) * stride;
+    stride *= num_shards;
+  }
+  /// Whether element `i` (0-based, in source order) belongs to this shard.
+  bool keeps(int64_t i) const { return i >= first && (i - first) % stride == 0; }
+  /// How many of `total` elements this shard keeps.
+  int64_t count(int64_t total) const { return first >= total ? 0 : (total - first + stride - 1) / stride; }
+};
+
 /// An input pipeline (see strata/c/input.h). Constructed as
 /// `T(Host, const char* options_json, const strata_input_context& ctx)`.
 /// Optional: `int64_t cardinality();`, `std::string save_state();`,
