@@ -515,7 +515,8 @@ TEST(DatasetTest, DestroyingIteratorStopsPrefetchPromptly) {
 }
 
 TEST(DatasetTest, PrefetchNeverWaitsForeverOnAStuckCallback) {
-  // The generator blocks until released (up to 10 s). Destroying the
+  // The generator blocks until released (up to 10 s). next() gives up after
+  // DatasetOptions::prefetch_timeout_s. Destroying the
   // iterator must not wait for it; the producer finishes on its own later,
   // holding everything it uses (shared state only, nothing on this stack).
   struct Gate {
@@ -546,14 +547,27 @@ TEST(DatasetTest, PrefetchNeverWaitsForeverOnAStuckCallback) {
       return e;
     });
   });
+  DatasetOptions o;
+  o.prefetch_timeout_s = 0.3;
   std::chrono::steady_clock::time_point t0;
   {
-    DatasetIterator it = ds.prefetch(2).make_iterator();
+    DatasetIterator it = ds.with_options(o).prefetch(2).make_iterator();
     ASSERT_TRUE(it.next());
     const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     while (!gate->blocked && std::chrono::steady_clock::now() < limit)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     ASSERT_TRUE(gate->blocked.load()) << "the producer never reached the second element";
+    // Waiting on the stuck callback is a deadline, not a hang.
+    const auto w0 = std::chrono::steady_clock::now();
+    try {
+      it.next();
+      FAIL() << "expected DeadlineExceededError";
+    } catch (const DeadlineExceededError& e) {
+      EXPECT_NE(std::string(e.what()).find("prefetch_timeout_s"), std::string::npos) << e.what();
+    }
+    const auto waited = std::chrono::steady_clock::now() - w0;
+    EXPECT_GE(waited, std::chrono::milliseconds(250));
+    EXPECT_LT(waited, std::chrono::seconds(5));
     t0 = std::chrono::steady_clock::now();
   }
   const auto took = std::chrono::steady_clock::now() - t0;
@@ -626,6 +640,9 @@ TEST(DatasetTest, OptionsAreKeptThroughTransformations) {
   EXPECT_EQ(range(4).options().auto_shard_policy, AutoShardPolicy::AUTO);
   EXPECT_EQ(values(ds), iota(0, 4));
   o.source_timeout_s = 0;
+  EXPECT_THROW(range(4).with_options(o), InvalidArgumentError);
+  o.source_timeout_s = 1;
+  o.prefetch_timeout_s = -1;
   EXPECT_THROW(range(4).with_options(o), InvalidArgumentError);
   EXPECT_STREQ(auto_shard_policy_name(AutoShardPolicy::HINT), "HINT");
 }

@@ -84,6 +84,9 @@ struct DatasetOptions {
   /// Deadline for one next() of the source plugin (a stuck reader is an
   /// error naming the pipeline, never a hang).
   double source_timeout_s = 300;
+  /// Longest next() waits on a prefetch() stage (seconds, > 0): a map() or
+  /// generator callback before it that blocks is DeadlineExceededError.
+  double prefetch_timeout_s = 600;
 };
 
 /// One fixed-size component of a record's payload (see RecordOptions).

@@ -506,7 +506,8 @@ class ShardStream : public ElementStream {
 /// blocking the consumer's destructor.
 class PrefetchStream : public ElementStream {
  public:
-  PrefetchStream(std::unique_ptr<ElementStream> up, std::int64_t depth) : st_(std::make_shared<State>()) {
+  PrefetchStream(std::unique_ptr<ElementStream> up, std::int64_t depth, double timeout_s)
+      : st_(std::make_shared<State>()), timeout_s_(timeout_s) {
     st_->up = std::move(up);
     st_->cap = static_cast<std::size_t>(depth);
     th_ = std::thread(&PrefetchStream::produce, st_);
@@ -532,9 +533,14 @@ class PrefetchStream : public ElementStream {
 
   std::optional<Element> next() override {
     std::unique_lock<std::mutex> l(st_->mu);
-    // No deadline here: the producer always ends in an element, the end
-    // or an error, and each source call it makes has the source timeout.
-    st_->cv.wait(l, [&] { return !st_->q.empty() || st_->error || st_->end; });
+    // Each source call has the source timeout, but a map() or generator
+    // callback upstream does not: bound the wait here too.
+    const bool ready = st_->cv.wait_for(l, std::chrono::duration<double>(std::min(timeout_s_, 3.2e7)),
+                                        [&] { return !st_->q.empty() || st_->error || st_->end; });
+    if (!ready)
+      STRATA_THROW(STRATA_ERR_DEADLINE_EXCEEDED, "prefetch(): no element from the stages before it within ",
+                   timeout_s_, " s; a map() or generator callback there may block. Fix it, or raise "
+                   "DatasetOptions::prefetch_timeout_s if that input is only slow");
     if (!st_->q.empty()) {
       Element e = std::move(st_->q.front());
       st_->q.pop_front();
@@ -594,6 +600,7 @@ class PrefetchStream : public ElementStream {
 
   std::shared_ptr<State> st_;
   std::thread th_;
+  double timeout_s_;
 };
 
 std::unique_ptr<ElementStream> open_node(const NodePtr& node, const OpenCtx& c, std::int64_t pass) {
@@ -622,7 +629,7 @@ std::unique_ptr<ElementStream> open_node(const NodePtr& node, const OpenCtx& c, 
     case NodeKind::kMap:
       return std::make_unique<MapStream>(node, std::move(up));
     case NodeKind::kPrefetch:
-      return std::make_unique<PrefetchStream>(std::move(up), n.count);
+      return std::make_unique<PrefetchStream>(std::move(up), n.count, c.options.prefetch_timeout_s);
     case NodeKind::kShard: {
       std::int64_t num = n.count, idx = n.index;
       if (num == SHARD_HINT) {
@@ -991,6 +998,8 @@ Dataset Dataset::shard(std::int64_t num_shards, std::int64_t index) const {
 Dataset Dataset::with_options(const DatasetOptions& options) const {
   STRATA_ENFORCE(options.source_timeout_s > 0, STRATA_ERR_INVALID_ARGUMENT, "with_options: source_timeout_s is ",
                  options.source_timeout_s, "; pass a positive number of seconds");
+  STRATA_ENFORCE(options.prefetch_timeout_s > 0, STRATA_ERR_INVALID_ARGUMENT, "with_options: prefetch_timeout_s is ",
+                 options.prefetch_timeout_s, "; pass a positive number of seconds");
   auto n = op_node(node_, NodeKind::kOptions);
   n->options = options;
   return Dataset(std::move(n));
