@@ -75,6 +75,17 @@ std::shared_ptr<spdlog::logger>& data_log() {
   return l;
 }
 
+}  // namespace
+
+void warn_producer_left(const char* what) {
+  data_log()->warn(
+      "{} is still busy 2 s after its consumer went away; its thread is left to finish on its own (a map() or "
+      "generator callback that blocks should return promptly)",
+      what);
+}
+
+namespace {
+
 // ----------------------------------------------- generator exceptions ---
 
 // A user generator runs inside the generator plugin's next(), which is
@@ -219,7 +230,7 @@ class SourceStream : public ElementStream {
     inst_ = open_source_plugin(s, c.ictx);
     vt_ = inst_.vtable_as<strata_input_vtable>();
     // Clamp absurd timeouts (a year) so the conversion cannot overflow.
-    timeout_ms_ = static_cast<std::int64_t>(std::min(c.options.source_timeout_s, 3.2e7) * 1000.0);
+    timeout_ms_ = static_cast<std::int64_t>(wait_limit(c.options.source_timeout_s).count() * 1000.0);
     if (c.req.source_policy != STRATA_SHARD_OFF) {
       strata_error err;
       strata_error_init(&err);
@@ -513,30 +524,14 @@ class PrefetchStream : public ElementStream {
     th_ = std::thread(&PrefetchStream::produce, st_);
   }
 
-  ~PrefetchStream() override {
-    std::unique_lock<std::mutex> l(st_->mu);
-    st_->stop = true;
-    st_->cv.notify_all();
-    // The source's next() is bounded by source_timeout_s; a user callback
-    // is not. Wait a little, then leave a stuck producer to finish alone.
-    const bool done = st_->cv.wait_for(l, std::chrono::seconds(2), [&] { return st_->done; });
-    l.unlock();
-    if (done) {
-      th_.join();
-    } else {
-      data_log()->warn(
-          "prefetch: the stage before prefetch() is still busy after 2 s; its thread is left to finish on its "
-          "own (a map() or generator callback that blocks should return promptly)");
-      th_.detach();
-    }
-  }
+  ~PrefetchStream() override { stop_producer(*st_, th_, "the stage before prefetch()"); }
 
   std::optional<Element> next() override {
     std::unique_lock<std::mutex> l(st_->mu);
     // Each source call has the source timeout, but a map() or generator
     // callback upstream does not: bound the wait here too.
-    const bool ready = st_->cv.wait_for(l, std::chrono::duration<double>(std::min(timeout_s_, 3.2e7)),
-                                        [&] { return !st_->q.empty() || st_->error || st_->end; });
+    const bool ready =
+        st_->cv.wait_for(l, wait_limit(timeout_s_), [&] { return !st_->q.empty() || st_->error || st_->end; });
     if (!ready)
       STRATA_THROW(STRATA_ERR_DEADLINE_EXCEEDED, "prefetch(): no element from the stages before it within ",
                    timeout_s_, " s; a map() or generator callback there may block. Fix it, or raise "

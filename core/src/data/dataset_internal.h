@@ -4,10 +4,14 @@
 // a stream of it with the sharding a policy decided.
 #pragma once
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "strata/c/input.h"
@@ -59,5 +63,34 @@ class ElementStream {
   virtual std::optional<Element> next() = 0;
 };
 std::unique_ptr<ElementStream> open_stream(const Dataset& ds, const InputContext& ctx, const StreamRequest& req);
+
+/// A user-given timeout in seconds as a wait duration, clamped to a year so
+/// no conversion can overflow.
+inline std::chrono::duration<double> wait_limit(double seconds) {
+  return std::chrono::duration<double>(std::min(seconds, 3.2e7));
+}
+
+/// Logs that a producer thread was left to finish alone (see stop_producer).
+void warn_producer_left(const char* what);
+
+/// Ends a producer thread that shares `st` (fields `mu`, `cv`, `stop`,
+/// `done`) through a shared_ptr: sets `stop`, waits up to 2 s for `done`,
+/// then joins. Source reads are bounded by source_timeout_s but a map() or
+/// generator callback is not, so a thread still busy after that is detached
+/// with a warning naming `what`; it finishes on its own, owning its state.
+template <class State>
+void stop_producer(State& st, std::thread& th, const char* what) {
+  std::unique_lock<std::mutex> l(st.mu);
+  st.stop = true;
+  st.cv.notify_all();
+  const bool done = st.cv.wait_for(l, std::chrono::seconds(2), [&] { return st.done; });
+  l.unlock();
+  if (done) {
+    th.join();
+  } else {
+    warn_producer_left(what);
+    th.detach();
+  }
+}
 
 }  // namespace strata::detail

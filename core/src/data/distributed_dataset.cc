@@ -5,7 +5,6 @@
 // strata/distributed_data.hpp for the rules).
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -305,23 +304,7 @@ struct DistributedIteratorImpl {
     sh_->depth = static_cast<std::size_t>(std::max(1, ds_->options.prefetch_depth));
     thread_ = std::thread([sh = sh_, pass] { produce(*sh, pass); });
   }
-  ~DistributedIteratorImpl() {
-    std::unique_lock<std::mutex> l(sh_->mu);
-    sh_->stop = true;
-    sh_->cv.notify_all();
-    // Each source call is bounded by source_timeout_s, but a map() or
-    // generator callback is not: wait a little, then leave it alone.
-    const bool done = sh_->cv.wait_for(l, std::chrono::seconds(2), [&] { return sh_->done; });
-    l.unlock();
-    if (done) {
-      thread_.join();
-    } else {
-      logger("data")->warn(
-          "the input thread is still busy 2 s after its iterator was destroyed; it is left to finish on its own "
-          "(a map() or generator callback that blocks should return promptly)");
-      thread_.detach();
-    }
-  }
+  ~DistributedIteratorImpl() { stop_producer(*sh_, thread_, "the distributed input thread"); }
 
   static void produce(Shared& sh, std::int64_t pass) {
     struct MarkDone {
@@ -362,9 +345,8 @@ struct DistributedIteratorImpl {
 
   // The next local step, waiting at most InputOptions::timeout_s for it.
   Item pop() {
-    const double limit_s = std::min(ds_->options.timeout_s, 3.2e7);  // a year at most: no overflow
     std::unique_lock<std::mutex> l(sh_->mu);
-    const bool ready = sh_->cv.wait_for(l, std::chrono::duration<double>(limit_s), [&] { return !sh_->queue.empty(); });
+    const bool ready = sh_->cv.wait_for(l, wait_limit(ds_->options.timeout_s), [&] { return !sh_->queue.empty(); });
     if (!ready) {
       STRATA_THROW(STRATA_ERR_DEADLINE_EXCEEDED, "the input for step ", steps_ + 1, " was not ready after ",
                    ds_->options.timeout_s, " s (policy ", ds_->policy,
