@@ -176,6 +176,16 @@ TEST(SlurmResolveTest, LayoutFollowsTheStepsDistribution) {
   EXPECT_THROW((void)resolve_slurm(e, json::object(), no_driver), InvalidArgumentError);
   e.plane_size = "2";
   EXPECT_EQ(resolve_slurm(e, json::object(), no_driver).node, "n1");  // plane=2: ranks 0,1 on n1
+  e.plane_size.reset();
+  e.distribution = "plane=2";  // the size inline
+  EXPECT_EQ(resolve_slurm(e, json::object(), no_driver).node, "n1");
+  e.distribution = "plane=0";
+  EXPECT_THROW((void)resolve_slurm(e, json::object(), no_driver), InvalidArgumentError);
+  // Pack/NoPack after ',' does not change the node-level layout.
+  e.distribution = "cyclic,Pack";
+  EXPECT_EQ(resolve_slurm(e, json::object(), no_driver).node, "n2");
+  e.distribution = "block:cyclic,NoPack";
+  EXPECT_EQ(resolve_slurm(e, json::object(), no_driver).node, "n1");
 }
 
 TEST(SlurmResolveTest, JobsTakeConsecutiveRanksInNameOrder) {

@@ -454,13 +454,21 @@ SlurmResult resolve_slurm(const SlurmEnv& env, const nlohmann::json& options,
   std::string distribution = "block";
   int64_t plane = 1;
   if (env.distribution) {
-    distribution = env.distribution->substr(0, env.distribution->find(':'));
+    // The node level is the part before ':' (levels within a node) or ','
+    // (Pack/NoPack, already reflected in the tasks per node).
+    distribution = env.distribution->substr(0, env.distribution->find_first_of(":,"));
     if (distribution.empty() || distribution == "*") distribution = "block";
+    std::optional<std::string> size_text = env.plane_size;
+    if (distribution.rfind("plane=", 0) == 0) {  // the size written inline, as srun -m takes it
+      size_text = distribution.substr(6);
+      distribution = "plane";
+    }
     if (distribution == "plane") {
-      const auto p = env.plane_size ? parse_decimal(*env.plane_size) : std::nullopt;
+      const auto p = size_text ? parse_decimal(*size_text) : std::nullopt;
       if (!p || *p == 0 || *p > INT32_MAX)
-        STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "SLURM_DISTRIBUTION=plane needs a positive SLURM_DIST_PLANESIZE, got '",
-                     env.plane_size.value_or(""), "'; start the step with srun -m plane=N");
+        STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "SLURM_DISTRIBUTION=plane needs a positive plane size "
+                     "(SLURM_DIST_PLANESIZE or plane=N), got '", size_text.value_or(""),
+                     "'; start the step with srun -m plane=N");
       plane = static_cast<int64_t>(*p);
     } else if (distribution != "block" && distribution != "cyclic") {
       STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "SLURM_DISTRIBUTION='", *env.distribution,
