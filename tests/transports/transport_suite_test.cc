@@ -1,0 +1,690 @@
+// SPDX-License-Identifier: Apache-2.0
+// The transport contract (core/include/strata/c/transport.h), checked over
+// every transport built: one TEST_P suite whose parameter is a transport
+// plugin name plus its options. Ranks run as threads (each with its own
+// transport instance over the host's in-process store) or as forked
+// processes that rendezvous through the TCP store (PluginHost::connect_store).
+// Transport-specific behaviour stays in that transport's own test
+// (tcp_test.cc); a parameter whose provider is absent skips cleanly.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "strata/error.hpp"
+#include "strata/plugin_host.hpp"
+#include "test_support.h"
+
+namespace strata {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using json = nlohmann::json;
+using test::unused_port;
+
+struct TransportCase {
+  std::string label;    // test-name suffix (letters, digits, '_')
+  std::string name;     // transport component name
+  std::string options;  // JSON object; tests may add keys
+};
+
+// Every transport this build has, one entry per transport configuration the
+// suite runs. Append new transports (e.g. "auto") here; an entry whose
+// provider is missing on the machine is skipped (NOT_FOUND at create).
+std::vector<TransportCase> transport_cases() {
+  std::vector<TransportCase> v;
+  v.push_back({"tcp", "tcp", R"({"connections_per_peer": 2})"});
+#ifdef SUITE_HAVE_LIBFABRIC
+  v.push_back({"libfabric_tcp", "libfabric", R"({"provider": "tcp;ofi_rxm", "iface": "lo"})"});
+  v.push_back({"libfabric_shm", "libfabric", R"({"provider": "shm"})"});
+#endif
+  return v;
+}
+
+std::string with(const TransportCase& c, const json& extra) {
+  json o = json::parse(c.options);
+  for (auto it = extra.begin(); it != extra.end(); ++it) o[it.key()] = it.value();
+  return o.dump();
+}
+
+strata_buffer make_buf(void* data, uint64_t bytes, strata_mem_region_t mr = nullptr) {
+  strata_buffer b{};
+  STRATA_INIT_HEADER(&b, strata_buffer);
+  b.data = data;
+  b.bytes = bytes;
+  b.device = DLDevice{kDLCPU, 0};
+  b.mr = mr;
+  return b;
+}
+
+// One rank's transport instance and communicator, throwing on errors.
+class Rank {
+ public:
+  Rank(PluginHost& host, const std::string& name, const std::string& options)
+      : inst_(host.create(STRATA_KIND_TRANSPORT, name, options)) {
+    vt_ = inst_.vtable_as<strata_transport_vtable>();
+  }
+  ~Rank() {
+    for (auto mr : regions_) vt_->mem_deregister(comm_, mr);
+    if (comm_ != nullptr) vt_->comm_destroy(comm_);
+  }
+  const strata_transport_vtable* vt() const { return vt_; }
+  strata_comm_t comm() const { return comm_; }
+  void join(const std::string& name, int rank, int world, int64_t timeout_ms = 20000) {
+    strata_error e;
+    strata_error_init(&e);
+    detail::check_status(vt_->comm_create(handle(), name.c_str(), rank, world, timeout_ms, &comm_, &e), e,
+                         "comm_create");
+  }
+  strata_mem_region_t reg(void* data, uint64_t bytes) {
+    strata_mem_region_t mr = nullptr;
+    strata_error e;
+    strata_error_init(&e);
+    detail::check_status(vt_->mem_register(comm_, data, bytes, DLDevice{kDLCPU, 0}, &mr, &e), e, "mem_register");
+    regions_.push_back(mr);
+    return mr;
+  }
+  strata_request_t isend(int peer, uint64_t tag, const void* data, uint64_t bytes, strata_mem_region_t mr = nullptr) {
+    strata_buffer b = make_buf(const_cast<void*>(data), bytes, mr);
+    strata_request_t r = nullptr;
+    strata_error e;
+    strata_error_init(&e);
+    detail::check_status(vt_->isend(comm_, peer, tag, &b, &r, &e), e, "isend");
+    return r;
+  }
+  strata_request_t irecv(int peer, uint64_t tag, void* data, uint64_t bytes, strata_mem_region_t mr = nullptr) {
+    strata_buffer b = make_buf(data, bytes, mr);
+    strata_request_t r = nullptr;
+    strata_error e;
+    strata_error_init(&e);
+    detail::check_status(vt_->irecv(comm_, peer, tag, &b, &r, &e), e, "irecv");
+    return r;
+  }
+  uint64_t wait(strata_request_t r, int64_t ms = 20000) {
+    uint64_t n = 0;
+    strata_error e;
+    strata_error_init(&e);
+    detail::check_status(vt_->wait(comm_, r, ms, &n, &e), e, "wait");
+    return n;
+  }
+  bool test(strata_request_t r, uint64_t* n) {
+    int32_t done = 0;
+    strata_error e;
+    strata_error_init(&e);
+    detail::check_status(vt_->test(comm_, r, &done, n, &e), e, "test");
+    return done != 0;
+  }
+  void cancel(strata_request_t r) { vt_->cancel(comm_, r); }
+  void abort(const char* why) { vt_->comm_abort(comm_, why); }
+  strata_transport_caps caps() {
+    strata_transport_caps c{};
+    STRATA_INIT_HEADER(&c, strata_transport_caps);
+    strata_error e;
+    strata_error_init(&e);
+    detail::check_status(vt_->get_caps(handle(), &c, &e), e, "get_caps");
+    return c;
+  }
+
+ private:
+  strata_transport_t handle() const { return static_cast<strata_transport_t>(inst_.handle()); }
+  PluginInstance inst_;
+  const strata_transport_vtable* vt_ = nullptr;
+  strata_comm_t comm_ = nullptr;
+  std::vector<strata_mem_region_t> regions_;
+};
+
+// Run fn(rank) on `world` threads; rethrow the first failure.
+void run_ranks(int world, const std::function<void(int)>& fn) {
+  std::vector<std::thread> threads;
+  std::vector<std::exception_ptr> errors(world);
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        fn(r);
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+std::string unique_name(const char* base) {
+  static std::atomic<int> n{0};
+  return std::string(base) + "-" + std::to_string(::getpid()) + "-" + std::to_string(n++);
+}
+
+void append_to(void* user, const char* data, uint64_t len) {
+  static_cast<std::string*>(user)->append(data, static_cast<size_t>(len));
+}
+
+uint8_t pattern(uint64_t i, uint64_t salt) { return static_cast<uint8_t>((i * 131 + salt * 7 + (i >> 11)) & 0xff); }
+
+int reap(pid_t pid, int ms) {
+  const auto deadline = Clock::now() + std::chrono::milliseconds(ms);
+  int status = 0;
+  while (Clock::now() < deadline) {
+    if (::waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, &status, 0);
+  return -1;
+}
+
+// Kills and reaps every child on every path out of a test.
+struct Children {
+  std::vector<pid_t> pids;
+  ~Children() {
+    for (pid_t p : pids) {
+      ::kill(p, SIGCONT);
+      ::kill(p, SIGKILL);
+      int st;
+      ::waitpid(p, &st, 0);
+    }
+  }
+};
+
+// fn(host, rank) in a child process per rank 1..world-1 (exit code 0 =
+// pass); the caller is rank 0 and serves the store (serve_store).
+template <class F>
+void forked_ranks(int world, const std::string& store_addr, Children& kids, F fn) {
+  for (int rank = 1; rank < world; ++rank) {
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      int code = 0;
+      try {
+        PluginHost host;
+        StoreConfig c;
+        c.address = store_addr;
+        c.timeout_s = 20;
+        c.auth_token = "tok";
+        host.connect_store(c);
+        code = fn(host, rank);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+        code = 1;
+      }
+      ::_exit(code);
+    }
+    kids.pids.push_back(pid);
+  }
+}
+
+void serve_store(PluginHost& host, const std::string& store_addr) {
+  StoreConfig c;
+  c.address = store_addr;
+  c.serve = true;
+  c.auth_token = "tok";
+  host.connect_store(c);
+}
+
+class TransportSuite : public ::testing::TestWithParam<TransportCase> {
+ protected:
+  void SetUp() override {
+    PluginHost host;
+    try {
+      Rank probe(host, tc().name, tc().options);
+    } catch (const NotFoundError& e) {
+      GTEST_SKIP() << tc().label << " is not available here: " << e.what();
+    }
+  }
+  const TransportCase& tc() const { return GetParam(); }
+  std::string opts(const json& extra = json::object()) const { return with(tc(), extra); }
+  bool is_libfabric() const { return tc().name == "libfabric"; }
+};
+
+TEST_P(TransportSuite, OptionsAreValidatedAndCapsReported) {
+  PluginHost host;
+  try {
+    Rank r(host, tc().name, opts({{"bogus", 1}}));
+    FAIL() << "unknown option accepted";
+  } catch (const InvalidArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find("'bogus'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("timeout_s"), std::string::npos) << "known options not listed: " << e.what();
+  }
+  EXPECT_THROW(Rank(host, tc().name, opts({{"timeout_s", 0}})), InvalidArgumentError);
+  EXPECT_THROW(Rank(host, tc().name, opts({{"timeout_s", "soon"}})), InvalidArgumentError);
+  if (is_libfabric()) {
+    try {
+      Rank r(host, tc().name, opts({{"provider", "no-such-provider"}}));
+      FAIL() << "an absent provider was accepted";
+    } catch (const NotFoundError& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("\"no-such-provider\""), std::string::npos) << msg;
+      EXPECT_NE(msg.find("providers present: "), std::string::npos) << msg;
+      EXPECT_NE(msg.find("fi_getinfo"), std::string::npos) << msg;
+    }
+    EXPECT_THROW(Rank(host, tc().name, opts({{"iface", "no-such-iface0"}, {"provider", "tcp;ofi_rxm"}})),
+                 InvalidArgumentError);
+    EXPECT_THROW(Rank(host, tc().name, opts({{"max_message_bytes", 10}})), InvalidArgumentError);
+  }
+  Rank ok(host, tc().name, opts({{"timeout_s", 30}}));
+  const auto caps = ok.caps();
+  EXPECT_TRUE(caps.flags & STRATA_TRANSPORT_CAP_P2P);
+  EXPECT_TRUE(caps.flags & STRATA_TRANSPORT_CAP_MEM_HOST);
+  EXPECT_TRUE(caps.flags & STRATA_TRANSPORT_CAP_THREAD_SAFE);
+  EXPECT_FALSE(caps.flags & STRATA_TRANSPORT_CAP_NATIVE_COLLECTIVES);
+  EXPECT_FALSE(caps.flags & STRATA_TRANSPORT_CAP_MEM_CUDA);
+  EXPECT_GE(caps.preferred_chunk_bytes, 64u << 10);
+  // RMA is advertised exactly when the optional functions are there.
+  const bool rma = (caps.flags & STRATA_TRANSPORT_CAP_RMA) != 0;
+  EXPECT_EQ(rma, ok.vt()->iwrite != nullptr && ok.vt()->mem_export != nullptr);
+  // tcp;ofi_rxm and shm both have FI_RMA.
+  if (is_libfabric()) {
+    EXPECT_TRUE(rma);
+  }
+  std::printf("[ %s ] caps 0x%llx, preferred chunk %llu bytes\n", tc().label.c_str(),
+              static_cast<unsigned long long>(caps.flags), static_cast<unsigned long long>(caps.preferred_chunk_bytes));
+}
+
+TEST_P(TransportSuite, PingPong) {
+  PluginHost host;
+  const std::string name = unique_name("pingpong");
+  constexpr int kIters = 1000;
+  double usec = 0;
+  run_ranks(2, [&](int rank) {
+    Rank r(host, tc().name, opts());
+    r.join(name, rank, 2);
+    uint64_t v = 0;
+    const auto t0 = Clock::now();
+    for (int i = 0; i < kIters; ++i) {
+      if (rank == 0) {
+        uint64_t out = static_cast<uint64_t>(i), in = 0;
+        r.wait(r.isend(1, 7, &out, 8));
+        ASSERT_EQ(r.wait(r.irecv(1, 7, &in, 8)), 8u);
+        ASSERT_EQ(in, out + 1000);
+      } else {
+        ASSERT_EQ(r.wait(r.irecv(0, 7, &v, 8)), 8u);
+        v += 1000;
+        r.wait(r.isend(0, 7, &v, 8));
+      }
+    }
+    if (rank == 0) usec = std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / kIters / 2;
+  });
+  std::printf("[ %s ] one-way latency %.1f us (8-byte ping-pong, %d round trips, ranks as threads)\n",
+              tc().label.c_str(), usec, kIters);
+}
+
+TEST_P(TransportSuite, ManyTagsKeepPostingOrderAcrossThreeRanks) {
+  PluginHost host;
+  const std::string name = unique_name("tags");
+  // Tags that differ only in high bits must never match each other.
+  const std::vector<uint64_t> tags = {5, 5 | (1ull << 63), 5 | (1ull << 40), ~0ull, 6, 0};
+  const int kTags = static_cast<int>(tags.size());
+  constexpr int kWorld = 3, kPerTag = 30;
+  run_ranks(kWorld, [&](int rank) {
+    Rank r(host, tc().name, opts());
+    r.join(name, rank, kWorld);
+    std::vector<strata_request_t> sends;
+    std::vector<std::vector<uint64_t>> out(kWorld * kTags);
+    for (int peer = 0; peer < kWorld; ++peer) {
+      if (peer == rank) continue;
+      for (int t = 0; t < kTags; ++t)
+        for (int i = 0; i < kPerTag; ++i) out[peer * kTags + t].push_back(rank * 1000000 + t * 1000 + i);
+      // Interleave tags so per-tag order must be kept among other tags' traffic.
+      for (int i = 0; i < kPerTag; ++i)
+        for (int t = 0; t < kTags; ++t) sends.push_back(r.isend(peer, tags[t], &out[peer * kTags + t][i], 8));
+    }
+    // Receive tags in another order than sent; some messages have arrived
+    // already (unexpected path), the rest not.
+    std::this_thread::sleep_for(std::chrono::milliseconds(rank == 1 ? 50 : 0));
+    for (int peer = 0; peer < kWorld; ++peer) {
+      if (peer == rank) continue;
+      for (int t = kTags - 1; t >= 0; --t) {
+        std::vector<uint64_t> in(kPerTag);
+        std::vector<strata_request_t> recvs;
+        for (int i = 0; i < kPerTag; ++i) recvs.push_back(r.irecv(peer, tags[t], &in[i], 8));
+        for (auto q : recvs) ASSERT_EQ(r.wait(q), 8u);
+        for (int i = 0; i < kPerTag; ++i) ASSERT_EQ(in[i], uint64_t(peer * 1000000 + t * 1000 + i)) << "tag " << t;
+      }
+    }
+    for (auto s : sends) r.wait(s);
+  });
+}
+
+// Both ranks exchange every size (the receive posted before the message on
+// rank 0, after it on rank 1), then time 64 MiB exchanges.
+void exchange_sizes(const TransportCase& tc, const std::string& options, bool registered, bool report) {
+  PluginHost host;
+  const std::string name = unique_name("sizes");
+  const std::vector<uint64_t> sizes = {0, 1, 7, 4095, 4096, 4097, (256u << 10) - 1, (1u << 20) + 3, 5u << 20,
+                                       64u << 20};
+  run_ranks(2, [&](int rank) {
+    Rank r(host, tc.name, options);
+    r.join(name, rank, 2);
+    const int peer = 1 - rank;
+    const uint64_t cap = 64u << 20;
+    std::vector<uint8_t> out(cap), in(cap + 16);
+    strata_mem_region_t out_mr = registered ? r.reg(out.data(), out.size()) : nullptr;
+    strata_mem_region_t in_mr = registered ? r.reg(in.data(), in.size()) : nullptr;
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      const uint64_t n = sizes[k];
+      for (uint64_t i = 0; i < n; ++i) out[i] = pattern(i, k + rank);
+      std::memset(in.data(), 0xEE, n + 16);
+      strata_request_t rq, sq;
+      if (rank == 0) {
+        rq = r.irecv(peer, k, in.data(), n + 16, in_mr);
+        sq = r.isend(peer, k, out.data(), n, out_mr);
+      } else {
+        sq = r.isend(peer, k, out.data(), n, out_mr);
+        std::this_thread::sleep_for(std::chrono::milliseconds(n > (1u << 20) ? 20 : 1));
+        rq = r.irecv(peer, k, in.data(), n + 16, in_mr);
+      }
+      ASSERT_EQ(r.wait(sq, 60000), n);
+      ASSERT_EQ(r.wait(rq, 60000), n) << "size " << n;
+      for (uint64_t i = 0; i < n; ++i)
+        if (in[i] != pattern(i, k + peer)) FAIL() << "size " << n << ": byte " << i << " differs";
+      ASSERT_EQ(in[n], 0xEE) << "wrote past the message";
+    }
+    if (report) {
+      const uint64_t n = 64ull << 20;
+      const int reps = 4;
+      const auto t0 = Clock::now();
+      for (int i = 0; i < reps; ++i) {
+        auto rq = r.irecv(peer, 999, in.data(), n, in_mr);
+        auto sq = r.isend(peer, 999, out.data(), n, out_mr);
+        r.wait(sq, 60000);
+        r.wait(rq, 60000);
+      }
+      const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (rank == 0)
+        std::printf("[ %s ] %s buffers: 64 MiB bidirectional exchange %.1f ms (%.2f GB/s per direction)\n",
+                    tc.label.c_str(), registered ? "registered" : "unregistered", s / reps * 1e3,
+                    reps * n / s / 1e9);
+    }
+  });
+}
+
+TEST_P(TransportSuite, SizesFromZeroTo64MiBUnregistered) { exchange_sizes(tc(), opts(), false, true); }
+
+TEST_P(TransportSuite, SizesFromZeroTo64MiBRegistered) { exchange_sizes(tc(), opts(), true, true); }
+
+TEST_P(TransportSuite, MessagesLargerThanTheProviderLimitAreSplit) {
+  if (!is_libfabric()) GTEST_SKIP() << "max_message_bytes is a libfabric option";
+  // 64 KiB messages at most: a 5 MiB message travels as 80 provider messages.
+  exchange_sizes(tc(), opts({{"max_message_bytes", 65536}}), false, false);
+}
+
+TEST_P(TransportSuite, ReceiveBufferTooSmallFailsThatRequest) {
+  PluginHost host;
+  const std::string name = unique_name("small");
+  run_ranks(2, [&](int rank) {
+    Rank r(host, tc().name, opts());
+    r.join(name, rank, 2);
+    std::vector<char> big(3u << 20, 'x'), small(10);
+    if (rank == 0) {
+      r.wait(r.isend(1, 1, big.data(), 100));
+      r.wait(r.isend(1, 2, big.data(), big.size()));
+      r.wait(r.isend(1, 3, big.data(), 5));
+    } else {
+      for (uint64_t tag : {1, 2}) {
+        try {
+          r.wait(r.irecv(0, tag, small.data(), small.size()));
+          FAIL() << "a larger message fit a 10-byte buffer";
+        } catch (const InvalidArgumentError& e) {
+          const std::string want = tag == 1 ? "100 bytes" : std::to_string(big.size()) + " bytes";
+          EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+        }
+      }
+      EXPECT_EQ(r.wait(r.irecv(0, 3, small.data(), small.size())), 5u);  // still usable
+    }
+  });
+}
+
+TEST_P(TransportSuite, TestNeverBlocksAndCancelReleasesAPostedReceive) {
+  PluginHost host;
+  const std::string name = unique_name("test");
+  run_ranks(2, [&](int rank) {
+    Rank r(host, tc().name, opts());
+    r.join(name, rank, 2);
+    uint64_t v = 0;
+    if (rank == 1) {
+      auto q = r.irecv(0, 3, &v, 8);
+      uint64_t n = 0;
+      const auto t0 = Clock::now();
+      for (int i = 0; i < 100; ++i) EXPECT_FALSE(r.test(q, &n));
+      EXPECT_LT(Clock::now() - t0, std::chrono::milliseconds(200));
+      r.cancel(q);
+      // Tell rank 0 to send; the cancelled receive must not take the message.
+      r.wait(r.isend(0, 4, &v, 8));
+      uint64_t got = 0;
+      auto q2 = r.irecv(0, 3, &got, 8);
+      const auto deadline = Clock::now() + std::chrono::seconds(20);
+      bool done = false;
+      while (!(done = r.test(q2, &n)) && Clock::now() < deadline) std::this_thread::yield();
+      ASSERT_TRUE(done) << "the message never reached the second receive";
+      EXPECT_EQ(n, 8u);
+      EXPECT_EQ(got, 42u);
+    } else {
+      r.wait(r.irecv(1, 4, &v, 8));
+      uint64_t x = 42;
+      r.wait(r.isend(1, 3, &x, 8));
+    }
+    EXPECT_THROW(r.isend(rank, 0, &v, 8), InvalidArgumentError);  // to itself
+    EXPECT_THROW(r.irecv(7, 0, &v, 8), InvalidArgumentError);      // no such rank
+  });
+}
+
+TEST_P(TransportSuite, WaitHasADeadlineAndAbortUnblocksItFromAnotherThread) {
+  PluginHost host;
+  const std::string name = unique_name("abort");
+  std::atomic<bool> done{false};
+  run_ranks(2, [&](int rank) {
+    Rank r(host, tc().name, opts());
+    r.join(name, rank, 2);
+    if (rank == 1) {
+      // Stay (silent) until rank 0 is finished.
+      while (!done.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      return;
+    }
+    struct Done {
+      std::atomic<bool>& d;
+      ~Done() { d = true; }
+    } mark{done};
+    uint64_t v = 0;
+    auto q = r.irecv(1, 9, &v, 8);
+    const auto t_deadline = Clock::now();
+    try {
+      r.wait(q, 100);
+      FAIL() << "wait returned without a message";
+    } catch (const DeadlineExceededError& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 1 ("), std::string::npos) << e.what();
+    }
+    EXPECT_LT(Clock::now() - t_deadline, std::chrono::seconds(2));
+    std::thread aborter([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      r.abort("test says stop");
+    });
+    const auto t0 = Clock::now();
+    try {
+      r.wait(q, 20000);
+      FAIL() << "wait returned after abort";
+    } catch (const AbortedError& e) {
+      EXPECT_NE(std::string(e.what()).find("test says stop"), std::string::npos) << e.what();
+    }
+    EXPECT_LT(Clock::now() - t0, std::chrono::seconds(5));
+    aborter.join();
+    EXPECT_THROW(r.wait(r.isend(1, 1, &v, 8)), AbortedError);
+    EXPECT_THROW(r.wait(r.irecv(1, 1, &v, 8)), AbortedError);
+  });
+}
+
+TEST_P(TransportSuite, AMissingRankIsNamedAtTheDeadline) {
+  PluginHost host;
+  const std::string name = unique_name("missing");
+  run_ranks(2, [&](int rank) {
+    Rank r(host, tc().name, opts());
+    const auto t0 = Clock::now();
+    try {
+      r.join(name, rank, 3, 500);  // rank 2 never comes
+      FAIL() << "comm_create succeeded without rank 2";
+    } catch (const DeadlineExceededError& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 2"), std::string::npos) << e.what();
+    }
+    EXPECT_LT(Clock::now() - t0, std::chrono::seconds(5));
+  });
+  Rank alone(host, tc().name, opts());
+  try {
+    alone.join(unique_name("alone"), 1, 2, 300);
+    FAIL() << "comm_create succeeded without rank 0";
+  } catch (const DeadlineExceededError& e) {
+    EXPECT_NE(std::string(e.what()).find("0 never"), std::string::npos) << e.what();
+  }
+}
+
+TEST_P(TransportSuite, RmaWriteLandsInTheExportedRegion) {
+  PluginHost host;
+  {
+    Rank probe(host, tc().name, opts());
+    if ((probe.caps().flags & STRATA_TRANSPORT_CAP_RMA) == 0) GTEST_SKIP() << tc().label << " has no RMA";
+  }
+  const std::string name = unique_name("rma");
+  run_ranks(2, [&](int rank) {
+    Rank r(host, tc().name, opts());
+    r.join(name, rank, 2);
+    constexpr uint64_t kBytes = 3u << 20, kOffset = 4096 + 8;
+    std::vector<uint8_t> buf(kBytes + kOffset, 0);
+    strata_mem_region_t mr = r.reg(buf.data(), buf.size());
+    strata_error e;
+    strata_error_init(&e);
+    if (rank == 1) {
+      std::string key;
+      detail::check_status(r.vt()->mem_export(r.comm(), mr, &append_to, &key, &e), e, "mem_export");
+      r.wait(r.isend(0, 1, key.data(), key.size()));
+      uint8_t done = 0;
+      r.wait(r.irecv(0, 2, &done, 1));
+      for (uint64_t i = 0; i < kOffset; ++i) ASSERT_EQ(buf[i], 0) << "written before the offset at " << i;
+      for (uint64_t i = 0; i < kBytes; ++i) ASSERT_EQ(buf[kOffset + i], pattern(i, 3)) << "byte " << i;
+    } else {
+      std::vector<char> key(256);
+      const uint64_t n = r.wait(r.irecv(1, 1, key.data(), key.size()));
+      for (uint64_t i = 0; i < kBytes; ++i) buf[i] = pattern(i, 3);
+      strata_buffer b = make_buf(buf.data(), kBytes, mr);
+      strata_request_t q = nullptr;
+      detail::check_status(r.vt()->iwrite(r.comm(), 1, &b, key.data(), n, kOffset, &q, &e), e, "iwrite");
+      EXPECT_EQ(r.wait(q), kBytes);
+      // Out of the region: refused before anything moves.
+      EXPECT_NE(r.vt()->iwrite(r.comm(), 1, &b, key.data(), n, kOffset + 1, &q, &e), STRATA_OK);
+      uint8_t done = 1;
+      r.wait(r.isend(1, 2, &done, 1));
+    }
+  });
+}
+
+// ------------------------------------------------------ forked processes ---
+
+TEST_P(TransportSuite, ForkedProcessesRingExchangeOverTheTcpStore) {
+  const std::string store = "127.0.0.1:" + std::to_string(unused_port());
+  constexpr int kWorld = 3;
+  constexpr uint64_t kBytes = 3u << 20;
+  const TransportCase c = tc();
+  auto body = [c](PluginHost& host, int rank) -> int {
+    Rank r(host, c.name, c.options);
+    r.join("ring", rank, kWorld);
+    std::vector<uint8_t> out(kBytes), in(kBytes);
+    for (uint64_t i = 0; i < kBytes; ++i) out[i] = pattern(i, rank);
+    const int next = (rank + 1) % kWorld, prev = (rank + kWorld - 1) % kWorld;
+    auto rq = r.irecv(prev, 1, in.data(), kBytes);
+    auto sq = r.isend(next, 1, out.data(), kBytes);
+    r.wait(sq);
+    if (r.wait(rq) != kBytes) return 3;
+    for (uint64_t i = 0; i < kBytes; ++i)
+      if (in[i] != pattern(i, prev)) return 4;
+    // Final barrier so nobody closes while a peer still reads.
+    uint8_t b = 0;
+    auto bs = r.isend(next, 2, &b, 1);
+    r.wait(r.irecv(prev, 2, &b, 1));
+    r.wait(bs);
+    return 0;
+  };
+  Children kids;
+  forked_ranks(kWorld, store, kids, body);
+  PluginHost host;
+  serve_store(host, store);
+  EXPECT_EQ(body(host, 0), 0);
+  for (size_t i = 0; i < kids.pids.size(); ++i) EXPECT_EQ(reap(kids.pids[i], 30000), 0) << "rank " << i + 1;
+  kids.pids.clear();
+}
+
+// Rank 1 (a child) exchanges one message with rank 0, then idles until the
+// test kills or stops it.
+int idle_peer(const TransportCase& c, PluginHost& host, int rank) {
+  Rank r(host, c.name, c.options);
+  r.join("victim", rank, 2);
+  uint64_t v = 0;
+  r.wait(r.irecv(0, 1, &v, 8));
+  r.wait(r.isend(0, 1, &v, 8));
+  for (;;) ::pause();
+}
+
+TEST_P(TransportSuite, AKilledPeerProcessIsUnavailableNamingIt) {
+  const std::string store = "127.0.0.1:" + std::to_string(unused_port());
+  const TransportCase c = tc();
+  Children kids;
+  forked_ranks(2, store, kids, [c](PluginHost& host, int rank) { return idle_peer(c, host, rank); });
+  PluginHost host;
+  serve_store(host, store);
+  Rank r(host, c.name, c.options);
+  r.join("victim", 0, 2);
+  uint64_t v = 5;
+  r.wait(r.isend(1, 1, &v, 8));
+  r.wait(r.irecv(1, 1, &v, 8));
+  std::vector<uint8_t> big(1u << 20);
+  auto q = r.irecv(1, 2, big.data(), big.size());
+  ::kill(kids.pids[0], SIGKILL);
+  const auto t0 = Clock::now();
+  try {
+    r.wait(q, 10000);
+    ADD_FAILURE() << "receive from a killed peer succeeded";
+  } catch (const UnavailableError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1 ("), std::string::npos) << e.what();
+  }
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(5));
+  EXPECT_THROW(r.wait(r.irecv(1, 3, &v, 8), 10000), UnavailableError);
+}
+
+TEST_P(TransportSuite, AStoppedPeerIsDeadlineExceededNamingIt) {
+  const std::string store = "127.0.0.1:" + std::to_string(unused_port());
+  const TransportCase c = tc();
+  Children kids;
+  forked_ranks(2, store, kids, [c](PluginHost& host, int rank) { return idle_peer(c, host, rank); });
+  PluginHost host;
+  serve_store(host, store);
+  Rank r(host, c.name, c.options);
+  r.join("victim", 0, 2);
+  uint64_t v = 5;
+  r.wait(r.isend(1, 1, &v, 8));
+  r.wait(r.irecv(1, 1, &v, 8));
+  ::kill(kids.pids[0], SIGSTOP);
+  auto q = r.irecv(1, 2, &v, 8);
+  const auto t0 = Clock::now();
+  try {
+    r.wait(q, 500);
+    ADD_FAILURE() << "receive from a stopped peer succeeded";
+  } catch (const DeadlineExceededError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1 ("), std::string::npos) << e.what();
+  }
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(3));
+  r.cancel(q);
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, TransportSuite, ::testing::ValuesIn(transport_cases()),
+                         [](const ::testing::TestParamInfo<TransportCase>& i) { return i.param.label; });
+
+}  // namespace
+}  // namespace strata

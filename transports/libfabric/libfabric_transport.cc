@@ -1,0 +1,1410 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "libfabric_transport.h"
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+#include <rdma/fi_tagged.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "strata/sdk/options.hpp"
+
+namespace strata::transport::libfabric {
+
+using Clock = std::chrono::steady_clock;
+using detail::str_cat;
+
+namespace {
+
+constexpr uint32_t kApiVersion = FI_VERSION(1, 10);
+constexpr uint64_t kEagerBytes = 4096;  // payloads up to this ride in the control message
+constexpr uint32_t kCtrlMagic = 0x5354464c;  // "STFL"
+constexpr uint64_t kKeyMagic = 0x53544d52454b4559ull;
+constexpr int kCtrlRecvSlots = 64;
+constexpr int kSendSlotsPerSlab = 64;
+constexpr size_t kMaxCacheEntries = 64;
+constexpr auto kLivenessPeriod = std::chrono::milliseconds(100);
+
+// Control message. Host byte order: every rank of a communicator runs the
+// same build on the same architecture (libfabric's own wire formats assume
+// the same).
+struct CtrlHeader {
+  uint32_t magic;
+  uint32_t src;        // sender rank
+  uint64_t ctrl_seq;   // number of this message from src to this rank
+  uint64_t tag;        // user tag
+  uint64_t total;      // payload bytes
+  uint64_t first_seq;  // data sequence of the first data message
+  uint64_t nchunks;    // data messages (0: payload follows this header)
+  uint64_t chunk;      // bytes per data message but the last
+};
+constexpr size_t kSlotBytes = sizeof(CtrlHeader) + kEagerBytes;
+
+struct ExportedKey {
+  uint64_t magic;
+  uint64_t addr;  // remote address of the region's first byte (0 without FI_MR_VIRT_ADDR)
+  uint64_t key;
+  uint64_t len;
+};
+
+std::string fi_error_text(int ret) { return str_cat(fi_strerror(ret < 0 ? -ret : ret), " (", ret, ")"); }
+
+std::string hex(const void* p, size_t n) {
+  static const char* d = "0123456789abcdef";
+  std::string s;
+  const auto* b = static_cast<const uint8_t*>(p);
+  for (size_t i = 0; i < n; ++i) {
+    s += d[b[i] >> 4];
+    s += d[b[i] & 15];
+  }
+  return s;
+}
+
+bool unhex(const std::string& s, std::vector<uint8_t>* out) {
+  if (s.size() % 2 != 0) return false;
+  out->clear();
+  for (size_t i = 0; i < s.size(); i += 2) {
+    auto v = [](char c) -> int {
+      if (c >= '0' && c <= '9') return c - '0';
+      if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+      return -1;
+    };
+    const int hi = v(s[i]), lo = v(s[i + 1]);
+    if (hi < 0 || lo < 0) return false;
+    out->push_back(static_cast<uint8_t>(hi * 16 + lo));
+  }
+  return true;
+}
+
+std::string read_first_line(const char* path) {
+  std::ifstream f(path);
+  std::string line;
+  std::getline(f, line);
+  return line;
+}
+
+// State and start time (clock ticks since boot) of process `pid`, from
+// /proc/<pid>/stat; false when there is no such process.
+bool proc_stat(long pid, char* state, unsigned long long* start) {
+  const std::string s = read_first_line(str_cat("/proc/", pid, "/stat").c_str());
+  const size_t paren = s.rfind(')');
+  if (s.empty() || paren == std::string::npos) return false;
+  std::istringstream in(s.substr(paren + 1));
+  std::string tok;
+  std::vector<std::string> f;
+  while (in >> tok && f.size() < 20) f.push_back(tok);
+  if (f.size() < 20) return false;
+  *state = f[0].empty() ? '?' : f[0][0];
+  *start = std::strtoull(f[19].c_str(), nullptr, 10);  // field 22 of proc(5)
+  return true;
+}
+
+struct ProcId {
+  std::string boot_id;
+  long pid = 0;
+  unsigned long long start = 0;
+};
+
+ProcId self_proc() {
+  ProcId p;
+  p.boot_id = read_first_line("/proc/sys/kernel/random/boot_id");
+  if (p.boot_id.empty()) {
+    char host[256] = {0};
+    ::gethostname(host, sizeof host - 1);
+    p.boot_id = str_cat("host:", host);
+  }
+  p.pid = static_cast<long>(::getpid());
+  char st;
+  proc_stat(p.pid, &st, &p.start);
+  return p;
+}
+
+// "" = alive (or unknown); otherwise why the process is gone.
+std::string proc_gone(const ProcId& p) {
+  char state = '?';
+  unsigned long long start = 0;
+  if (!proc_stat(p.pid, &state, &start)) return str_cat("its process (pid ", p.pid, " on this host) has exited");
+  if (state == 'Z' || state == 'X') return str_cat("its process (pid ", p.pid, " on this host) has died");
+  if (p.start != 0 && start != p.start)
+    return str_cat("its process (pid ", p.pid, " on this host) has exited (the pid now belongs to another process)");
+  return "";
+}
+
+// Provider preference for the default choice: NIC providers first, then
+// tcp; -1 = only when named (no inter-node path, or a debug provider).
+int provider_rank(const std::string& prov) {
+  for (const char* excluded : {"udp", "sockets", "shm", "sm2", "rxd", "net", "hook", "mrail"})
+    if (prov.find(excluded) != std::string::npos) return -1;
+  if (prov.rfind("tcp", 0) == 0) return 10;
+  return 0;
+}
+
+std::string iface_address(const std::string& iface, const std::string& comp) {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0)
+    STRATA_THROW(STRATA_ERR_UNAVAILABLE, comp, ": cannot list network interfaces for option 'iface' = '", iface,
+                 "' (", std::strerror(errno), ")");
+  std::string found, names;
+  for (ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
+    char buf[INET_ADDRSTRLEN] = {0};
+    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, buf, sizeof buf);
+    names += str_cat(names.empty() ? "" : ", ", a->ifa_name, " (", buf, ")");
+    if (found.empty() && iface == a->ifa_name) found = buf;
+  }
+  ::freeifaddrs(list);
+  if (found.empty())
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, comp, ": option 'iface' = '", iface,
+                 "' is not an interface with an IPv4 address; interfaces: ", names.empty() ? "(none)" : names);
+  return found;
+}
+
+fi_info* make_hints(const Options& o, bool rma) {
+  fi_info* h = fi_allocinfo();
+  if (h == nullptr) throw std::bad_alloc();
+  h->caps = FI_TAGGED | (rma ? (FI_RMA | FI_WRITE | FI_REMOTE_WRITE) : 0);
+  h->mode = FI_CONTEXT | FI_CONTEXT2;
+  h->ep_attr->type = FI_EP_RDM;
+  h->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+  h->domain_attr->threading = FI_THREAD_DOMAIN;
+  if (!o.provider.empty()) h->fabric_attr->prov_name = ::strdup(o.provider.c_str());
+  if (!o.domain.empty()) h->domain_attr->name = ::strdup(o.domain.c_str());
+  return h;
+}
+
+struct InfoList {
+  fi_info* head = nullptr;
+  ~InfoList() {
+    if (head != nullptr) fi_freeinfo(head);
+  }
+};
+
+int query(const Options& o, bool rma, const std::string& node, fi_info** out) {
+  fi_info* hints = make_hints(o, rma);
+  const int ret = fi_getinfo(kApiVersion, node.empty() ? nullptr : node.c_str(), nullptr,
+                             node.empty() ? 0 : FI_SOURCE, hints, out);
+  fi_freeinfo(hints);
+  return ret;
+}
+
+std::string present_providers() {
+  Options any;
+  InfoList l;
+  if (query(any, false, "", &l.head) != 0) return "(none)";
+  std::vector<std::string> names;
+  for (fi_info* i = l.head; i != nullptr; i = i->next)
+    if (std::find(names.begin(), names.end(), i->fabric_attr->prov_name) == names.end())
+      names.emplace_back(i->fabric_attr->prov_name);
+  std::string s;
+  for (auto& n : names) s += str_cat(s.empty() ? "" : ", ", "\"", n, "\"");
+  return s.empty() ? "(none)" : s;
+}
+
+// ------------------------------------------------------------ requests ---
+
+struct Request;
+
+enum class OpKind : uint8_t { kCtrlRecv, kCtrlSend, kDataSend, kDataRecv, kDrain, kWrite };
+
+struct SendSlot {
+  char* p = nullptr;
+  void* desc = nullptr;
+};
+
+// One libfabric operation. The provider's per-operation scratch (FI_CONTEXT,
+// FI_CONTEXT2) is its first member, so the completion's op_context is the Op.
+struct Op {
+  fi_context2 ctx;
+  uint64_t serial = 0;  // unique per communicator (addresses are reused)
+  OpKind kind = OpKind::kCtrlRecv;
+  bool posted = false;
+  Request* req = nullptr;  // null: orphaned (its request was released or failed)
+  int peer = -1;
+  char* buf = nullptr;
+  uint64_t len = 0;
+  void* desc = nullptr;
+  uint64_t wire_tag = 0;
+  uint64_t remote_addr = 0, rkey = 0;
+  SendSlot slot;  // kCtrlSend
+};
+
+struct CacheEntry {
+  uintptr_t lo = 0, hi = 0;
+  fid_mr* mr = nullptr;
+  void* desc = nullptr;
+  int refs = 0;
+  uint64_t last_use = 0;
+};
+
+struct Request {
+  enum Kind { kSend, kRecv, kWrite } kind = kSend;
+  int peer = -1;
+  uint64_t tag = 0;
+  char* data = nullptr;
+  uint64_t bytes = 0;
+  void* desc = nullptr;            // the caller's region, or the cache's
+  CacheEntry* cached = nullptr;    // held while the request lives
+  uint64_t ctrl_seq = 0;           // sends: message number to the peer
+  uint64_t moved = 0;
+  bool matched = false;            // receives: a message is assigned
+  bool finished = false;
+  strata_status_t status = STRATA_OK;
+  std::string error;
+  std::vector<Op*> ops;            // operations still pointing here
+};
+
+struct Region {
+  uint64_t magic = kKeyMagic;
+  fid_mr* mr = nullptr;
+  void* desc = nullptr;
+  uintptr_t lo = 0;
+  uint64_t len = 0;
+};
+
+struct InMsg {
+  uint64_t tag = 0, total = 0, first_seq = 0, nchunks = 0, chunk = 0;
+  std::vector<char> payload;  // eager payload
+};
+
+struct Peer {
+  fi_addr_t addr = FI_ADDR_UNSPEC;
+  std::string address;  // fi_av_straddr
+  ProcId proc;
+  bool local = false;   // same host, another process: liveness is checked
+  uint64_t send_ctrl_seq = 0, send_data_seq = 0;
+  uint64_t recv_ctrl_next = 0;
+  std::map<uint64_t, InMsg> early;  // control messages ahead of recv_ctrl_next
+  std::unordered_map<uint64_t, std::deque<Request*>> posted;
+  std::unordered_map<uint64_t, std::deque<InMsg>> unexpected;
+  bool failed = false;
+  strata_status_t fail_code = STRATA_OK;
+  std::string fail_reason;
+};
+
+struct Slab {
+  std::unique_ptr<char[]> mem;
+  fid_mr* mr = nullptr;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------- comm ---
+
+class LfComm : public sdk::CommBase {
+ public:
+  LfComm(sdk::Host host, const Options& opts, const fi_info* info, bool rma, bool mr_local, std::string name,
+         int32_t rank, int32_t world)
+      : host_(std::move(host)), opts_(opts), info_(fi_dupinfo(info)), rma_(rma), mr_local_(mr_local),
+        name_(std::move(name)), rank_(rank), world_(world), peers_(static_cast<size_t>(world)) {
+    if (info_ == nullptr) throw std::bad_alloc();
+    prov_ = info_->fabric_attr->prov_name;
+  }
+  ~LfComm() override;
+
+  void setup(int64_t timeout_ms);
+
+  void abort(const char* reason) noexcept override {
+    try {
+      std::lock_guard<std::mutex> lock(abort_mu_);
+      if (aborted_.load()) return;
+      abort_reason_ = reason;
+      aborted_.store(true);
+    } catch (...) {
+    }
+  }
+  strata_mem_region_t mem_register(void* data, uint64_t bytes, DLDevice device) override;
+  void mem_deregister(strata_mem_region_t mr) noexcept override;
+  strata_request_t isend(int32_t peer, uint64_t tag, const strata_buffer& buf) override;
+  strata_request_t irecv(int32_t peer, uint64_t tag, const strata_buffer& buf) override;
+  bool test(strata_request_t req, uint64_t* bytes) override;
+  uint64_t wait(strata_request_t req, int64_t timeout_ms) override;
+  void cancel(strata_request_t req) noexcept override;
+  std::string mem_export(strata_mem_region_t mr);
+  strata_request_t iwrite(int32_t peer, const strata_buffer& buf, const void* key, uint64_t key_len,
+                          uint64_t remote_offset);
+
+ private:
+  std::string who() const { return str_cat("libfabric (", prov_, ") communicator '", name_, "' rank ", rank_); }
+  std::string peer_name(int p) const {
+    return peers_[p].address.empty() ? str_cat("rank ", p) : str_cat("rank ", p, " (", peers_[p].address, ")");
+  }
+  std::string describe(const Request& r) const {
+    switch (r.kind) {
+      case Request::kSend:
+        return str_cat("isend #", r.ctrl_seq, " to ", peer_name(r.peer), " (tag ", r.tag, ", ", r.bytes, " bytes)");
+      case Request::kRecv:
+        return str_cat("irecv from ", peer_name(r.peer), " (tag ", r.tag, ", up to ", r.bytes, " bytes)");
+      default:
+        return str_cat("iwrite to ", peer_name(r.peer), " (", r.bytes, " bytes)");
+    }
+  }
+  uint64_t ctrl_tag() const { return 1ull << (tag_bits_ - 1); }
+  uint64_t data_tag(int src, uint64_t seq) const {
+    return (static_cast<uint64_t>(src) << seq_bits_) | (seq & ((1ull << seq_bits_) - 1));
+  }
+  void check_peer(int32_t peer, const char* op) const;
+  void check_host(const strata_buffer& buf, const char* op) const;
+  Request* lookup_locked(strata_request_t h) const;
+  Request* new_request_locked(Request::Kind kind, int peer, uint64_t tag, const strata_buffer& buf);
+  void* region_desc_locked(const strata_buffer& buf, const char* op);
+  bool ensure_desc_locked(Request* r);
+  fid_mr* register_locked(void* p, uint64_t len, const char* what);
+  CacheEntry* cache_get_locked(void* p, uint64_t len);
+  void finish_locked(Request* r, strata_status_t code, const std::string& error);
+  void orphan_ops_locked(Request* r);
+  void unpost_locked(Request* r);
+  uint64_t release_locked(Request* r);
+  void fail_peer_locked(int p, strata_status_t code, const std::string& reason);
+  void apply_abort_locked();
+  void progress_locked();
+  void check_liveness_locked();
+  void submit_locked(Op* op);
+  int post_raw(Op* op);
+  void post_failed_locked(Op* op, int ret);
+  void on_completion_locked(Op* op, int err, const std::string& errtext);
+  void on_ctrl_locked(Op* op);
+  void deliver_locked(int p, InMsg&& m);
+  void match_locked(Request* r, InMsg&& m);
+  void drain_locked(int p, const InMsg& m);
+  void post_ctrl_recv_locked(char* slot);
+  SendSlot take_send_slot_locked();
+
+  sdk::Host host_;
+  Options opts_;
+  fi_info* info_;
+  bool rma_, mr_local_;
+  std::string prov_;
+  std::string name_;
+  int32_t rank_, world_;
+  std::vector<Peer> peers_;
+  ProcId me_;
+
+  fid_fabric* fabric_ = nullptr;
+  fid_domain* domain_ = nullptr;
+  fid_av* av_ = nullptr;
+  fid_cq* cq_ = nullptr;
+  fid_ep* ep_ = nullptr;
+  int tag_bits_ = 64, seq_bits_ = 32;
+  uint64_t max_chunk_ = 1ull << 30;
+  uint64_t next_key_ = 1;
+  bool virt_addr_ = false, prov_key_ = false, mr_endpoint_ = false;
+
+  Slab recv_slab_;
+  std::vector<Slab> send_slabs_;
+  std::vector<SendSlot> free_send_;
+  // Drain targets for messages whose receive was too small: every drain
+  // shares the newest (largest) one; older ones live until destruction.
+  std::vector<Slab> drain_slabs_;
+  uint64_t drain_bytes_ = 0;
+
+  std::mutex mu_;
+  std::unordered_set<Request*> live_;
+  std::unordered_set<Op*> ops_;
+  std::deque<Op*> backlog_;  // ops the provider had no room for (-FI_EAGAIN)
+  uint64_t op_serial_ = 0;
+  std::vector<std::unique_ptr<CacheEntry>> cache_;
+  uint64_t cache_clock_ = 0;
+  std::unordered_set<Region*> regions_;
+  Clock::time_point next_liveness_{};
+  bool closing_ = false;
+
+  std::mutex abort_mu_;
+  std::atomic<bool> aborted_{false};
+  bool abort_applied_ = false;
+  std::string abort_reason_;
+};
+
+// ----------------------------------------------------- memory registration ---
+
+fid_mr* LfComm::register_locked(void* p, uint64_t len, const char* what) {
+  uint64_t access = FI_SEND | FI_RECV;
+  if (rma_) access |= FI_WRITE | FI_REMOTE_WRITE;
+  fid_mr* mr = nullptr;
+  int ret = fi_mr_reg(domain_, p, len, access, 0, prov_key_ ? 0 : next_key_++, 0, &mr, nullptr);
+  if (ret == 0 && mr_endpoint_) {
+    ret = fi_mr_bind(mr, &ep_->fid, 0);
+    if (ret == 0) ret = fi_mr_enable(mr);
+    if (ret != 0) fi_close(&mr->fid);
+  }
+  if (ret != 0)
+    STRATA_THROW(STRATA_ERR_FAILED_PRECONDITION, who(), ": cannot register ", len, " bytes at ", p, " (", what,
+                 ") with provider ", prov_, ": ", fi_error_text(ret),
+                 "; raise the locked-memory limit (ulimit -l) or register fewer/smaller buffers");
+  return mr;
+}
+
+strata_mem_region_t LfComm::mem_register(void* data, uint64_t bytes, DLDevice device) {
+  if (device.device_type != kDLCPU)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, who(), ": mem_register got device type ",
+                 static_cast<int>(device.device_type), "; this transport moves host memory only");
+  if (data == nullptr || bytes == 0)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, who(), ": mem_register needs a non-empty buffer (got ", data, ", ",
+                 bytes, " bytes)");
+  std::lock_guard<std::mutex> lock(mu_);
+  auto g = std::make_unique<Region>();
+  g->mr = register_locked(data, bytes, "mem_register");
+  g->desc = fi_mr_desc(g->mr);
+  g->lo = reinterpret_cast<uintptr_t>(data);
+  g->len = bytes;
+  regions_.insert(g.get());
+  return reinterpret_cast<strata_mem_region_t>(g.release());
+}
+
+void LfComm::mem_deregister(strata_mem_region_t h) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto* g = reinterpret_cast<Region*>(h);
+  if (regions_.erase(g) == 0) return;
+  fi_close(&g->mr->fid);
+  delete g;
+}
+
+void* LfComm::region_desc_locked(const strata_buffer& buf, const char* op) {
+  if (buf.mr == nullptr) return nullptr;
+  auto* g = reinterpret_cast<Region*>(buf.mr);
+  if (regions_.count(g) == 0)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, who(), ": ", op, ": buffer.mr ", static_cast<void*>(buf.mr),
+                 " is not a live region of this communicator; pass a region from its mem_register, or NULL");
+  const auto a = reinterpret_cast<uintptr_t>(buf.data);
+  if (buf.bytes != 0 && (a < g->lo || a + buf.bytes > g->lo + g->len))
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, who(), ": ", op, ": buffer [", buf.data, ", +", buf.bytes,
+                 ") is not inside its region [", reinterpret_cast<void*>(g->lo), ", +", g->len,
+                 "); pass the region that covers it, or NULL");
+  return g->desc;
+}
+
+CacheEntry* LfComm::cache_get_locked(void* p, uint64_t len) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  for (auto& e : cache_)
+    if (e->lo <= a && a + len <= e->hi) {
+      e->refs++;
+      e->last_use = ++cache_clock_;
+      return e.get();
+    }
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  auto e = std::make_unique<CacheEntry>();
+  e->lo = a & ~(page - 1);
+  e->hi = (a + len + page - 1) & ~(page - 1);
+  if (cache_.size() >= kMaxCacheEntries) {
+    auto victim = cache_.end();
+    for (auto it = cache_.begin(); it != cache_.end(); ++it)
+      if ((*it)->refs == 0 && (victim == cache_.end() || (*it)->last_use < (*victim)->last_use)) victim = it;
+    if (victim != cache_.end()) {
+      fi_close(&(*victim)->mr->fid);
+      cache_.erase(victim);
+    }
+  }
+  e->mr = register_locked(reinterpret_cast<void*>(e->lo), e->hi - e->lo, "registration cache");
+  e->desc = fi_mr_desc(e->mr);
+  e->refs = 1;
+  e->last_use = ++cache_clock_;
+  cache_.push_back(std::move(e));
+  return cache_.back().get();
+}
+
+// A descriptor for a request's user buffer when the provider needs one and
+// the caller passed no region. False (request failed) when registration fails.
+bool LfComm::ensure_desc_locked(Request* r) {
+  if (r->desc != nullptr || !mr_local_ || r->bytes == 0) return true;
+  try {
+    r->cached = cache_get_locked(r->data, r->bytes);
+    r->desc = r->cached->desc;
+    return true;
+  } catch (const Error& e) {
+    finish_locked(r, e.code(), str_cat(describe(*r), ": ", e.what()));
+    return false;
+  }
+}
+
+// ---------------------------------------------------------- request life ---
+
+void LfComm::check_peer(int32_t peer, const char* op) const {
+  if (peer < 0 || peer >= world_ || peer == rank_)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, op, ": peer ", peer, " is not another rank of communicator '", name_,
+                 "' (world size ", world_, ", this is rank ", rank_, ")");
+}
+
+void LfComm::check_host(const strata_buffer& buf, const char* op) const {
+  if (buf.device.device_type != kDLCPU)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, op,
+                 ": the libfabric transport moves host memory only; stage device buffers in host memory");
+  if (buf.data == nullptr && buf.bytes != 0)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, op, ": buffer data is NULL but bytes = ", buf.bytes);
+}
+
+Request* LfComm::lookup_locked(strata_request_t h) const {
+  auto* r = reinterpret_cast<Request*>(h);
+  if (h == nullptr || live_.count(r) == 0)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "request ", static_cast<void*>(h),
+                 " is not a live request of communicator '", name_, "' (already released?)");
+  return r;
+}
+
+Request* LfComm::new_request_locked(Request::Kind kind, int peer, uint64_t tag, const strata_buffer& buf) {
+  auto r = std::make_unique<Request>();
+  r->kind = kind;
+  r->peer = peer;
+  r->tag = tag;
+  r->data = static_cast<char*>(buf.data);
+  r->bytes = buf.bytes;
+  r->desc = region_desc_locked(buf, kind == Request::kSend ? "isend" : kind == Request::kRecv ? "irecv" : "iwrite");
+  live_.insert(r.get());
+  return r.release();
+}
+
+void LfComm::finish_locked(Request* r, strata_status_t code, const std::string& error) {
+  if (r->finished) return;
+  r->finished = true;
+  r->status = code;
+  r->error = error;
+  if (code != STRATA_OK) {
+    unpost_locked(r);
+    orphan_ops_locked(r);
+  }
+}
+
+// Operations of a failed or released request may still be posted: cancel
+// them and let their completions find no request (their memory stays ours
+// until the provider hands the context back).
+void LfComm::orphan_ops_locked(Request* r) {
+  for (Op* op : r->ops) {
+    op->req = nullptr;
+    if (op->posted) {
+      fi_cancel(&ep_->fid, &op->ctx);
+    } else {
+      backlog_.erase(std::remove(backlog_.begin(), backlog_.end(), op), backlog_.end());
+      if (op->kind == OpKind::kCtrlSend) free_send_.push_back(op->slot);
+      ops_.erase(op);
+      delete op;
+    }
+  }
+  r->ops.clear();
+}
+
+void LfComm::unpost_locked(Request* r) {
+  if (r->kind != Request::kRecv || r->matched) return;
+  Peer& peer = peers_[r->peer];
+  auto pq = peer.posted.find(r->tag);
+  if (pq == peer.posted.end()) return;
+  pq->second.erase(std::remove(pq->second.begin(), pq->second.end(), r), pq->second.end());
+  if (pq->second.empty()) peer.posted.erase(pq);
+}
+
+uint64_t LfComm::release_locked(Request* r) {
+  unpost_locked(r);
+  orphan_ops_locked(r);
+  if (r->cached != nullptr) r->cached->refs--;
+  live_.erase(r);
+  std::unique_ptr<Request> owned(r);
+  if (r->status != STRATA_OK) detail::throw_status(r->status, r->error);
+  return r->moved;
+}
+
+void LfComm::fail_peer_locked(int p, strata_status_t code, const std::string& reason) {
+  Peer& peer = peers_[p];
+  if (peer.failed) return;
+  peer.failed = true;
+  peer.fail_code = code;
+  peer.fail_reason = reason;
+  if (code != STRATA_ERR_ABORTED) host_.warn(who(), ": ", reason);
+  std::vector<Request*> victims;
+  for (Request* r : live_)
+    if (r->peer == p && !r->finished) victims.push_back(r);
+  for (Request* r : victims) finish_locked(r, code, str_cat(describe(*r), ": ", reason));
+  peer.posted.clear();
+  // Fully arrived (eager) messages stay receivable; the others cannot arrive.
+  for (auto it = peer.unexpected.begin(); it != peer.unexpected.end();) {
+    auto& q = it->second;
+    q.erase(std::remove_if(q.begin(), q.end(), [](const InMsg& m) { return m.nchunks != 0; }), q.end());
+    it = q.empty() ? peer.unexpected.erase(it) : std::next(it);
+  }
+}
+
+void LfComm::apply_abort_locked() {
+  if (abort_applied_ || !aborted_.load()) return;
+  abort_applied_ = true;
+  std::string reason;
+  {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    reason = abort_reason_;
+  }
+  const std::string why = str_cat("communicator '", name_, "' aborted: ", reason);
+  for (int p = 0; p < world_; ++p)
+    if (p != rank_) fail_peer_locked(p, STRATA_ERR_ABORTED, why);
+}
+
+// ------------------------------------------------------------- posting ---
+
+int LfComm::post_raw(Op* op) {
+  switch (op->kind) {
+    case OpKind::kCtrlRecv:
+      return static_cast<int>(
+          fi_trecv(ep_, op->buf, op->len, op->desc, FI_ADDR_UNSPEC, ctrl_tag(), 0, &op->ctx));
+    case OpKind::kDataRecv:
+    case OpKind::kDrain:
+      return static_cast<int>(
+          fi_trecv(ep_, op->buf, op->len, op->desc, FI_ADDR_UNSPEC, op->wire_tag, 0, &op->ctx));
+    case OpKind::kCtrlSend:
+    case OpKind::kDataSend:
+      return static_cast<int>(fi_tsend(ep_, op->buf, op->len, op->desc, peers_[op->peer].addr, op->wire_tag,
+                                       &op->ctx));
+    case OpKind::kWrite:
+      return static_cast<int>(fi_write(ep_, op->buf, op->len, op->desc, peers_[op->peer].addr, op->remote_addr,
+                                       op->rkey, &op->ctx));
+  }
+  return -FI_EINVAL;
+}
+
+void LfComm::submit_locked(Op* op) {
+  op->serial = ++op_serial_;
+  ops_.insert(op);
+  if (op->req != nullptr) op->req->ops.push_back(op);
+  if (backlog_.empty()) {
+    const int ret = post_raw(op);
+    if (ret == 0) {
+      op->posted = true;
+      return;
+    }
+    if (ret != -FI_EAGAIN) return post_failed_locked(op, ret);
+  }
+  backlog_.push_back(op);
+}
+
+void LfComm::post_failed_locked(Op* op, int ret) {
+  if (op->kind == OpKind::kCtrlRecv) {
+    // Reposting would fail the same way; run with one control slot fewer.
+    host_.warn(who(), ": posting a control receive failed (", fi_error_text(ret), ")");
+    ops_.erase(op);
+    delete op;
+    return;
+  }
+  const std::string text = str_cat("posting a ", op->kind == OpKind::kWrite ? "write" : "message",
+                                   " failed: ", fi_error_text(ret));
+  on_completion_locked(op, ret < 0 ? -ret : ret, text);
+}
+
+void LfComm::post_ctrl_recv_locked(char* slot) {
+  auto* op = new Op();
+  op->kind = OpKind::kCtrlRecv;
+  op->buf = slot;
+  op->len = kSlotBytes;
+  op->desc = fi_mr_desc(recv_slab_.mr);
+  submit_locked(op);
+}
+
+SendSlot LfComm::take_send_slot_locked() {
+  if (free_send_.empty()) {
+    Slab s;
+    s.mem.reset(new char[kSendSlotsPerSlab * kSlotBytes]);
+    s.mr = register_locked(s.mem.get(), kSendSlotsPerSlab * kSlotBytes, "control send slots");
+    void* desc = fi_mr_desc(s.mr);
+    for (int i = 0; i < kSendSlotsPerSlab; ++i) free_send_.push_back({s.mem.get() + i * kSlotBytes, desc});
+    send_slabs_.push_back(std::move(s));
+  }
+  SendSlot s = free_send_.back();
+  free_send_.pop_back();
+  return s;
+}
+
+// ------------------------------------------------------------ progress ---
+
+void LfComm::progress_locked() {
+  apply_abort_locked();
+  fi_cq_tagged_entry entries[32];
+  for (int round = 0; round < 64; ++round) {
+    const ssize_t n = fi_cq_read(cq_, entries, 32);
+    if (n > 0) {
+      for (ssize_t i = 0; i < n; ++i) {
+        Op* op = static_cast<Op*>(entries[i].op_context);
+        if (op != nullptr) on_completion_locked(op, 0, "");
+      }
+      continue;
+    }
+    if (n == -FI_EAVAIL) {
+      fi_cq_err_entry e{};
+      if (fi_cq_readerr(cq_, &e, 0) > 0) {
+        char buf[256] = {0};
+        const char* prov_text = fi_cq_strerror(cq_, e.prov_errno, e.err_data, buf, sizeof buf);
+        Op* op = static_cast<Op*>(e.op_context);
+        if (op != nullptr)
+          on_completion_locked(op, e.err, str_cat(fi_strerror(e.err), " (provider: ", prov_text ? prov_text : "", ")"));
+      }
+      continue;
+    }
+    break;  // -FI_EAGAIN or another error: nothing more now
+  }
+  while (!backlog_.empty()) {
+    Op* op = backlog_.front();
+    const int ret = post_raw(op);
+    if (ret == -FI_EAGAIN) break;
+    backlog_.pop_front();
+    if (ret == 0) {
+      op->posted = true;
+    } else {
+      post_failed_locked(op, ret);
+    }
+  }
+  check_liveness_locked();
+}
+
+void LfComm::check_liveness_locked() {
+  const auto now = Clock::now();
+  if (now < next_liveness_) return;
+  next_liveness_ = now + kLivenessPeriod;
+  std::vector<bool> waiting(static_cast<size_t>(world_), false);
+  for (Request* r : live_)
+    if (!r->finished) waiting[r->peer] = true;
+  for (int p = 0; p < world_; ++p) {
+    if (!waiting[p] || !peers_[p].local || peers_[p].failed) continue;
+    const std::string gone = proc_gone(peers_[p].proc);
+    if (!gone.empty())
+      fail_peer_locked(p, STRATA_ERR_UNAVAILABLE,
+                       str_cat(peer_name(p), " is unavailable: ", gone,
+                               "; see its log for why, then restart the job"));
+  }
+}
+
+void LfComm::on_completion_locked(Op* op, int err, const std::string& errtext) {
+  op->posted = false;
+  ops_.erase(op);
+  std::unique_ptr<Op> owned(op);
+  Request* r = op->req;
+  if (r != nullptr) r->ops.erase(std::remove(r->ops.begin(), r->ops.end(), op), r->ops.end());
+  switch (op->kind) {
+    case OpKind::kCtrlRecv:
+      if (err == 0) {
+        on_ctrl_locked(op);
+      } else if (err != FI_ECANCELED && !closing_) {
+        host_.warn(who(), ": a control receive failed (", errtext, "); posting it again");
+      }
+      if (!closing_ && err != FI_ECANCELED) post_ctrl_recv_locked(op->buf);
+      return;
+    case OpKind::kCtrlSend:
+      free_send_.push_back(op->slot);
+      break;
+    case OpKind::kDrain:
+      return;
+    default:
+      break;
+  }
+  if (r == nullptr) return;  // orphaned
+  if (err != 0) {
+    if (op->kind == OpKind::kDataRecv && err == FI_ETRUNC) {
+      const std::string why = str_cat(peer_name(r->peer), " sent more data than its control message announced (",
+                                      errtext, ")");
+      finish_locked(r, STRATA_ERR_DATA_LOSS, str_cat(describe(*r), ": ", why));
+      fail_peer_locked(r->peer, STRATA_ERR_DATA_LOSS, why);
+      return;
+    }
+    fail_peer_locked(r->peer, STRATA_ERR_UNAVAILABLE,
+                     str_cat("lost ", peer_name(r->peer), ": ", errtext,
+                             "; the peer's process may have exited (see its log)"));
+    return;
+  }
+  if (op->kind == OpKind::kDataRecv || op->kind == OpKind::kDataSend || op->kind == OpKind::kWrite)
+    r->moved += op->len;
+  if (r->ops.empty() && !r->finished) {
+    if (r->kind != Request::kRecv) r->moved = r->bytes;
+    finish_locked(r, STRATA_OK, "");
+  }
+}
+
+void LfComm::on_ctrl_locked(Op* op) {
+  CtrlHeader h;
+  std::memcpy(&h, op->buf, sizeof h);
+  if (h.magic != kCtrlMagic || h.src >= static_cast<uint32_t>(world_) || static_cast<int>(h.src) == rank_ ||
+      (h.nchunks == 0 && h.total > kEagerBytes)) {
+    host_.warn(who(), ": dropped a malformed control message (magic ", h.magic, ", source ", h.src,
+               "); is another job using this endpoint?");
+    return;
+  }
+  const int p = static_cast<int>(h.src);
+  Peer& peer = peers_[p];
+  if (peer.failed && peer.fail_code != STRATA_ERR_ABORTED) return;
+  InMsg m;
+  m.tag = h.tag;
+  m.total = h.total;
+  m.first_seq = h.first_seq;
+  m.nchunks = h.nchunks;
+  m.chunk = h.chunk;
+  if (h.nchunks == 0 && h.total > 0) m.payload.assign(op->buf + sizeof h, op->buf + sizeof h + h.total);
+  // Deliver in the sender's order, whatever order the provider used.
+  if (h.ctrl_seq != peer.recv_ctrl_next) {
+    peer.early.emplace(h.ctrl_seq, std::move(m));
+    return;
+  }
+  deliver_locked(p, std::move(m));
+  peer.recv_ctrl_next++;
+  for (auto it = peer.early.find(peer.recv_ctrl_next); it != peer.early.end();
+       it = peer.early.find(peer.recv_ctrl_next)) {
+    InMsg next = std::move(it->second);
+    peer.early.erase(it);
+    deliver_locked(p, std::move(next));
+    peer.recv_ctrl_next++;
+  }
+}
+
+void LfComm::deliver_locked(int p, InMsg&& m) {
+  Peer& peer = peers_[p];
+  if (peer.failed) {
+    if (m.nchunks != 0) drain_locked(p, m);
+    else peer.unexpected[m.tag].push_back(std::move(m));
+    return;
+  }
+  auto pq = peer.posted.find(m.tag);
+  if (pq == peer.posted.end() || pq->second.empty()) {
+    peer.unexpected[m.tag].push_back(std::move(m));
+    return;
+  }
+  Request* r = pq->second.front();
+  pq->second.pop_front();
+  if (pq->second.empty()) peer.posted.erase(pq);
+  match_locked(r, std::move(m));
+}
+
+void LfComm::match_locked(Request* r, InMsg&& m) {
+  r->matched = true;
+  if (m.total > r->bytes) {
+    finish_locked(r, STRATA_ERR_INVALID_ARGUMENT,
+                  str_cat(describe(*r), ": the message is ", m.total, " bytes; post a buffer at least that large"));
+    drain_locked(r->peer, m);
+    return;
+  }
+  if (m.nchunks == 0) {
+    if (m.total > 0) std::memcpy(r->data, m.payload.data(), m.total);
+    r->moved = m.total;
+    finish_locked(r, STRATA_OK, "");
+    return;
+  }
+  if (!ensure_desc_locked(r)) {
+    drain_locked(r->peer, m);
+    return;
+  }
+  for (uint64_t i = 0; i < m.nchunks; ++i) {
+    auto* op = new Op();
+    op->kind = OpKind::kDataRecv;
+    op->req = r;
+    op->peer = r->peer;
+    op->buf = r->data + i * m.chunk;
+    op->len = std::min(m.chunk, m.total - i * m.chunk);
+    op->desc = r->desc;
+    op->wire_tag = data_tag(r->peer, m.first_seq + i);
+    submit_locked(op);
+    if (r->finished) return;  // posting failed
+  }
+}
+
+// Consume the data messages of `m` into a shared scratch buffer as large as
+// one of them: providers do not all complete a truncated rendezvous
+// transfer at the sender, so the receive must take the whole message.
+void LfComm::drain_locked(int p, const InMsg& m) {
+  const uint64_t need = std::min(m.chunk, m.total);
+  if (need > drain_bytes_) {
+    Slab s;
+    s.mem.reset(new char[need]);
+    try {
+      s.mr = register_locked(s.mem.get(), need, "drain buffer");
+    } catch (const Error& e) {
+      fail_peer_locked(p, e.code(), str_cat("cannot drain a message from ", peer_name(p), ": ", e.what()));
+      return;
+    }
+    drain_slabs_.push_back(std::move(s));
+    drain_bytes_ = need;
+  }
+  const Slab& d = drain_slabs_.back();
+  for (uint64_t i = 0; i < m.nchunks; ++i) {
+    auto* op = new Op();
+    op->kind = OpKind::kDrain;
+    op->peer = p;
+    op->buf = d.mem.get();
+    op->len = std::min(m.chunk, m.total - i * m.chunk);
+    op->desc = fi_mr_desc(d.mr);
+    op->wire_tag = data_tag(p, m.first_seq + i);
+    submit_locked(op);
+  }
+}
+
+// -------------------------------------------------------- p2p entry points ---
+
+strata_request_t LfComm::isend(int32_t peer, uint64_t tag, const strata_buffer& buf) {
+  check_peer(peer, "isend");
+  check_host(buf, "isend");
+  std::lock_guard<std::mutex> lock(mu_);
+  apply_abort_locked();
+  Request* r = new_request_locked(Request::kSend, peer, tag, buf);
+  Peer& p = peers_[peer];
+  r->ctrl_seq = p.send_ctrl_seq;
+  if (p.failed) {
+    finish_locked(r, p.fail_code, str_cat(describe(*r), ": ", p.fail_reason));
+    return reinterpret_cast<strata_request_t>(r);
+  }
+  const bool eager = buf.bytes <= kEagerBytes;
+  if (!eager && !ensure_desc_locked(r)) return reinterpret_cast<strata_request_t>(r);
+  p.send_ctrl_seq++;
+  CtrlHeader h{};
+  h.magic = kCtrlMagic;
+  h.src = static_cast<uint32_t>(rank_);
+  h.ctrl_seq = r->ctrl_seq;
+  h.tag = tag;
+  h.total = buf.bytes;
+  h.chunk = max_chunk_;
+  h.nchunks = eager ? 0 : (buf.bytes + max_chunk_ - 1) / max_chunk_;
+  h.first_seq = p.send_data_seq;
+  p.send_data_seq += h.nchunks;
+  auto* ctrl = new Op();
+  ctrl->kind = OpKind::kCtrlSend;
+  ctrl->req = r;
+  ctrl->peer = peer;
+  ctrl->slot = take_send_slot_locked();
+  std::memcpy(ctrl->slot.p, &h, sizeof h);
+  if (eager && buf.bytes > 0) std::memcpy(ctrl->slot.p + sizeof h, buf.data, buf.bytes);
+  ctrl->buf = ctrl->slot.p;
+  ctrl->len = sizeof h + (eager ? buf.bytes : 0);
+  ctrl->desc = ctrl->slot.desc;
+  ctrl->wire_tag = ctrl_tag();
+  submit_locked(ctrl);
+  for (uint64_t i = 0; i < h.nchunks && !r->finished; ++i) {
+    auto* op = new Op();
+    op->kind = OpKind::kDataSend;
+    op->req = r;
+    op->peer = peer;
+    op->buf = r->data + i * max_chunk_;
+    op->len = std::min(max_chunk_, buf.bytes - i * max_chunk_);
+    op->desc = r->desc;
+    op->wire_tag = data_tag(rank_, h.first_seq + i);
+    submit_locked(op);
+  }
+  return reinterpret_cast<strata_request_t>(r);
+}
+
+strata_request_t LfComm::irecv(int32_t peer, uint64_t tag, const strata_buffer& buf) {
+  check_peer(peer, "irecv");
+  check_host(buf, "irecv");
+  std::lock_guard<std::mutex> lock(mu_);
+  apply_abort_locked();
+  Request* r = new_request_locked(Request::kRecv, peer, tag, buf);
+  Peer& p = peers_[peer];
+  auto it = p.unexpected.find(tag);
+  if (it != p.unexpected.end() && !it->second.empty()) {
+    InMsg m = std::move(it->second.front());
+    it->second.pop_front();
+    if (it->second.empty()) p.unexpected.erase(it);
+    match_locked(r, std::move(m));
+  } else if (p.failed) {
+    finish_locked(r, p.fail_code, str_cat(describe(*r), ": ", p.fail_reason));
+  } else {
+    p.posted[tag].push_back(r);
+  }
+  progress_locked();
+  return reinterpret_cast<strata_request_t>(r);
+}
+
+bool LfComm::test(strata_request_t h, uint64_t* bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Request* r = lookup_locked(h);
+  progress_locked();
+  if (!r->finished) return false;
+  *bytes = release_locked(r);
+  return true;
+}
+
+uint64_t LfComm::wait(strata_request_t h, int64_t timeout_ms) {
+  if (timeout_ms < 0) timeout_ms = static_cast<int64_t>(opts_.timeout_s * 1000.0);
+  const auto start = Clock::now();
+  const auto deadline = start + std::chrono::milliseconds(timeout_ms);
+  // Spin briefly (a reply often comes within microseconds), then back off
+  // to sleeps of up to 1 ms so that waiting ranks leave the cores to others.
+  auto pause = std::chrono::microseconds(0);
+  for (int iter = 0;; ++iter) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      Request* r = lookup_locked(h);
+      progress_locked();
+      if (r->finished) return release_locked(r);
+      if (Clock::now() >= deadline)
+        STRATA_THROW(STRATA_ERR_DEADLINE_EXCEEDED, describe(*r), ": not complete after ", timeout_ms,
+                     " ms; the peer may be stalled or has not posted the matching ",
+                     r->kind == Request::kRecv ? "isend" : "irecv", " (the request is still pending)");
+    }
+    if (iter < 200) {
+      std::this_thread::yield();
+      continue;
+    }
+    pause = std::min<std::chrono::microseconds>(std::chrono::microseconds(1000),
+                                                pause + std::chrono::microseconds(20));
+    std::this_thread::sleep_for(std::min<Clock::duration>(pause, deadline - Clock::now()));
+  }
+}
+
+void LfComm::cancel(strata_request_t h) noexcept {
+  try {
+    std::lock_guard<std::mutex> lock(mu_);
+    Request* r = lookup_locked(h);
+    const bool sending = r->kind != Request::kRecv && !r->finished;
+    const bool partial = sending && !r->ops.empty();
+    std::unordered_set<uint64_t> serials;
+    for (Op* op : r->ops) serials.insert(op->serial);
+    if (!r->finished) finish_locked(r, STRATA_ERR_CANCELLED, describe(*r) + ": cancelled");
+    // Give cancelled operations a bounded time to hand the buffer back.
+    const auto until = Clock::now() + std::chrono::seconds(1);
+    auto pending = [&] {
+      if (serials.empty()) return false;
+      for (Op* op : ops_)
+        if (serials.count(op->serial) != 0) return true;
+      return false;
+    };
+    while (pending() && Clock::now() < until) progress_locked();
+    if (partial && pending())
+      fail_peer_locked(r->peer, STRATA_ERR_CANCELLED,
+                       str_cat(describe(*r), " was cancelled while the provider was sending it; ",
+                               peer_name(r->peer), " would wait for it forever, so it is failed"));
+    r->status = STRATA_OK;  // the caller asked for this: no error to report
+    release_locked(r);
+  } catch (...) {
+  }
+}
+
+// ------------------------------------------------------------------ RMA ---
+
+std::string LfComm::mem_export(strata_mem_region_t h) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto* g = reinterpret_cast<Region*>(h);
+  if (h == nullptr || regions_.count(g) == 0)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, who(), ": mem_export: ", static_cast<void*>(h),
+                 " is not a live region of this communicator; pass one from its mem_register");
+  ExportedKey k{kKeyMagic, virt_addr_ ? static_cast<uint64_t>(g->lo) : 0, fi_mr_key(g->mr), g->len};
+  return std::string(reinterpret_cast<const char*>(&k), sizeof k);
+}
+
+strata_request_t LfComm::iwrite(int32_t peer, const strata_buffer& buf, const void* key, uint64_t key_len,
+                                uint64_t off) {
+  check_peer(peer, "iwrite");
+  check_host(buf, "iwrite");
+  ExportedKey k{};
+  if (key == nullptr || key_len != sizeof k)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, who(), ": iwrite to rank ", peer, ": the remote key is ", key_len,
+                 " bytes, not the ", sizeof k, " that mem_export writes; pass the peer's mem_export output");
+  std::memcpy(&k, key, sizeof k);
+  if (k.magic != kKeyMagic)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, who(), ": iwrite to rank ", peer,
+                 ": the remote key was not made by this transport's mem_export");
+  if (off > k.len || buf.bytes > k.len - off)
+    STRATA_THROW(STRATA_ERR_OUT_OF_RANGE, who(), ": iwrite to rank ", peer, ": ", buf.bytes, " bytes at offset ",
+                 off, " do not fit the remote region of ", k.len, " bytes");
+  std::lock_guard<std::mutex> lock(mu_);
+  apply_abort_locked();
+  Request* r = new_request_locked(Request::kWrite, peer, 0, buf);
+  Peer& p = peers_[peer];
+  if (p.failed) {
+    finish_locked(r, p.fail_code, str_cat(describe(*r), ": ", p.fail_reason));
+    return reinterpret_cast<strata_request_t>(r);
+  }
+  if (buf.bytes == 0) {
+    finish_locked(r, STRATA_OK, "");
+    return reinterpret_cast<strata_request_t>(r);
+  }
+  if (!ensure_desc_locked(r)) return reinterpret_cast<strata_request_t>(r);
+  const uint64_t n = (buf.bytes + max_chunk_ - 1) / max_chunk_;
+  for (uint64_t i = 0; i < n && !r->finished; ++i) {
+    auto* op = new Op();
+    op->kind = OpKind::kWrite;
+    op->req = r;
+    op->peer = peer;
+    op->buf = r->data + i * max_chunk_;
+    op->len = std::min(max_chunk_, buf.bytes - i * max_chunk_);
+    op->desc = r->desc;
+    op->remote_addr = k.addr + off + i * max_chunk_;
+    op->rkey = k.key;
+    submit_locked(op);
+  }
+  return reinterpret_cast<strata_request_t>(r);
+}
+
+// ---------------------------------------------------------------- setup ---
+
+void LfComm::setup(int64_t timeout_ms) {
+  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  auto left_ms = [&] {
+    return std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count());
+  };
+  auto check = [&](int ret, const char* what) {
+    if (ret != 0)
+      STRATA_THROW(STRATA_ERR_UNAVAILABLE, who(), ": ", what, " failed: ", fi_error_text(ret),
+                   "; check the provider with `fi_info -p \"", prov_, "\"`");
+  };
+  const uint64_t fmt = info_->ep_attr->mem_tag_format;
+  tag_bits_ = fmt == 0 ? 64 : 64 - __builtin_clzll(fmt);
+  int rank_bits = 1;
+  while ((1ll << rank_bits) < world_) ++rank_bits;
+  seq_bits_ = tag_bits_ - 1 - rank_bits;
+  if (seq_bits_ < 16)
+    STRATA_THROW(STRATA_ERR_FAILED_PRECONDITION, who(), ": provider ", prov_, " has only ", tag_bits_,
+                 " tag bits (mem_tag_format ", fmt, "), too few for ", world_,
+                 " ranks; choose another provider with option 'provider'");
+  const uint64_t prov_max = info_->ep_attr->max_msg_size;
+  max_chunk_ = std::min<uint64_t>(prov_max == 0 ? (1ull << 30) : prov_max, 1ull << 30);
+  if (opts_.max_message_bytes != 0) max_chunk_ = std::min(max_chunk_, opts_.max_message_bytes);
+  const uint64_t mr_mode = static_cast<uint64_t>(info_->domain_attr->mr_mode);
+  virt_addr_ = (mr_mode & FI_MR_VIRT_ADDR) != 0;
+  prov_key_ = (mr_mode & FI_MR_PROV_KEY) != 0;
+  mr_endpoint_ = (mr_mode & FI_MR_ENDPOINT) != 0;
+
+  check(fi_fabric(info_->fabric_attr, &fabric_, nullptr), "fi_fabric");
+  check(fi_domain(fabric_, info_, &domain_, nullptr), "fi_domain");
+  fi_av_attr av_attr{};
+  av_attr.type = info_->domain_attr->av_type;
+  av_attr.count = static_cast<size_t>(world_);
+  check(fi_av_open(domain_, &av_attr, &av_, nullptr), "fi_av_open");
+  fi_cq_attr cq_attr{};
+  cq_attr.format = FI_CQ_FORMAT_TAGGED;
+  cq_attr.wait_obj = FI_WAIT_NONE;
+  cq_attr.size = 0;
+  check(fi_cq_open(domain_, &cq_attr, &cq_, nullptr), "fi_cq_open");
+  check(fi_endpoint(domain_, info_, &ep_, nullptr), "fi_endpoint");
+  check(fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV), "binding the completion queue");
+  check(fi_ep_bind(ep_, &av_->fid, 0), "binding the address vector");
+  check(fi_enable(ep_), "fi_enable");
+
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    recv_slab_.mem.reset(new char[kCtrlRecvSlots * kSlotBytes]);
+    recv_slab_.mr = register_locked(recv_slab_.mem.get(), kCtrlRecvSlots * kSlotBytes, "control receive slots");
+    for (int i = 0; i < kCtrlRecvSlots; ++i) post_ctrl_recv_locked(recv_slab_.mem.get() + i * kSlotBytes);
+  }
+
+  char addr[256];
+  size_t addrlen = sizeof addr;
+  check(fi_getname(&ep_->fid, addr, &addrlen), "fi_getname");
+  me_ = self_proc();
+  const std::string key = str_cat(name_, "/lf/addr/");
+  const std::string pkey = str_cat(name_, "/lf/proc/");
+  host_.store_set(pkey + std::to_string(rank_), str_cat(me_.boot_id, " ", me_.pid, " ", me_.start), left_ms());
+  host_.store_set(key + std::to_string(rank_), hex(addr, addrlen), left_ms());
+  {
+    char buf[256];
+    size_t len = sizeof buf;
+    fi_av_straddr(av_, addr, buf, &len);
+    peers_[rank_].address = buf;
+  }
+
+  std::vector<int> missing;
+  for (int p = 0; p < world_; ++p) {
+    if (p == rank_) continue;
+    std::string value, proc;
+    try {
+      // After the first miss, only see which others are missing too.
+      const int64_t t = missing.empty() ? left_ms() : 1;
+      value = host_.store_get(key + std::to_string(p), t);
+      proc = host_.store_get(pkey + std::to_string(p), missing.empty() ? left_ms() : 1);
+    } catch (const Error& e) {
+      if (e.code() != STRATA_ERR_DEADLINE_EXCEEDED) throw;
+      missing.push_back(p);
+      continue;
+    }
+    std::vector<uint8_t> raw;
+    if (!unhex(value, &raw) || raw.empty())
+      STRATA_THROW(STRATA_ERR_DATA_LOSS, who(), ": rank ", p, " published a malformed address under '", key, p,
+                   "'; was the store reused by another job?");
+    Peer& peer = peers_[p];
+    fi_addr_t fa = FI_ADDR_UNSPEC;
+    const int n = fi_av_insert(av_, raw.data(), 1, &fa, 0, nullptr);
+    if (n != 1)
+      STRATA_THROW(STRATA_ERR_UNAVAILABLE, who(), ": cannot insert rank ", p, "'s address into the address vector (",
+                   n < 0 ? fi_error_text(n) : std::string("0 inserted"),
+                   "); do all ranks use the same provider? (this rank: ", prov_, ")");
+    peer.addr = fa;
+    char buf[256];
+    size_t len = sizeof buf;
+    fi_av_straddr(av_, raw.data(), buf, &len);
+    peer.address = buf;
+    std::istringstream in(proc);
+    in >> peer.proc.boot_id >> peer.proc.pid >> peer.proc.start;
+    peer.local = peer.proc.boot_id == me_.boot_id && peer.proc.pid != me_.pid && peer.proc.pid > 0;
+  }
+  if (!missing.empty()) {
+    std::string list;
+    for (int p : missing) list += str_cat(list.empty() ? "" : ", ", p);
+    STRATA_THROW(STRATA_ERR_DEADLINE_EXCEEDED, who(), " of ", world_, ": rank", missing.size() > 1 ? "s " : " ",
+                 list, missing.size() > 1 ? " never published their addresses" : " never published its address",
+                 " (keys '", key, "<rank>') within ", timeout_ms,
+                 " ms; check that every rank creates this communicator with the same name and world size");
+  }
+}
+
+LfComm::~LfComm() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (ep_ != nullptr) {
+      // Let our sends reach their peers first (bounded), then cancel the rest.
+      const auto until = Clock::now() + std::chrono::milliseconds(500);
+      auto sending = [&] {
+        for (Op* op : ops_)
+          if ((op->kind == OpKind::kCtrlSend || op->kind == OpKind::kDataSend || op->kind == OpKind::kWrite) &&
+              op->req != nullptr)
+            return true;
+        return false;
+      };
+      while (sending() && Clock::now() < until) progress_locked();
+      closing_ = true;
+      for (Op* op : backlog_) {
+        ops_.erase(op);
+        delete op;
+      }
+      backlog_.clear();
+      for (Op* op : ops_)
+        if (op->posted) fi_cancel(&ep_->fid, &op->ctx);
+      const auto drain_until = Clock::now() + std::chrono::milliseconds(200);
+      while (!ops_.empty() && Clock::now() < drain_until) {
+        const size_t before = ops_.size();
+        progress_locked();
+        if (ops_.size() == before) std::this_thread::yield();
+      }
+    }
+    for (Request* r : live_) delete r;
+    live_.clear();
+    if (ep_ != nullptr) fi_close(&ep_->fid);
+    for (Op* op : ops_) delete op;
+    ops_.clear();
+    for (Region* g : regions_) {
+      fi_close(&g->mr->fid);
+      delete g;
+    }
+    for (auto& e : cache_) fi_close(&e->mr->fid);
+    for (auto& s : send_slabs_) fi_close(&s.mr->fid);
+    if (recv_slab_.mr != nullptr) fi_close(&recv_slab_.mr->fid);
+    for (auto& s : drain_slabs_) fi_close(&s.mr->fid);
+  }
+  if (av_ != nullptr) fi_close(&av_->fid);
+  if (cq_ != nullptr) fi_close(&cq_->fid);
+  if (domain_ != nullptr) fi_close(&domain_->fid);
+  if (fabric_ != nullptr) fi_close(&fabric_->fid);
+  fi_freeinfo(info_);
+}
+
+// ------------------------------------------------------------ transport ---
+
+LibfabricTransport::LibfabricTransport(sdk::Host host, const char* options_json) : host_(std::move(host)) {
+  const std::string comp = "transport 'libfabric'";
+  const auto o = sdk::parse_options(options_json, comp);
+  sdk::check_known_keys(o, {"provider", "domain", "iface", "timeout_s", "max_message_bytes"}, comp);
+  opts_.provider = sdk::get_option<std::string>(o, "provider", "", comp);
+  opts_.domain = sdk::get_option<std::string>(o, "domain", "", comp);
+  opts_.iface = sdk::get_option<std::string>(o, "iface", "", comp);
+  opts_.max_message_bytes = sdk::get_option<uint64_t>(o, "max_message_bytes", 0, comp);
+  double def_timeout = 300;
+  if (host_ && host_.api()->get_config != nullptr) {
+    if (auto t = host_.get_config("/timeouts/collective_s")) {
+      try {
+        def_timeout = nlohmann::json::parse(*t).get<double>();
+      } catch (const std::exception&) {
+      }
+    }
+  }
+  opts_.timeout_s = sdk::get_option<double>(o, "timeout_s", def_timeout, comp);
+  if (!(opts_.timeout_s > 0))
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'timeout_s' of ", comp, " must be > 0, got ", opts_.timeout_s);
+  if (o.contains("max_message_bytes") && opts_.max_message_bytes < 4096)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'max_message_bytes' of ", comp, " must be >= 4096, got ",
+                 opts_.max_message_bytes);
+
+  const bool shm_named = opts_.provider.find("shm") != std::string::npos;
+  const std::string node = opts_.iface.empty() || shm_named ? "" : iface_address(opts_.iface, comp);
+  Options pick = opts_;
+  if (pick.provider.empty()) {
+    // Choose by name first (from every provider, RMA or not), then ask for
+    // that provider with RMA and fall back to plain tagged messages.
+    InfoList l;
+    const int ret = query(opts_, false, node, &l.head);
+    if (ret != 0)
+      STRATA_THROW(STRATA_ERR_NOT_FOUND, comp, ": no libfabric provider offers FI_EP_RDM tagged messages",
+                   node.empty() ? "" : str_cat(" on interface ", opts_.iface, " (", node, ")"), " (fi_getinfo: ",
+                   fi_error_text(ret), "); providers present: ", present_providers(),
+                   "; install a provider or use the tcp transport");
+    int best = -1;
+    for (fi_info* i = l.head; i != nullptr; i = i->next) {
+      const int r = provider_rank(i->fabric_attr->prov_name);
+      if (r >= 0 && (best < 0 || r < best)) {
+        best = r;
+        pick.provider = i->fabric_attr->prov_name;
+      }
+    }
+    if (best < 0)
+      STRATA_THROW(STRATA_ERR_NOT_FOUND, comp, ": no network provider for FI_EP_RDM among those present (",
+                   present_providers(), "); udp, sockets and shm are used only when named: set option 'provider'");
+  }
+  InfoList l;
+  int ret = query(pick, true, node, &l.head);
+  rma_ = ret == 0;
+  if (ret != 0) ret = query(pick, false, node, &l.head);
+  if (ret != 0)
+    STRATA_THROW(STRATA_ERR_NOT_FOUND, comp, ": provider \"", pick.provider, "\"",
+                 opts_.domain.empty() ? "" : str_cat(" with domain \"", opts_.domain, "\""),
+                 node.empty() ? "" : str_cat(" on interface ", opts_.iface, " (", node, ")"),
+                 " is not present or offers no FI_EP_RDM tagged messages (fi_getinfo: ", fi_error_text(ret),
+                 "); providers present: ", present_providers(), "; set option 'provider' to one of them");
+  info_ = fi_dupinfo(l.head);
+  if (info_ == nullptr) throw std::bad_alloc();
+  mr_local_ = (info_->domain_attr->mr_mode & FI_MR_LOCAL) != 0;
+  host_.debug(comp, ": using provider ", info_->fabric_attr->prov_name, " domain ", info_->domain_attr->name,
+              rma_ ? " with RMA" : " without RMA", mr_local_ ? ", FI_MR_LOCAL" : "");
+}
+
+LibfabricTransport::~LibfabricTransport() {
+  if (info_ != nullptr) fi_freeinfo(info_);
+}
+
+strata_transport_caps LibfabricTransport::caps() {
+  strata_transport_caps c{};
+  c.flags = STRATA_TRANSPORT_CAP_P2P | STRATA_TRANSPORT_CAP_MEM_HOST | STRATA_TRANSPORT_CAP_THREAD_SAFE;
+  if (rma_) c.flags |= STRATA_TRANSPORT_CAP_RMA;
+  if (mr_local_) c.flags |= STRATA_TRANSPORT_CAP_REQUIRES_MR;
+  c.max_inflight = 0;
+  c.max_message_bytes = 0;  // longer messages are split
+  const std::string prov = info_->fabric_attr->prov_name;
+  // Sockets and shared memory gain little past 1 MiB chunks; NICs want
+  // larger ones to amortise per-message cost at full bandwidth.
+  const bool host_path = prov.rfind("tcp", 0) == 0 || prov.find("shm") != std::string::npos ||
+                         prov.rfind("udp", 0) == 0 || prov.rfind("sockets", 0) == 0;
+  c.preferred_chunk_bytes = host_path ? (1ull << 20) : (4ull << 20);
+  return c;
+}
+
+std::unique_ptr<sdk::CommBase> LibfabricTransport::comm_create(const char* name, int32_t rank, int32_t world_size,
+                                                               int64_t timeout_ms) {
+  if (name == nullptr || name[0] == '\0')
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT,
+                 "comm_create: the communicator name is empty; pass a name shared by every rank");
+  if (world_size < 1 || rank < 0 || rank >= world_size)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "comm_create('", name, "'): rank ", rank, " is not in 0..",
+                 world_size - 1, " (world size ", world_size, ")");
+  if (timeout_ms < 0) timeout_ms = static_cast<int64_t>(opts_.timeout_s * 1000.0);
+  auto comm = std::make_unique<LfComm>(host_, opts_, info_, rma_, mr_local_, name, rank, world_size);
+  comm->setup(timeout_ms);
+  return comm;
+}
+
+}  // namespace strata::transport::libfabric
+
+STRATA_PLUGIN("strata-transport-libfabric", "0.1.0",
+              STRATA_TRANSPORT_COMPONENT(strata::transport::libfabric::LibfabricTransport, "libfabric", "0.1.0"));
