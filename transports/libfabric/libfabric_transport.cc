@@ -59,7 +59,12 @@ struct CtrlHeader {
   uint64_t first_seq;  // data sequence of the first data message
   uint64_t nchunks;    // data messages (0: payload follows this header)
   uint64_t chunk;      // bytes per data message but the last
+  uint64_t kind;       // kMsg, or a notice (payload: the reason)
 };
+// Notices travel in the control sequence, after every message sent before.
+constexpr uint64_t kMsg = 0;
+constexpr uint64_t kBye = 1;    // the sender destroyed its communicator
+constexpr uint64_t kAbort = 2;  // the sender aborted its communicator
 constexpr size_t kSlotBytes = sizeof(CtrlHeader) + kEagerBytes;
 
 struct ExportedKey {
@@ -284,6 +289,7 @@ struct Region {
 };
 
 struct InMsg {
+  uint64_t kind = kMsg;
   uint64_t tag = 0, total = 0, first_seq = 0, nchunks = 0, chunk = 0;
   std::vector<char> payload;  // eager payload
 };
@@ -293,6 +299,8 @@ struct Peer {
   std::string address;  // fi_av_straddr
   ProcId proc;
   bool local = false;   // same host, another process: liveness is checked
+  bool same_process = false;
+  std::string ep_key;   // its fi_getname, hex
   uint64_t send_ctrl_seq = 0, send_data_seq = 0;
   uint64_t recv_ctrl_next = 0;
   std::map<uint64_t, InMsg> early;  // control messages ahead of recv_ctrl_next
@@ -301,7 +309,23 @@ struct Peer {
   bool failed = false;
   strata_status_t fail_code = STRATA_OK;
   std::string fail_reason;
+  bool closed = false;  // said goodbye: what it sent before stays receivable
+  std::string closed_reason;
 };
+
+// Endpoints of this process that are open, by address. shm hands a peer
+// endpoint of the same process its memory directly, and closing that
+// endpoint unmaps it: a send to it after the close would crash. Sends to
+// same-process peers therefore check here, under the same lock that the
+// closing endpoint takes to leave before fi_close.
+std::mutex& local_eps_mu() {
+  static std::mutex mu;
+  return mu;
+}
+std::unordered_set<std::string>& local_eps() {
+  static std::unordered_set<std::string> eps;
+  return eps;
+}
 
 struct Slab {
   std::unique_ptr<char[]> mem;
@@ -327,10 +351,16 @@ class LfComm : public sdk::CommBase {
 
   void abort(const char* reason) noexcept override {
     try {
-      std::lock_guard<std::mutex> lock(abort_mu_);
-      if (aborted_.load()) return;
-      abort_reason_ = reason;
-      aborted_.store(true);
+      {
+        std::lock_guard<std::mutex> lock(abort_mu_);
+        if (aborted_.load()) return;
+        abort_reason_ = reason;
+        aborted_.store(true);
+      }
+      // Tell the peers now when no other thread is inside the communicator;
+      // otherwise that thread does it at its next progress (never block here).
+      std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+      if (lock.owns_lock() && ep_ != nullptr) apply_abort_locked();
     } catch (...) {
     }
   }
@@ -388,6 +418,8 @@ class LfComm : public sdk::CommBase {
   void deliver_locked(int p, InMsg&& m);
   void match_locked(Request* r, InMsg&& m);
   void drain_locked(int p, const InMsg& m);
+  uint64_t send_notice_locked(int p, uint64_t kind, const std::string& reason);
+  void peer_closed_locked(int p, const InMsg& m);
   void post_ctrl_recv_locked(char* slot);
   SendSlot take_send_slot_locked();
 
@@ -400,6 +432,7 @@ class LfComm : public sdk::CommBase {
   int32_t rank_, world_;
   std::vector<Peer> peers_;
   ProcId me_;
+  std::string ep_key_;  // our fi_getname, hex (local_eps)
 
   fid_fabric* fabric_ = nullptr;
   fid_domain* domain_ = nullptr;
@@ -651,7 +684,54 @@ void LfComm::apply_abort_locked() {
   }
   const std::string why = str_cat("communicator '", name_, "' aborted: ", reason);
   for (int p = 0; p < world_; ++p)
+    if (p != rank_ && !peers_[p].failed && !peers_[p].closed && peers_[p].addr != FI_ADDR_UNSPEC)
+      send_notice_locked(p, kAbort, reason);
+  for (int p = 0; p < world_; ++p)
     if (p != rank_) fail_peer_locked(p, STRATA_ERR_ABORTED, why);
+}
+
+// A control message with no request behind it; returns its op serial.
+uint64_t LfComm::send_notice_locked(int p, uint64_t kind, const std::string& reason) {
+  Peer& peer = peers_[p];
+  CtrlHeader h{};
+  h.magic = kCtrlMagic;
+  h.src = static_cast<uint32_t>(rank_);
+  h.ctrl_seq = peer.send_ctrl_seq++;
+  h.kind = kind;
+  h.total = std::min<uint64_t>(reason.size(), kEagerBytes);
+  auto* op = new Op();
+  op->kind = OpKind::kCtrlSend;
+  op->peer = p;
+  op->slot = take_send_slot_locked();
+  std::memcpy(op->slot.p, &h, sizeof h);
+  std::memcpy(op->slot.p + sizeof h, reason.data(), h.total);
+  op->buf = op->slot.p;
+  op->len = sizeof h + h.total;
+  op->desc = op->slot.desc;
+  op->wire_tag = ctrl_tag();
+  submit_locked(op);
+  return op->serial;
+}
+
+void LfComm::peer_closed_locked(int p, const InMsg& m) {
+  Peer& peer = peers_[p];
+  if (peer.failed || peer.closed) return;
+  const std::string reason(m.payload.begin(), m.payload.end());
+  if (m.kind == kAbort) {
+    fail_peer_locked(p, STRATA_ERR_UNAVAILABLE,
+                     str_cat(peer_name(p), " aborted its communicator (", reason,
+                             "); see its log for the first failure"));
+    return;
+  }
+  // Like a clean TCP close: what the peer sent before stays receivable
+  // (its data is with the provider); anything still waiting on it cannot finish.
+  peer.closed = true;
+  peer.closed_reason = str_cat(peer_name(p), " closed its communicator (destroyed, or its process is exiting)");
+  std::vector<Request*> victims;
+  for (Request* r : live_)
+    if (r->peer == p && !r->finished && !(r->kind == Request::kRecv && r->matched)) victims.push_back(r);
+  for (Request* r : victims) finish_locked(r, STRATA_ERR_UNAVAILABLE, str_cat(describe(*r), ": ", peer.closed_reason));
+  peer.posted.clear();
 }
 
 // ------------------------------------------------------------- posting ---
@@ -665,15 +745,18 @@ int LfComm::post_raw(Op* op) {
     case OpKind::kDrain:
       return static_cast<int>(
           fi_trecv(ep_, op->buf, op->len, op->desc, FI_ADDR_UNSPEC, op->wire_tag, 0, &op->ctx));
-    case OpKind::kCtrlSend:
-    case OpKind::kDataSend:
-      return static_cast<int>(fi_tsend(ep_, op->buf, op->len, op->desc, peers_[op->peer].addr, op->wire_tag,
-                                       &op->ctx));
-    case OpKind::kWrite:
-      return static_cast<int>(fi_write(ep_, op->buf, op->len, op->desc, peers_[op->peer].addr, op->remote_addr,
-                                       op->rkey, &op->ctx));
+    default:
+      break;
   }
-  return -FI_EINVAL;
+  const Peer& peer = peers_[op->peer];
+  std::unique_lock<std::mutex> local;
+  if (peer.same_process) {
+    local = std::unique_lock<std::mutex>(local_eps_mu());
+    if (local_eps().count(peer.ep_key) == 0) return -FI_ENOTCONN;  // closed: see local_eps
+  }
+  if (op->kind == OpKind::kWrite)
+    return static_cast<int>(fi_write(ep_, op->buf, op->len, op->desc, peer.addr, op->remote_addr, op->rkey, &op->ctx));
+  return static_cast<int>(fi_tsend(ep_, op->buf, op->len, op->desc, peer.addr, op->wire_tag, &op->ctx));
 }
 
 void LfComm::submit_locked(Op* op) {
@@ -848,6 +931,7 @@ void LfComm::on_ctrl_locked(Op* op) {
   m.first_seq = h.first_seq;
   m.nchunks = h.nchunks;
   m.chunk = h.chunk;
+  m.kind = h.kind;
   if (h.nchunks == 0 && h.total > 0) m.payload.assign(op->buf + sizeof h, op->buf + sizeof h + h.total);
   // Deliver in the sender's order, whatever order the provider used.
   if (h.ctrl_seq != peer.recv_ctrl_next) {
@@ -867,6 +951,7 @@ void LfComm::on_ctrl_locked(Op* op) {
 
 void LfComm::deliver_locked(int p, InMsg&& m) {
   Peer& peer = peers_[p];
+  if (m.kind != kMsg) return peer_closed_locked(p, m);
   if (peer.failed) {
     if (m.nchunks != 0) drain_locked(p, m);
     else peer.unexpected[m.tag].push_back(std::move(m));
@@ -955,8 +1040,9 @@ strata_request_t LfComm::isend(int32_t peer, uint64_t tag, const strata_buffer& 
   Request* r = new_request_locked(Request::kSend, peer, tag, buf);
   Peer& p = peers_[peer];
   r->ctrl_seq = p.send_ctrl_seq;
-  if (p.failed) {
-    finish_locked(r, p.fail_code, str_cat(describe(*r), ": ", p.fail_reason));
+  if (p.failed || p.closed) {
+    finish_locked(r, p.failed ? p.fail_code : STRATA_ERR_UNAVAILABLE,
+                  str_cat(describe(*r), ": ", p.failed ? p.fail_reason : p.closed_reason));
     return reinterpret_cast<strata_request_t>(r);
   }
   const bool eager = buf.bytes <= kEagerBytes;
@@ -1011,8 +1097,9 @@ strata_request_t LfComm::irecv(int32_t peer, uint64_t tag, const strata_buffer& 
     it->second.pop_front();
     if (it->second.empty()) p.unexpected.erase(it);
     match_locked(r, std::move(m));
-  } else if (p.failed) {
-    finish_locked(r, p.fail_code, str_cat(describe(*r), ": ", p.fail_reason));
+  } else if (p.failed || p.closed) {
+    finish_locked(r, p.failed ? p.fail_code : STRATA_ERR_UNAVAILABLE,
+                  str_cat(describe(*r), ": ", p.failed ? p.fail_reason : p.closed_reason));
   } else {
     p.posted[tag].push_back(r);
   }
@@ -1116,8 +1203,9 @@ strata_request_t LfComm::iwrite(int32_t peer, const strata_buffer& buf, const vo
   apply_abort_locked();
   Request* r = new_request_locked(Request::kWrite, peer, 0, buf);
   Peer& p = peers_[peer];
-  if (p.failed) {
-    finish_locked(r, p.fail_code, str_cat(describe(*r), ": ", p.fail_reason));
+  if (p.failed || p.closed) {
+    finish_locked(r, p.failed ? p.fail_code : STRATA_ERR_UNAVAILABLE,
+                  str_cat(describe(*r), ": ", p.failed ? p.fail_reason : p.closed_reason));
     return reinterpret_cast<strata_request_t>(r);
   }
   if (buf.bytes == 0) {
@@ -1200,7 +1288,12 @@ void LfComm::setup(int64_t timeout_ms) {
   const std::string key = str_cat(name_, "/lf/addr/");
   const std::string pkey = str_cat(name_, "/lf/proc/");
   host_.store_set(pkey + std::to_string(rank_), str_cat(me_.boot_id, " ", me_.pid, " ", me_.start), left_ms());
-  host_.store_set(key + std::to_string(rank_), hex(addr, addrlen), left_ms());
+  ep_key_ = hex(addr, addrlen);
+  {
+    std::lock_guard<std::mutex> lock(local_eps_mu());
+    local_eps().insert(ep_key_);
+  }
+  host_.store_set(key + std::to_string(rank_), ep_key_, left_ms());
   {
     char buf[256];
     size_t len = sizeof buf;
@@ -1241,6 +1334,8 @@ void LfComm::setup(int64_t timeout_ms) {
     std::istringstream in(proc);
     in >> peer.proc.boot_id >> peer.proc.pid >> peer.proc.start;
     peer.local = peer.proc.boot_id == me_.boot_id && peer.proc.pid != me_.pid && peer.proc.pid > 0;
+    peer.same_process = peer.proc.boot_id == me_.boot_id && peer.proc.pid == me_.pid;
+    peer.ep_key = value;
   }
   if (!missing.empty()) {
     std::string list;
@@ -1256,6 +1351,7 @@ LfComm::~LfComm() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (ep_ != nullptr) {
+      apply_abort_locked();
       // Let our sends reach their peers first (bounded), then cancel the rest.
       const auto until = Clock::now() + std::chrono::milliseconds(500);
       auto sending = [&] {
@@ -1265,7 +1361,21 @@ LfComm::~LfComm() {
             return true;
         return false;
       };
+      progress_locked();  // peers' goodbyes that already arrived: no reply to them
       while (sending() && Clock::now() < until) progress_locked();
+      // Say goodbye so that peers waiting on this rank fail at once instead
+      // of at their deadline (threads of one process have no liveness check).
+      // (An aborted communicator has sent its abort notices instead.)
+      for (int p = 0; p < world_; ++p)
+        if (p != rank_ && !peers_[p].failed && !peers_[p].closed && peers_[p].addr != FI_ADDR_UNSPEC)
+          send_notice_locked(p, kBye, "destroyed");
+      auto saying = [&] {
+        for (Op* op : ops_)
+          if (op->kind == OpKind::kCtrlSend && op->req == nullptr) return true;
+        return false;
+      };
+      const auto bye_until = Clock::now() + std::chrono::milliseconds(200);
+      while (saying() && Clock::now() < bye_until) progress_locked();
       closing_ = true;
       for (Op* op : backlog_) {
         ops_.erase(op);
@@ -1283,6 +1393,10 @@ LfComm::~LfComm() {
     }
     for (Request* r : live_) delete r;
     live_.clear();
+    if (!ep_key_.empty()) {
+      std::lock_guard<std::mutex> lock(local_eps_mu());
+      local_eps().erase(ep_key_);
+    }
     if (ep_ != nullptr) fi_close(&ep_->fid);
     for (Op* op : ops_) delete op;
     ops_.clear();
