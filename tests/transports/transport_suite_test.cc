@@ -46,6 +46,7 @@ struct TransportCase {
 std::vector<TransportCase> transport_cases() {
   std::vector<TransportCase> v;
   v.push_back({"tcp", "tcp", R"({"connections_per_peer": 2})"});
+  v.push_back({"auto", "auto", R"({})"});  // defaults: libfabric/shm or tcp on this host
 #ifdef SUITE_HAVE_LIBFABRIC
   v.push_back({"libfabric_tcp", "libfabric", R"({"provider": "tcp;ofi_rxm", "iface": "lo"})"});
   v.push_back({"libfabric_shm", "libfabric", R"({"provider": "shm"})"});

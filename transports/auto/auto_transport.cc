@@ -258,7 +258,10 @@ void AutoComm::setup(const SubTransport& local, const SubTransport& remote, cons
         missing.push_back(r);
       }
     }
-    STRATA_THROW(STRATA_ERR_DEADLINE_EXCEEDED, who, ": rank(s) ", join_ranks(missing),
+    std::string list;
+    for (int32_t r : missing) list += (list.empty() ? "" : ", ") + std::to_string(r);
+    if (missing.empty()) list = "(none missing any more: the last arrived right at the deadline)";
+    STRATA_THROW(STRATA_ERR_DEADLINE_EXCEEDED, who, ": ", missing.size() == 1 ? "rank " : "ranks ", list,
                  " never published a host record ('", name_, "/auto/host/<rank>') within ", timeout_ms,
                  " ms; start every rank with the same communicator name and world size ", world_,
                  ", or raise timeout_s");
