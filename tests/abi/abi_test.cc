@@ -94,7 +94,7 @@ static_assert(offsetof(strata_variable_desc, name) == 16, "strata_variable_desc.
 static_assert(offsetof(strata_variable_desc, synchronization) == 24, "strata_variable_desc.synchronization moved");
 static_assert(offsetof(strata_variable_desc, aggregation) == 28, "strata_variable_desc.aggregation moved");
 static_assert(offsetof(strata_variable_desc, trainable) == 32, "strata_variable_desc.trainable moved");
-static_assert(sizeof(strata_strategy_vtable) == 152, "strata_strategy_vtable size changed: the ABI is frozen; append fields and bump STRATA_ABI_MINOR");
+static_assert(sizeof(strata_strategy_vtable) == 160, "strata_strategy_vtable size changed: the ABI is frozen; append fields and bump STRATA_ABI_MINOR");
 static_assert(offsetof(strata_strategy_vtable, struct_size) == 0, "strata_strategy_vtable.struct_size moved");
 static_assert(offsetof(strata_strategy_vtable, abi_minor) == 4, "strata_strategy_vtable.abi_minor moved");
 static_assert(offsetof(strata_strategy_vtable, ext) == 8, "strata_strategy_vtable.ext moved");
@@ -115,7 +115,8 @@ static_assert(offsetof(strata_strategy_vtable, variable_update) == 120, "strata_
 static_assert(offsetof(strata_strategy_vtable, variable_view) == 128, "strata_strategy_vtable.variable_view moved");
 static_assert(offsetof(strata_strategy_vtable, save_state) == 136, "strata_strategy_vtable.save_state moved");
 static_assert(offsetof(strata_strategy_vtable, restore_state) == 144, "strata_strategy_vtable.restore_state moved");
-static_assert(sizeof(strata_cross_device_ops_vtable) == 88, "strata_cross_device_ops_vtable size changed: the ABI is frozen; append fields and bump STRATA_ABI_MINOR");
+static_assert(offsetof(strata_strategy_vtable, set_transport) == 152, "strata_strategy_vtable.set_transport moved");
+static_assert(sizeof(strata_cross_device_ops_vtable) == 96, "strata_cross_device_ops_vtable size changed: the ABI is frozen; append fields and bump STRATA_ABI_MINOR");
 static_assert(offsetof(strata_cross_device_ops_vtable, struct_size) == 0, "strata_cross_device_ops_vtable.struct_size moved");
 static_assert(offsetof(strata_cross_device_ops_vtable, abi_minor) == 4, "strata_cross_device_ops_vtable.abi_minor moved");
 static_assert(offsetof(strata_cross_device_ops_vtable, ext) == 8, "strata_cross_device_ops_vtable.ext moved");
@@ -128,6 +129,7 @@ static_assert(offsetof(strata_cross_device_ops_vtable, all_gather) == 56, "strat
 static_assert(offsetof(strata_cross_device_ops_vtable, reduce_scatter) == 64, "strata_cross_device_ops_vtable.reduce_scatter moved");
 static_assert(offsetof(strata_cross_device_ops_vtable, all_reduce_start) == 72, "strata_cross_device_ops_vtable.all_reduce_start moved");
 static_assert(offsetof(strata_cross_device_ops_vtable, request_wait) == 80, "strata_cross_device_ops_vtable.request_wait moved");
+static_assert(offsetof(strata_cross_device_ops_vtable, set_transport) == 88, "strata_cross_device_ops_vtable.set_transport moved");
 static_assert(sizeof(strata_transport_caps) == 48, "strata_transport_caps size changed: the ABI is frozen; append fields and bump STRATA_ABI_MINOR");
 static_assert(offsetof(strata_transport_caps, struct_size) == 0, "strata_transport_caps.struct_size moved");
 static_assert(offsetof(strata_transport_caps, abi_minor) == 4, "strata_transport_caps.abi_minor moved");
@@ -216,10 +218,13 @@ static_assert(offsetof(strata_input_generator, next) == 32, "strata_input_genera
 static_assert(offsetof(strata_input_generator, finish) == 40, "strata_input_generator.finish moved");
 
 static_assert(STRATA_ABI_MAJOR == 1, "ABI major");
-static_assert(STRATA_ABI_MINOR == 1, "ABI minor: add pinned numbers for the new fields when raising it");
+static_assert(STRATA_ABI_MINOR == 2, "ABI minor: add pinned numbers for the new fields when raising it");
 static_assert(STRATA_HOST_API_STRUCT_SIZE_1_0 == 120, "host table 1.0 size");
 static_assert(STRATA_STRATEGY_VTABLE_STRUCT_SIZE_1_0 == 128, "strategy vtable 1.0 size");
 static_assert(STRATA_CROSS_DEVICE_OPS_VTABLE_STRUCT_SIZE_1_0 == 88, "cross_device_ops vtable 1.0 size");
+// 1.1 sizes: what a plugin built against 1.1 hands out (1.2 appended set_transport to both).
+static_assert(STRATA_STRATEGY_VTABLE_STRUCT_SIZE_1_1 == 152, "strategy vtable 1.1 size");
+static_assert(STRATA_CROSS_DEVICE_OPS_VTABLE_STRUCT_SIZE_1_1 == 88, "cross_device_ops vtable 1.1 size");
 static_assert(STRATA_TRANSPORT_VTABLE_STRUCT_SIZE_1_0 == 168, "transport vtable 1.0 size");
 static_assert(STRATA_RESOLVER_VTABLE_STRUCT_SIZE_1_0 == 56, "resolver vtable 1.0 size");
 static_assert(STRATA_INPUT_VTABLE_STRUCT_SIZE_1_0 == 80, "input vtable 1.0 size");
@@ -308,7 +313,7 @@ const Layout kLayout[] = {
     {"strata_variable_desc", "synchronization", offsetof(strata_variable_desc, synchronization), 24},
     {"strata_variable_desc", "aggregation", offsetof(strata_variable_desc, aggregation), 28},
     {"strata_variable_desc", "trainable", offsetof(strata_variable_desc, trainable), 32},
-    {"strata_strategy_vtable", nullptr, sizeof(strata_strategy_vtable), 152},
+    {"strata_strategy_vtable", nullptr, sizeof(strata_strategy_vtable), 160},
     {"strata_strategy_vtable", "struct_size", offsetof(strata_strategy_vtable, struct_size), 0},
     {"strata_strategy_vtable", "abi_minor", offsetof(strata_strategy_vtable, abi_minor), 4},
     {"strata_strategy_vtable", "ext", offsetof(strata_strategy_vtable, ext), 8},
@@ -329,7 +334,8 @@ const Layout kLayout[] = {
     {"strata_strategy_vtable", "variable_view", offsetof(strata_strategy_vtable, variable_view), 128},
     {"strata_strategy_vtable", "save_state", offsetof(strata_strategy_vtable, save_state), 136},
     {"strata_strategy_vtable", "restore_state", offsetof(strata_strategy_vtable, restore_state), 144},
-    {"strata_cross_device_ops_vtable", nullptr, sizeof(strata_cross_device_ops_vtable), 88},
+    {"strata_strategy_vtable", "set_transport", offsetof(strata_strategy_vtable, set_transport), 152},
+    {"strata_cross_device_ops_vtable", nullptr, sizeof(strata_cross_device_ops_vtable), 96},
     {"strata_cross_device_ops_vtable", "struct_size", offsetof(strata_cross_device_ops_vtable, struct_size), 0},
     {"strata_cross_device_ops_vtable", "abi_minor", offsetof(strata_cross_device_ops_vtable, abi_minor), 4},
     {"strata_cross_device_ops_vtable", "ext", offsetof(strata_cross_device_ops_vtable, ext), 8},
@@ -342,6 +348,7 @@ const Layout kLayout[] = {
     {"strata_cross_device_ops_vtable", "reduce_scatter", offsetof(strata_cross_device_ops_vtable, reduce_scatter), 64},
     {"strata_cross_device_ops_vtable", "all_reduce_start", offsetof(strata_cross_device_ops_vtable, all_reduce_start), 72},
     {"strata_cross_device_ops_vtable", "request_wait", offsetof(strata_cross_device_ops_vtable, request_wait), 80},
+    {"strata_cross_device_ops_vtable", "set_transport", offsetof(strata_cross_device_ops_vtable, set_transport), 88},
     {"strata_transport_caps", nullptr, sizeof(strata_transport_caps), 48},
     {"strata_transport_caps", "struct_size", offsetof(strata_transport_caps, struct_size), 0},
     {"strata_transport_caps", "abi_minor", offsetof(strata_transport_caps, abi_minor), 4},
@@ -439,7 +446,7 @@ TEST(AbiTest, LayoutMatchesThePinnedNumbers) {
       EXPECT_EQ(l.actual, l.pinned) << "sizeof(" << l.type << ")";
     }
   }
-  EXPECT_EQ(rows, 189u);
+  EXPECT_EQ(rows, 191u);
 }
 
 TEST(AbiTest, EnumValuesArePinned) {
@@ -526,6 +533,7 @@ TEST(AbiTest, PluginBuiltAgainstMinor0LoadsWithNewFieldsNull) {
   EXPECT_EQ(vt->variable_view, nullptr);
   EXPECT_EQ(vt->save_state, nullptr);
   EXPECT_EQ(vt->restore_state, nullptr);
+  EXPECT_EQ(vt->set_transport, nullptr);  // 1.2: also beyond a 1.0 table
   EXPECT_EQ(vt->run, raw->run);
   EXPECT_EQ(vt->variable_update, raw->variable_update);
   std::string out;

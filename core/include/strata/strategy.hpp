@@ -138,6 +138,21 @@ class STRATA_API StrategyExtended {
   /// True when `v` was created under this strategy.
   bool variable_created_in_scope(const Variable& v) const;
 
+  /// Switch the running job to transport `name` (a transport plugin, e.g.
+  /// "tcp" or "libfabric") with `options_json`, e.g.
+  /// set_transport("libfabric", R"({"provider": "tcp;ofi_rxm"})").
+  /// Collective: every worker calls it at the same point of its program, in
+  /// cross-replica context (FailedPreconditionError inside a replica
+  /// function). Blocks until every worker has agreed and connected, bounded
+  /// by a few collective timeouts. All or nothing: when the workers asked
+  /// for different transports, or the transport cannot be created or
+  /// connected on some worker, every worker throws the same error naming the
+  /// workers and the cause, and the job keeps training on its old transport.
+  /// Results do not depend on the transport. Strategies without a transport
+  /// (one_device, mirrored, central_storage, default) and plugins built
+  /// before ABI 1.2 throw UnimplementedError naming the strategy.
+  void set_transport(const std::string& name, const std::string& options_json = "{}");
+
  private:
   detail::StrategyImpl* impl_;
 };

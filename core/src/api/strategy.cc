@@ -701,4 +701,22 @@ bool StrategyExtended::variable_created_in_scope(const Variable& v) const {
   return v.strategy_impl() == impl_;
 }
 
+void StrategyExtended::set_transport(const std::string& name, const std::string& options_json) {
+  detail::StrategyImpl* s = impl_;
+  detail::require_cross_replica(*s, "StrategyExtended::set_transport");
+  STRATA_ENFORCE(!name.empty(), STRATA_ERR_INVALID_ARGUMENT, "set_transport on strategy '", s->name,
+                 "': the transport name is empty; pass a transport plugin name such as \"tcp\"");
+  // The vtable is the host's normalized copy, so a plugin built before 1.2
+  // reads as NULL here rather than as whatever followed its table.
+  if (s->vt->set_transport == nullptr)
+    STRATA_THROW(STRATA_ERR_UNIMPLEMENTED, "strategy '", s->name, "' does not support set_transport (switching to '",
+                 name, "'): it has no cross-process transport or was built before ABI 1.2; use "
+                 "multi_worker_mirrored to switch transports at run time");
+  strata_error err;
+  strata_error_init(&err);
+  detail::CrossReplicaLock lock(*s);
+  detail::check(s->vt->set_transport(s->handle, name.c_str(), options_json.c_str(), &err), err,
+                ("set_transport of strategy '" + s->name + "'").c_str());
+}
+
 }  // namespace strata

@@ -32,8 +32,9 @@ extern "C" {
 /** ABI major: a breaking change makes a new major with new symbol names. */
 #define STRATA_ABI_MAJOR 1
 /** ABI minor: raised whenever a field is appended to any struct or vtable.
- *  1.0: initial layout. 1.1: appended the fields marked "since 1.1". */
-#define STRATA_ABI_MINOR 1
+ *  1.0: initial layout. 1.1: appended the fields marked "since 1.1".
+ *  1.2: appended the fields marked "since 1.2" (set_transport). */
+#define STRATA_ABI_MINOR 2
 
 #if defined(_WIN32)
 #define STRATA_EXPORT __declspec(dllexport)

@@ -87,11 +87,30 @@ typedef struct strata_cross_device_ops_vtable {
    *  wait again or destroy the instance. */
   strata_status_t (*request_wait)(strata_cross_device_ops_t cdo, strata_cdo_request_t request,
                                   int64_t timeout_ms, strata_error* err);
+
+  /* ---- since 1.2 (optional) ---- */
+
+  /** Move the instance's cross-process traffic to transport `name` with
+   *  `options_json` (NULL or "" = {}). Collective over every process of the
+   *  instance, called from the strategy's thread like the other calls. First
+   *  finishes every operation started with all_reduce_start (their requests
+   *  stay valid for request_wait). All or nothing: on any failure (the
+   *  processes asked for different transports; the transport is unknown, its
+   *  options are bad, or its communicator cannot be built on some process)
+   *  every process returns the same error naming the processes and the
+   *  cause, and the instance keeps its old transport, fully usable. Blocks
+   *  for at most a few collective timeouts. Results of later collectives are
+   *  bit-identical to what the old transport would have produced. NULL =
+   *  unsupported (the caller reports UNIMPLEMENTED). */
+  strata_status_t (*set_transport)(strata_cross_device_ops_t cdo, const char* name,
+                                   const char* options_json, strata_error* err);
 } strata_cross_device_ops_vtable;
 
-/** Size of the vtable at ABI 1.0 (the whole of today's layout). */
+/** Size of the vtable at ABI 1.0 (up to request_wait). */
 #define STRATA_CROSS_DEVICE_OPS_VTABLE_STRUCT_SIZE_1_0 \
   ((uint32_t)(offsetof(strata_cross_device_ops_vtable, request_wait) + sizeof(void*)))
+/** Size of the vtable at ABI 1.1 (1.1 appended nothing here). */
+#define STRATA_CROSS_DEVICE_OPS_VTABLE_STRUCT_SIZE_1_1 STRATA_CROSS_DEVICE_OPS_VTABLE_STRUCT_SIZE_1_0
 #define STRATA_CROSS_DEVICE_OPS_VTABLE_STRUCT_SIZE ((uint32_t)sizeof(strata_cross_device_ops_vtable))
 
 #ifdef __cplusplus

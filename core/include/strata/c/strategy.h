@@ -181,11 +181,31 @@ typedef struct strata_strategy_vtable {
   /** Restore what save_state wrote. */
   strata_status_t (*restore_state)(strata_strategy_t s, const void* data, uint64_t len,
                                    strata_error* err);
+
+  /* ---- since 1.2 (optional) ---- */
+
+  /** Switch the running job to transport `name` with `options_json` (NULL or
+   *  "" = {}), e.g. ("tcp", "{\"connections_per_peer\": 1}"). Collective:
+   *  every worker of the job calls it at the same point of its program, in
+   *  cross-replica context, with no replica function running. All or
+   *  nothing: when the workers ask for different transports, or the new
+   *  transport cannot be created or connected on any worker, EVERY worker
+   *  returns the same error (naming the workers and the cause) and the job
+   *  stays on its old transport, usable as before. Blocks for at most a few
+   *  collective timeouts (the agreement rounds plus the new communicator's
+   *  rendezvous). Results of later collectives do not depend on the
+   *  transport. NULL = unsupported: the host reports UNIMPLEMENTED naming
+   *  the strategy. */
+  strata_status_t (*set_transport)(strata_strategy_t s, const char* name, const char* options_json,
+                                   strata_error* err);
 } strata_strategy_vtable;
 
 /** Size of the vtable at ABI 1.0 (up to variable_update). */
 #define STRATA_STRATEGY_VTABLE_STRUCT_SIZE_1_0 \
   ((uint32_t)(offsetof(strata_strategy_vtable, variable_update) + sizeof(void*)))
+/** Size of the vtable at ABI 1.1 (up to restore_state). */
+#define STRATA_STRATEGY_VTABLE_STRUCT_SIZE_1_1 \
+  ((uint32_t)(offsetof(strata_strategy_vtable, restore_state) + sizeof(void*)))
 #define STRATA_STRATEGY_VTABLE_STRUCT_SIZE ((uint32_t)sizeof(strata_strategy_vtable))
 
 #ifdef __cplusplus

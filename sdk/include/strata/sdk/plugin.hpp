@@ -134,6 +134,7 @@ STRATA_SDK_HAS_MEMBER_(HasMemExport, mem_export)
 STRATA_SDK_HAS_MEMBER_(HasIwrite, iwrite)
 STRATA_SDK_HAS_MEMBER_(HasDetect, detect)
 STRATA_SDK_HAS_MEMBER_(HasCardinality, cardinality)
+STRATA_SDK_HAS_MEMBER_(HasSetTransport, set_transport)
 STRATA_SDK_HAS_MEMBER_(HasSubsystem, kSubsystem)
 
 template <class T>
@@ -150,6 +151,8 @@ Host make_host(const strata_host_api* host, const char* kind) {
 ///   DLTensor variable_view(strata_variable_t v, strata_replica_t r);
 ///   std::string save_state();
 ///   void restore_state(const void* data, uint64_t len);
+///   void set_transport(const std::string& name, const std::string& options_json);  (ABI 1.2;
+///       options_json is "{}" when the caller passed NULL or "")
 class StrategyBase {
  public:
   virtual ~StrategyBase() = default;
@@ -291,6 +294,15 @@ struct StrategyAdapter {
         return guard(err, [&] { self(s).restore_state(data, len); });
       };
     }
+    if constexpr (detail::HasSetTransport<T>::value) {
+      v.set_transport = [](strata_strategy_t s, const char* name, const char* options, strata_error* err) {
+        return guard(err, [&] {
+          if (name == nullptr)
+            STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "set_transport: the transport name is NULL; pass e.g. \"tcp\"");
+          self(s).set_transport(std::string(name), options != nullptr && *options != '\0' ? options : "{}");
+        });
+      };
+    }
     return v;
   }
   static strata_reduce_op check_reduce_op_(uint32_t op) {
@@ -311,6 +323,8 @@ struct StrategyAdapter {
 ///       uint32_t num_replicas, const DLTensor* const* inputs, DLTensor* const* outputs);
 ///   void request_wait(strata_cdo_request_t request, int64_t timeout_ms);
 ///   (start and wait are filled only when both are declared)
+///   void set_transport(const std::string& name, const std::string& options_json);  (ABI 1.2;
+///       options_json is "{}" when the caller passed NULL or "")
 class CrossDeviceOpsBase {
  public:
   virtual ~CrossDeviceOpsBase() = default;
@@ -408,6 +422,15 @@ struct CrossDeviceOpsAdapter {
         return guard(err, [&] {
           if (req == nullptr) STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "request_wait: request is NULL");
           self(c).request_wait(req, timeout_ms);
+        });
+      };
+    }
+    if constexpr (detail::HasSetTransport<T>::value) {
+      v.set_transport = [](strata_cross_device_ops_t c, const char* name, const char* options, strata_error* err) {
+        return guard(err, [&] {
+          if (name == nullptr)
+            STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "set_transport: the transport name is NULL; pass e.g. \"tcp\"");
+          self(c).set_transport(std::string(name), options != nullptr && *options != '\0' ? options : "{}");
         });
       };
     }
