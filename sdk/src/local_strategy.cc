@@ -706,6 +706,25 @@ LocalStrategy::LocalStrategy(Host host, LocalStrategyConfig config) : impl_(std:
 
 LocalStrategy::~LocalStrategy() = default;
 
+void LocalStrategy::forward_set_transport(const std::string& name, const std::string& options_json) {
+  Impl& m = *impl_;
+  if (m.builtin_cdo)
+    STRATA_THROW(STRATA_ERR_UNIMPLEMENTED, "strategy '", m.cfg.strategy_name,
+                 "' has no transport to switch to '", name,
+                 "': its cross_device_ops is the built-in in-process one; set_transport needs a strategy "
+                 "that spans processes (multi_worker_mirrored)");
+  if (!STRATA_HAS_FIELD(m.cdo_vt, strata_cross_device_ops_vtable, set_transport) || m.cdo_vt->set_transport == nullptr)
+    STRATA_THROW(STRATA_ERR_UNIMPLEMENTED, "strategy '", m.cfg.strategy_name, "' cannot switch to transport '", name,
+                 "': its cross_device_ops '", m.cfg.cross_device_ops,
+                 "' does not implement set_transport (ABI 1.2); use the \"ring\" cross_device_ops");
+  strata_error err;
+  strata_error_init(&err);
+  const strata_status_t st = m.cdo_vt->set_transport(m.cdo, name.c_str(), options_json.c_str(), &err);
+  if (st != STRATA_OK)
+    ::strata::detail::throw_status(st, ::strata::detail::str_cat(m.cfg.strategy_name, ": ",
+                                                                 err.message[0] ? err.message : strata_status_string(st)));
+}
+
 uint32_t LocalStrategy::num_replicas() const { return impl_->n; }
 uint32_t LocalStrategy::num_replicas_in_sync() const { return impl_->total; }
 

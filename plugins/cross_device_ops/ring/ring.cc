@@ -37,8 +37,23 @@
 // - all_reduce_start/request_wait: a worker thread runs started operations
 //   in order; a blocking call made while started ones are pending queues
 //   behind them.
+// - set_transport (ABI 1.2): queues like a blocking call (so every started
+//   operation finishes first, on the old transport), then three rounds
+//   through the host store under "strata/set_transport/<communicator>/<n>/"
+//   (n counts this instance's calls, so every rank must make the same
+//   calls): "request" (name + canonical options; all must be equal),
+//   "created" (each rank's new transport instance, or its error) and
+//   "built" (the new RingComm on communicator "<communicator>/swap<n>").
+//   Each round reads every rank's entry with the collective deadline, so
+//   a failure in any round is seen by every rank, which all throw the same
+//   message built from the same entries and keep the old transport. The old
+//   communicator is released only after the last round, when every rank has
+//   finished with it. Collectives are bit-identical over any transport (the
+//   reduction order depends only on ranks and sizes), so a swap never
+//   changes results.
 #include <condition_variable>
 #include <cstring>
+#include <map>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -135,6 +150,7 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
     co.timeout_ms = static_cast<int64_t>(timeout_s * 1000.0);
     world_ = co.world_size;
     rank_ = co.rank;
+    comm_options_ = co;
 
     std::string tname = "tcp";
     std::string topts = "{}";
@@ -155,6 +171,7 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
                      " must be a name or {\"name\": ..., \"options\": {...}}, got ", it->dump());
       }
     }
+    transport_label_ = label_of(tname, topts);
     if (world_ > 1) {
       transport_ = host_.create_plugin<strata_transport_vtable>(tname, topts);
       comm_ = std::make_unique<RingComm>(host_, transport_.vtable(), transport_.handle<strata_transport_t>(),
@@ -330,6 +347,33 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
     });
   }
 
+  // ABI 1.2 (see the file comment and strata/c/cross_device_ops.h).
+  void set_transport(const std::string& name, const std::string& options_json) {
+    const uint64_t swap = ++swaps_;
+    // Options are compared in canonical form (keys sorted, no spaces), so
+    // {"a":1, "b":2} and {"b": 2, "a": 1} agree. Text that is not a JSON
+    // object still goes through the rounds, so that every rank fails alike.
+    std::string canon = options_json;
+    std::string bad_options;
+    const nlohmann::json parsed = nlohmann::json::parse(options_json, nullptr, false);
+    if (parsed.is_discarded() || !parsed.is_object())
+      bad_options = "the options of transport '" + name + "' are not a JSON object: " + options_json +
+                    "; pass e.g. {} or {\"connections_per_peer\": 1}";
+    else
+      canon = parsed.dump();
+    if (name.empty() && bad_options.empty())
+      bad_options = "the transport name is empty; pass a transport plugin name such as \"tcp\"";
+    if (world_ == 1) {
+      // One process: no communicator to move. Still create the transport
+      // once, so that a typo fails here as it would in a multi-process job.
+      if (!bad_options.empty()) STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "set_transport: ", bad_options);
+      host_.create_plugin<strata_transport_vtable>(name, canon).reset();
+      transport_label_ = label_of(name, canon);
+      return;
+    }
+    run([&] { swap_transport(swap, name, canon, bad_options); });
+  }
+
   strata_cdo_request_t all_reduce_start(strata_reduce_op op, uint32_t nt, uint32_t nr,
                                         const DLTensor* const* inputs, DLTensor* const* outputs) {
     auto job = std::make_unique<Job>();
@@ -437,6 +481,161 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
       busy_ = false;
       cv_.notify_all();
     }
+  }
+
+  // One rank's entry of a set_transport round.
+  struct Outcome {
+    strata_status_t code = STRATA_OK;
+    std::string message;
+  };
+
+  static std::string label_of(const std::string& name, const std::string& options) {
+    return "'" + name + "' " + options;
+  }
+
+  static std::string rank_list(const std::vector<int32_t>& ranks) {
+    std::string s = ranks.size() == 1 ? "rank " : "ranks ";
+    for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+    return s;
+  }
+
+  // Publish this rank's `value` under prefix + rank and read every rank's
+  // entry, all within one collective deadline.
+  std::vector<std::string> exchange(const std::string& prefix, const std::string& value, const char* round,
+                                    uint64_t swap, const std::string& name) {
+    const uint64_t deadline = host_.now_ns() + uint64_t(comm_options_.timeout_ms) * 1000000ull;
+    auto left_ms = [&] {
+      const uint64_t now = host_.now_ns();
+      return now >= deadline ? int64_t(0) : int64_t((deadline - now) / 1000000ull);
+    };
+    host_.store_set(prefix + std::to_string(rank_), value, left_ms());
+    std::vector<std::string> all(static_cast<size_t>(world_));
+    for (int32_t r = 0; r < world_; ++r) {
+      try {
+        all[size_t(r)] = host_.store_get(prefix + std::to_string(r), left_ms());
+      } catch (const Error& e) {
+        ::strata::detail::throw_status(
+            e.code(), ::strata::detail::str_cat(
+                          "set_transport #", swap, " to '", name, "': rank ", r, " did not publish its ", round,
+                          " within ", comm_options_.timeout_ms / 1000.0, " s (", e.what(),
+                          "); every worker must call set_transport at the same point of its program; rank ", rank_,
+                          " stays on transport ", transport_label_));
+      }
+    }
+    return all;
+  }
+
+  // Round 2 and 3 verdict: throw the same error on every rank when any
+  // rank's entry is a failure (ranks with the same cause are grouped).
+  void judge(const std::vector<std::string>& entries, const char* what, uint64_t swap, const std::string& label) {
+    std::map<std::string, std::vector<int32_t>> causes;
+    strata_status_t first = STRATA_OK;
+    for (int32_t r = 0; r < world_; ++r) {
+      const nlohmann::json j = nlohmann::json::parse(entries[size_t(r)], nullptr, false);
+      Outcome o;
+      if (j.is_object() && j.contains("code") && j["code"].is_number_integer() && j.contains("message") &&
+          j["message"].is_string()) {
+        o.code = j["code"].get<strata_status_t>();
+        o.message = j["message"].get<std::string>();
+      } else {
+        o.code = STRATA_ERR_DATA_LOSS;
+        o.message = "unreadable entry in the rendezvous store: " + entries[size_t(r)];
+      }
+      if (o.code == STRATA_OK) continue;
+      if (first == STRATA_OK) first = o.code;
+      causes[o.message].push_back(r);
+    }
+    if (first == STRATA_OK) return;
+    std::string why;
+    for (const auto& [message, ranks] : causes) why += (why.empty() ? "" : "; ") + rank_list(ranks) + ": " + message;
+    ::strata::detail::throw_status(
+        first, ::strata::detail::str_cat("set_transport #", swap, " to ", label, " failed (", what, ") on ", why,
+                                         ". Every worker stays on transport ", transport_label_,
+                                         " and can keep training; fix the transport name or options and call "
+                                         "set_transport again on every worker"));
+  }
+
+  static std::string outcome_json(const Outcome& o) {
+    return nlohmann::json{{"code", o.code}, {"message", o.message}}.dump();
+  }
+
+  template <class F>
+  static Outcome attempt(F&& f) {
+    Outcome o;
+    try {
+      f();
+    } catch (const Error& e) {
+      o.code = e.code() < 0 ? e.code() : STRATA_ERR_INTERNAL;
+      o.message = e.what();
+    } catch (const std::exception& e) {
+      o.code = STRATA_ERR_INTERNAL;
+      o.message = e.what();
+    }
+    return o;
+  }
+
+  // The rounds of set_transport; runs with the communicator to itself
+  // (inside run(), after every started operation).
+  void swap_transport(uint64_t swap, const std::string& name, const std::string& canon,
+                      const std::string& bad_options) {
+    const std::string label = label_of(name, canon);
+    const std::string base = "strata/set_transport/" + comm_options_.name + "/" + std::to_string(swap) + "/";
+
+    // 1. Agree on the request.
+    const std::string request = nlohmann::json{{"name", name}, {"options", canon}}.dump();
+    const std::vector<std::string> requests = exchange(base + "request/", request, "request", swap, name);
+    std::map<std::string, std::vector<int32_t>> asked;
+    for (int32_t r = 0; r < world_; ++r) asked[requests[size_t(r)]].push_back(r);
+    if (asked.size() > 1) {
+      std::string who;
+      for (const auto& [req, ranks] : asked) {
+        const nlohmann::json j = nlohmann::json::parse(req, nullptr, false);
+        const std::string l = j.is_object() && j.value("name", nlohmann::json()).is_string() &&
+                                      j.value("options", nlohmann::json()).is_string()
+                                  ? label_of(j["name"].get<std::string>(), j["options"].get<std::string>())
+                                  : req;
+        who += (who.empty() ? "" : "; ") + rank_list(ranks) + " asked for " + l;
+      }
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "set_transport #", swap,
+                   ": the workers asked for different transports (", who,
+                   "). Every worker must call set_transport with the same name and options at the same point; "
+                   "every worker stays on transport ", transport_label_);
+    }
+
+    // 2. Every rank creates its instance of the new transport.
+    sdk::PluginRef<strata_transport_vtable> fresh;
+    Outcome created;
+    if (!bad_options.empty())
+      created = Outcome{STRATA_ERR_INVALID_ARGUMENT, bad_options};
+    else
+      created = attempt([&] { fresh = host_.create_plugin<strata_transport_vtable>(name, canon); });
+    judge(exchange(base + "created/", outcome_json(created), "transport instance", swap, name), "creating it", swap,
+          label);
+
+    // 3. Every rank joins the new communicator; any failure drops it everywhere.
+    RingCommOptions co = comm_options_;
+    co.name = comm_options_.name + "/swap" + std::to_string(swap);
+    std::unique_ptr<RingComm> next;
+    const Outcome built = attempt([&] {
+      next = std::make_unique<RingComm>(host_, fresh.vtable(), fresh.handle<strata_transport_t>(), co);
+    });
+    try {
+      judge(exchange(base + "built/", outcome_json(built), "communicator", swap, name),
+            ("joining communicator '" + co.name + "'").c_str(), swap, label);
+    } catch (...) {
+      next.reset();  // before its transport
+      throw;
+    }
+
+    // Every rank is past its last use of the old communicator: release it.
+    std::swap(comm_, next);
+    std::swap(transport_, fresh);
+    next.reset();
+    fresh.reset();
+    const std::string old_label = transport_label_;
+    transport_label_ = label;
+    host_.info("rank ", rank_, " of ", world_, ": switched from transport ", old_label, " to ", label,
+               " (communicator '", co.name, "', chunk ", comm_->chunk_bytes(), " bytes)");
   }
 
   // op over a group's replicas into `dst` as the wire type (MEAN sums).
@@ -550,6 +749,9 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
   uint64_t bytes_per_pack_ = 0;
   sdk::PluginRef<strata_transport_vtable> transport_;
   std::unique_ptr<RingComm> comm_;
+  RingCommOptions comm_options_;  // what comm_ was built with (name = the instance's own)
+  std::string transport_label_;   // "'tcp' {}": the transport in use, for messages
+  uint64_t swaps_ = 0;            // set_transport calls so far (strategy thread only)
   std::vector<float> half_tmp_;
 
   std::mutex mu_;

@@ -29,6 +29,10 @@
 // Each instance gets its own communicator, "mwms/<n>" where n counts the
 // instances created in this process, so every worker must create its
 // multi_worker_mirrored strategies in the same order (as in TF).
+//
+// set_transport (ABI 1.2) is forwarded to the cross_device_ops ("ring"
+// implements it); the single-process strategies (one_device, mirrored,
+// central_storage) leave it NULL, which callers report as UNIMPLEMENTED.
 #include <algorithm>
 #include <atomic>
 #include <cctype>
@@ -205,6 +209,11 @@ class MultiWorkerMirroredStrategy : public sdk::LocalStrategy {
   static constexpr const char* kSubsystem = "strategy.multi_worker_mirrored";
   MultiWorkerMirroredStrategy(sdk::Host host, const char* options_json)
       : LocalStrategy(std::move(host), make_config(options_json)) {}
+  // ABI 1.2: the transport belongs to the cross_device_ops, which runs the
+  // agreement among the workers and the switch.
+  void set_transport(const std::string& name, const std::string& options_json) {
+    forward_set_transport(name, options_json);
+  }
 };
 
 }  // namespace

@@ -120,6 +120,14 @@ class LocalStrategy : public StrategyBase {
                        const DLTensor& value) override;
   /// ABI 1.1 variable_view: a borrowed view of replica r's (or the primary) copy.
   DLTensor variable_view(strata_variable_t v, strata_replica_t r);
+  /// Hand an ABI 1.2 set_transport to the cross_device_ops plugin (a
+  /// subclass that spans processes declares set_transport and calls this;
+  /// LocalStrategy itself does not declare it, so the single-process
+  /// strategies keep the slot NULL). UNIMPLEMENTED naming the strategy when
+  /// the cross_device_ops is the built-in one (it has no transport) or its
+  /// plugin has no set_transport. Cross-replica context only; blocks as the
+  /// plugin's set_transport does (see strata/c/cross_device_ops.h).
+  void forward_set_transport(const std::string& name, const std::string& options_json);
 
   /// Local replicas (devices) of this process.
   uint32_t num_replicas() const;
