@@ -327,6 +327,25 @@ std::unordered_set<std::string>& local_eps() {
   return eps;
 }
 
+// Libfabric objects of a destroyed communicator, closed in order, and the
+// memory registered with them.
+struct Parked {
+  std::vector<fid_t> fids;
+  std::vector<std::unique_ptr<char[]>> memory;
+};
+struct ParkedGroup {
+  int remaining = 0;  // members of the group in this process not yet destroyed
+  std::vector<Parked> parked;
+};
+std::mutex& parked_mu() {
+  static std::mutex mu;
+  return mu;
+}
+std::map<std::string, ParkedGroup>& parked_groups() {
+  static std::map<std::string, ParkedGroup> groups;
+  return groups;
+}
+
 struct Slab {
   std::unique_ptr<char[]> mem;
   fid_mr* mr = nullptr;
@@ -782,6 +801,18 @@ void LfComm::post_failed_locked(Op* op, int ret) {
     delete op;
     return;
   }
+  if (ret == -FI_ENOTCONN && peers_[op->peer].same_process) {
+    const int p = op->peer;
+    Request* r = op->req;
+    const std::string why = str_cat(peer_name(p), " closed its communicator (destroyed, or its process is exiting)");
+    if (r != nullptr && !peers_[p].failed) return fail_peer_locked(p, STRATA_ERR_UNAVAILABLE, why);  // frees op
+    if (r != nullptr) r->ops.erase(std::remove(r->ops.begin(), r->ops.end(), op), r->ops.end());
+    if (op->kind == OpKind::kCtrlSend) free_send_.push_back(op->slot);
+    ops_.erase(op);
+    delete op;
+    if (r != nullptr) finish_locked(r, STRATA_ERR_UNAVAILABLE, str_cat(describe(*r), ": ", why));
+    return;
+  }
   const std::string text = str_cat("posting a ", op->kind == OpKind::kWrite ? "write" : "message",
                                    " failed: ", fi_error_text(ret));
   on_completion_locked(op, ret < 0 ? -ret : ret, text);
@@ -1036,7 +1067,7 @@ strata_request_t LfComm::isend(int32_t peer, uint64_t tag, const strata_buffer& 
   check_peer(peer, "isend");
   check_host(buf, "isend");
   std::lock_guard<std::mutex> lock(mu_);
-  apply_abort_locked();
+  progress_locked();  // learn of peers that left before sending to them
   Request* r = new_request_locked(Request::kSend, peer, tag, buf);
   Peer& p = peers_[peer];
   r->ctrl_seq = p.send_ctrl_seq;
@@ -1088,7 +1119,7 @@ strata_request_t LfComm::irecv(int32_t peer, uint64_t tag, const strata_buffer& 
   check_peer(peer, "irecv");
   check_host(buf, "irecv");
   std::lock_guard<std::mutex> lock(mu_);
-  apply_abort_locked();
+  progress_locked();
   Request* r = new_request_locked(Request::kRecv, peer, tag, buf);
   Peer& p = peers_[peer];
   auto it = p.unexpected.find(tag);
@@ -1103,7 +1134,6 @@ strata_request_t LfComm::irecv(int32_t peer, uint64_t tag, const strata_buffer& 
   } else {
     p.posted[tag].push_back(r);
   }
-  progress_locked();
   return reinterpret_cast<strata_request_t>(r);
 }
 
@@ -1397,22 +1427,59 @@ LfComm::~LfComm() {
       std::lock_guard<std::mutex> lock(local_eps_mu());
       local_eps().erase(ep_key_);
     }
-    if (ep_ != nullptr) fi_close(&ep_->fid);
     for (Op* op : ops_) delete op;
     ops_.clear();
-    for (Region* g : regions_) {
-      fi_close(&g->mr->fid);
-      delete g;
-    }
-    for (auto& e : cache_) fi_close(&e->mr->fid);
-    for (auto& s : send_slabs_) fi_close(&s.mr->fid);
-    if (recv_slab_.mr != nullptr) fi_close(&recv_slab_.mr->fid);
-    for (auto& s : drain_slabs_) fi_close(&s.mr->fid);
   }
-  if (av_ != nullptr) fi_close(&av_->fid);
-  if (cq_ != nullptr) fi_close(&cq_->fid);
-  if (domain_ != nullptr) fi_close(&domain_->fid);
-  if (fabric_ != nullptr) fi_close(&fabric_->fid);
+  Parked res;
+  if (ep_ != nullptr) res.fids.push_back(&ep_->fid);
+  for (Region* g : regions_) {
+    res.fids.push_back(&g->mr->fid);
+    delete g;
+  }
+  for (auto& e : cache_) res.fids.push_back(&e->mr->fid);
+  for (Slab* s : {&recv_slab_}) {
+    if (s->mr != nullptr) res.fids.push_back(&s->mr->fid);
+    res.memory.push_back(std::move(s->mem));
+  }
+  for (auto* v : {&send_slabs_, &drain_slabs_})
+    for (Slab& s : *v) {
+      res.fids.push_back(&s.mr->fid);
+      res.memory.push_back(std::move(s.mem));
+    }
+  for (fid_t f : {av_ ? &av_->fid : nullptr, cq_ ? &cq_->fid : nullptr, domain_ ? &domain_->fid : nullptr,
+                  fabric_ ? &fabric_->fid : nullptr})
+    if (f != nullptr) res.fids.push_back(f);
+  // shm gives endpoints of one process each other's memory directly (see
+  // local_eps): an endpoint closed while a same-process peer may still
+  // progress messages from it would leave that peer reading unmapped
+  // memory. The members of a communicator in this process therefore close
+  // together, when the last of them is destroyed.
+  std::string group;
+  int members = 1;
+  if (prov_.find("shm") != std::string::npos && !ep_key_.empty()) {
+    std::string lowest = ep_key_;
+    for (const Peer& p : peers_)
+      if (p.same_process && !p.ep_key.empty()) {
+        ++members;
+        lowest = std::min(lowest, p.ep_key);
+      }
+    group = name_ + "#" + lowest;
+  }
+  std::vector<Parked> to_close;
+  if (members > 1) {
+    std::lock_guard<std::mutex> lock(parked_mu());
+    ParkedGroup& g = parked_groups()[group];
+    if (g.remaining == 0) g.remaining = members;
+    g.parked.push_back(std::move(res));
+    if (--g.remaining == 0) {
+      to_close = std::move(g.parked);
+      parked_groups().erase(group);
+    }
+  } else {
+    to_close.push_back(std::move(res));
+  }
+  for (Parked& p : to_close)
+    for (fid_t f : p.fids) fi_close(f);
   fi_freeinfo(info_);
 }
 
