@@ -9,6 +9,13 @@
 // batched collective), and each replica applies SGD to the variables; the
 // variables are ON_WRITE with ONLY_FIRST_REPLICA aggregation, so the update
 // is applied once to every copy from replica 0's (identical) value.
+//
+// --switch-transport STEP:NAME[:{options}] moves a running multi-worker job
+// to another transport at the start of step STEP (before that step's
+// all-reduce) through StrategyExtended::set_transport on every worker. A
+// failed switch is logged on every worker and training goes on over the old
+// transport: the switch is an optional reconfiguration, and every worker
+// sees the same failure, so they all stay in step.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -49,7 +56,72 @@ struct Args {
   std::int64_t shuffle_buffer = 0;
   bool quiet = false;
   int log_every = 0;
+  std::vector<std::string> switch_transport;  // raw --switch-transport values
 };
+
+// One --switch-transport entry.
+struct TransportSwitch {
+  int step = 0;
+  std::string name;
+  std::string options = "{}";
+  std::string text;  // as the user wrote it, for messages
+};
+
+[[noreturn]] void bad_switch(const std::string& value, const std::string& why) {
+  STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "--switch-transport '", value, "': ", why,
+               "; expected STEP:NAME, STEP:NAME:{json options} or STEP:NAME,STEP:NAME "
+               "(e.g. 10:tcp or 20:libfabric:{\"provider\": \"shm\"})");
+}
+
+// "STEP:NAME" or "STEP:NAME:{...}" (`item`, from the whole `value`).
+TransportSwitch parse_switch(const std::string& value, const std::string& item, int steps) {
+  TransportSwitch sw;
+  sw.text = item;
+  const size_t c1 = item.find(':');
+  if (c1 == std::string::npos) bad_switch(value, "'" + item + "' has no ':' between the step and the transport");
+  const std::string step = item.substr(0, c1);
+  if (step.empty() || step.size() > 9 || step.find_first_not_of("0123456789") != std::string::npos)
+    bad_switch(value, "the step '" + step + "' is not a non-negative integer");
+  sw.step = std::stoi(step);
+  if (sw.step >= steps)
+    bad_switch(value, "step " + step + " is not below --steps " + std::to_string(steps) + ", so it would never run");
+  const std::string rest = item.substr(c1 + 1);
+  const size_t c2 = rest.find(':');
+  sw.name = rest.substr(0, c2);
+  if (sw.name.empty()) bad_switch(value, "the transport name after '" + step + ":' is empty");
+  if (sw.name.find_first_of(" {}\"") != std::string::npos)
+    bad_switch(value, "'" + sw.name + "' is not a transport plugin name");
+  if (c2 != std::string::npos) {
+    const std::string opts = rest.substr(c2 + 1);
+    const nlohmann::json j = nlohmann::json::parse(opts, nullptr, false);
+    if (j.is_discarded() || !j.is_object())
+      bad_switch(value, "the options '" + opts + "' of transport '" + sw.name + "' are not a JSON object");
+    sw.options = j.dump();
+  }
+  return sw;
+}
+
+// Every --switch-transport value, in step order (same step: command-line order).
+std::vector<TransportSwitch> parse_switches(const std::vector<std::string>& values, int steps) {
+  std::vector<TransportSwitch> out;
+  for (const std::string& v : values) {
+    if (v.find('{') != std::string::npos) {
+      // JSON may hold commas, so a value with options is one switch.
+      out.push_back(parse_switch(v, v, steps));
+      continue;
+    }
+    if (v.empty()) bad_switch(v, "the value is empty");
+    std::stringstream ss(v);
+    for (std::string item; std::getline(ss, item, ',');) {
+      if (item.empty()) bad_switch(v, "an entry of the comma-separated list is empty");
+      out.push_back(parse_switch(v, item, steps));
+    }
+    if (v.back() == ',') bad_switch(v, "an entry of the comma-separated list is empty");
+  }
+  std::stable_sort(out.begin(), out.end(),
+                   [](const TransportSwitch& x, const TransportSwitch& y) { return x.step < y.step; });
+  return out;
+}
 
 std::vector<std::string> split_csv(const std::string& s) {
   std::vector<std::string> out;
@@ -181,6 +253,7 @@ int export_data(const Args& a) {
 int train(const Args& a) {
   if (a.global_batch <= 0 || a.steps < 0 || a.dataset_size <= 0)
     STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "--global-batch and --dataset-size must be positive and --steps non-negative");
+  const std::vector<TransportSwitch> switches = parse_switches(a.switch_transport, a.steps);
   strata::Strategy strategy = strata::Strategy::from_config(make_config(a));
   const int replicas = strategy.num_replicas_in_sync();
   if (a.global_batch < replicas)
@@ -222,7 +295,24 @@ int train(const Args& a) {
   Progress progress(a.steps, a.quiet, a.log_every);
   double loss = std::nan("");
   const double scale = 1.0 / static_cast<double>(a.global_batch);
+  size_t next_switch = 0;
   for (int step = 0; step < a.steps; ++step) {
+    for (; next_switch < switches.size() && switches[next_switch].step == step; ++next_switch) {
+      const TransportSwitch& sw = switches[next_switch];
+      try {
+        strategy.extended().set_transport(sw.name, sw.options);
+        if (!a.quiet)
+          std::fprintf(stderr, "strata-train: worker %d: switched to transport %s %s at step %d\n",
+                       strategy.extended().worker_index(), sw.name.c_str(), sw.options.c_str(), step);
+      } catch (const strata::Error& e) {
+        // Every worker gets the same error and stays on the old transport,
+        // so training can go on in step.
+        std::fprintf(stderr,
+                     "strata-train: worker %d: --switch-transport %s failed at step %d (%s), continuing on the "
+                     "current transport: %s\n",
+                     strategy.extended().worker_index(), sw.text.c_str(), step, e.code_name(), e.what());
+      }
+    }
     std::vector<double> step_loss(static_cast<std::size_t>(local), 0.0);
     strata::DistributedElement batch = batches.next();
     const strata::PerReplica& xs = batch["x"];
@@ -286,6 +376,8 @@ int main(int argc, char** argv) {
       "  strata-train --config job.json --save weights.json\n"
       "  STRATA_STRATEGY=central_storage strata-train --devices cpu:0,cpu:1\n"
       "  strata-run -n 4 -- strata-train --strategy multi_worker_mirrored   (4 processes over TCP)\n"
+      "  strata-run -n 4 -- strata-train --strategy multi_worker_mirrored --switch-transport 100:tcp:{\"connections_per_peer\":2} \\\n"
+      "    --switch-transport 200:libfabric:{\"provider\":\"shm\"}   (change transport while training)\n"
       "  strata-train --export-data /tmp/mlp --export-files 4 && \\\n"
       "    strata-run -n 2 -- strata-train --strategy multi_worker_mirrored --data /tmp/mlp-*.rec\n\n"
       "Without --config, the file named by $STRATA_CONFIG is used when set.\n"};
@@ -314,6 +406,14 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--save", a.save, "Write the final weights as JSON to this file (chief only)");
   app.add_option("--log-every", a.log_every, "Print a progress line every N steps when stderr is not a terminal");
+  app.add_option("--switch-transport", a.switch_transport,
+                 "At the start of step STEP (counted from 0, before its all-reduce) every worker switches the job "
+                 "to another transport: STEP:NAME or STEP:NAME:{json options}, repeatable; STEP:NAME,STEP:NAME "
+                 "lists several when none has options. Needs a strategy with a cross-process transport "
+                 "(multi_worker_mirrored). A failed switch is logged on every worker and training continues on "
+                 "the old transport")
+      ->type_name("STEP:NAME[:{OPTS}]")
+      ->take_all();
   app.add_flag("-q,--quiet", a.quiet, "No progress output");
   CLI11_PARSE(app, argc, argv);
   try {
