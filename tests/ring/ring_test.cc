@@ -181,7 +181,10 @@ class Cdo {
 
 std::string options_for(const std::string& transport, int rank, int world, const std::string& comm,
                         const json& extra) {
-  json o = {{"transport", {{"name", transport}}}, {"rank", rank}, {"world_size", world}, {"communicator", comm}};
+  json t = {{"name", transport}};
+  if (transport == "auto")  // two emulated hosts: ring traffic crosses both sub-communicators
+    t = {{"name", "auto"}, {"options", {{"host_id", rank < (world + 1) / 2 ? "a" : "b"}, {"local", "tcp"}}}};
+  json o = {{"transport", t}, {"rank", rank}, {"world_size", world}, {"communicator", comm}};
   for (auto it = extra.begin(); it != extra.end(); ++it) o[it.key()] = it.value();
   return o.dump();
 }
@@ -216,6 +219,9 @@ void load_plugins() {
 #ifdef RING_HAVE_TCP
     PluginHost::global().load_explicit(RING_TCP_TRANSPORT);
 #endif
+#ifdef RING_HAVE_AUTO
+    PluginHost::global().load_explicit(RING_AUTO_TRANSPORT);
+#endif
     return true;
   }();
   (void)done;
@@ -225,6 +231,9 @@ std::vector<std::string> transports() {
   std::vector<std::string> v{"ring_test_inproc"};
 #ifdef RING_HAVE_TCP
   v.push_back("tcp");
+#endif
+#ifdef RING_HAVE_AUTO
+  v.push_back("auto");
 #endif
   return v;
 }
