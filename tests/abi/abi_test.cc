@@ -516,6 +516,7 @@ TEST(AbiTest, PluginBuiltAgainstMinor0LoadsWithNewFieldsNull) {
   EXPECT_EQ(raw->abi_minor, 0u);
   EXPECT_FALSE(STRATA_HAS_FIELD(raw, strata_strategy_vtable, variable_view));
   EXPECT_NE(raw->variable_view, nullptr);  // garbage as far as a 1.1 host is concerned
+  EXPECT_NE(raw->set_transport, nullptr);  // and for a 1.2 host
 
   host.load_explicit(path);
   bool listed = false;
