@@ -736,19 +736,17 @@ void LfComm::peer_closed_locked(int p, const InMsg& m) {
   Peer& peer = peers_[p];
   if (peer.failed || peer.closed) return;
   const std::string reason(m.payload.begin(), m.payload.end());
-  if (m.kind == kAbort) {
-    fail_peer_locked(p, STRATA_ERR_UNAVAILABLE,
-                     str_cat(peer_name(p), " aborted its communicator (", reason,
-                             "); see its log for the first failure"));
-    return;
-  }
-  // Like a clean TCP close: what the peer sent before stays receivable
-  // (its data is with the provider); anything still waiting on it cannot finish.
+  // Like a TCP close: what the peer sent before stays receivable (its data
+  // is with the provider); anything else waiting on it cannot finish.
   peer.closed = true;
-  peer.closed_reason = str_cat(peer_name(p), " closed its communicator (destroyed, or its process is exiting)");
+  peer.closed_reason =
+      m.kind == kAbort
+          ? str_cat(peer_name(p), " aborted its communicator (", reason, "); see its log for the first failure")
+          : str_cat(peer_name(p), " closed its communicator (destroyed, or its process is exiting)");
   std::vector<Request*> victims;
   for (Request* r : live_)
     if (r->peer == p && !r->finished && !(r->kind == Request::kRecv && r->matched)) victims.push_back(r);
+  if (m.kind == kAbort || !victims.empty()) host_.warn(who(), ": ", peer.closed_reason);
   for (Request* r : victims) finish_locked(r, STRATA_ERR_UNAVAILABLE, str_cat(describe(*r), ": ", peer.closed_reason));
   peer.posted.clear();
 }
