@@ -182,7 +182,12 @@ class Cdo {
 std::string options_for(const std::string& transport, int rank, int world, const std::string& comm,
                         const json& extra) {
   json t = {{"name", transport}};
-  if (transport == "auto")  // two emulated hosts: ring traffic crosses both sub-communicators
+  // "libfabric_<provider>" parameters: the libfabric transport over that provider.
+  if (transport == "libfabric_tcp")
+    t = {{"name", "libfabric"}, {"options", {{"provider", "tcp;ofi_rxm"}, {"iface", "lo"}}}};
+  else if (transport == "libfabric_shm")
+    t = {{"name", "libfabric"}, {"options", {{"provider", "shm"}}}};
+  else if (transport == "auto")  // two emulated hosts: ring traffic crosses both sub-communicators
     t = {{"name", "auto"}, {"options", {{"host_id", rank < (world + 1) / 2 ? "a" : "b"}, {"local", "tcp"}}}};
   json o = {{"transport", t}, {"rank", rank}, {"world_size", world}, {"communicator", comm}};
   for (auto it = extra.begin(); it != extra.end(); ++it) o[it.key()] = it.value();
@@ -219,6 +224,9 @@ void load_plugins() {
 #ifdef RING_HAVE_TCP
     PluginHost::global().load_explicit(RING_TCP_TRANSPORT);
 #endif
+#ifdef RING_HAVE_LIBFABRIC
+    PluginHost::global().load_explicit(RING_LIBFABRIC_TRANSPORT);
+#endif
 #ifdef RING_HAVE_AUTO
     PluginHost::global().load_explicit(RING_AUTO_TRANSPORT);
 #endif
@@ -231,6 +239,10 @@ std::vector<std::string> transports() {
   std::vector<std::string> v{"ring_test_inproc"};
 #ifdef RING_HAVE_TCP
   v.push_back("tcp");
+#endif
+#ifdef RING_HAVE_LIBFABRIC
+  v.push_back("libfabric_tcp");
+  v.push_back("libfabric_shm");
 #endif
 #ifdef RING_HAVE_AUTO
   v.push_back("auto");
@@ -520,7 +532,7 @@ TEST_P(RingTest, AllOpsAllDtypesRingSmallChunks) {
   const json extra = {{"direct_max_bytes", 0}, {"chunk_bytes", 64}};
   for (World w : {World{2, 2}, World{3, 1}, World{5, 2}, World{8, 1}}) {
     // 64-byte chunks over real sockets are slow; 8 ranks run in process only.
-    if ((kSanitized || transport() == "tcp") && w.n > 5) continue;
+    if ((kSanitized || transport() == "tcp" || transport().rfind("libfabric", 0) == 0) && w.n > 5) continue;
     if (kSanitized && w.n > 3) continue;
     run_matrix(transport(), w, extra, kSanitized ? std::vector<size_t>{0, 1, 7, 13, 1001}
                                                  : std::vector<size_t>{0, 1, 7, 13, 1001, 5003});
