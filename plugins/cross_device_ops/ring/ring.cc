@@ -4,7 +4,7 @@
 // CollectiveAllReduce/RING and Horovod/Gloo's ring all-reduce.
 //
 // Options (unknown keys are rejected):
-//   "transport":   {"name": "tcp", "options": {...}} or "tcp" (default tcp)
+//   "transport":   {"name": "tcp", "options": {...}} or "tcp" (default auto)
 //   "rank", "world_size": this process's place in the collective group
 //                  (default 0 of 1: local replicas only, no transport)
 //   "communicator": rendezvous name, unique per instance in a job ("ring")
@@ -152,14 +152,14 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
     rank_ = co.rank;
     comm_options_ = co;
 
-    std::string tname = "tcp";
+    std::string tname = "auto";
     std::string topts = "{}";
     if (auto it = o.find("transport"); it != o.end() && !it->is_null()) {
       if (it->is_string()) {
         tname = it->get<std::string>();
       } else if (it->is_object()) {
         sdk::check_known_keys(*it, {"name", "options"}, "option 'transport' of ring cross_device_ops");
-        tname = sdk::get_option<std::string>(*it, "name", "tcp", kComponent);
+        tname = sdk::get_option<std::string>(*it, "name", "auto", kComponent);
         if (auto oo = it->find("options"); oo != it->end() && !oo->is_null()) {
           if (!oo->is_object())
             STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'transport.options' of ", kComponent,

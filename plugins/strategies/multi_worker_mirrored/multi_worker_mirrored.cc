@@ -4,7 +4,7 @@
 // with one replica per local device. Variables are mirrored on every
 // replica of every worker and kept equal by all-reducing across all of them
 // through a CrossDeviceOps that spans processes ("ring" over a transport,
-// "tcp" by default).
+// "auto" by default: same-host peers over shared memory, others over tcp or RDMA).
 //
 // Options:
 //   {"devices": ["cpu:0", ...]          local devices (default ["cpu:0"]),
@@ -15,7 +15,7 @@
 //                      "bytes_per_pack": 0, "timeout_seconds": null}
 //                                       (tf.distribute.experimental.CommunicationOptions),
 //    "cross_device_ops": {"name", "options"}   override (must span processes),
-//    "transport": {"name": "tcp", "options": {...}}   what the ring runs over,
+//    "transport": {"name": "auto", "options": {...}}  what the ring runs over (default auto),
 //    "timeout_s": 300}                  collective deadline
 //
 // Ranks (the collective group): the chief task (if any) is rank 0, then the
@@ -173,7 +173,7 @@ sdk::LocalStrategyConfig make_config(const char* options_json) {
     STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'communication.implementation' of ", kComp,
                  " must be \"AUTO\", \"RING\" or \"NCCL\"; got \"", impl, "\"");
 
-  json transport = o.value("transport", json{{"name", "tcp"}});
+  json transport = o.value("transport", json{{"name", "auto"}});
   if (transport.is_string()) transport = json{{"name", transport}};
   if (!transport.is_object() || !transport.contains("name") || !transport.at("name").is_string())
     STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'transport' of ", kComp,
