@@ -587,6 +587,30 @@ TEST_P(TransportSuite, RmaWriteLandsInTheExportedRegion) {
   });
 }
 
+TEST_P(TransportSuite, LibfabricDefaultProviderIsANetworkOne) {
+  // The parameter's provider plays no part: run once, with the tcp entry.
+  if (tc().label != "libfabric_tcp") GTEST_SKIP() << "runs with libfabric_tcp only";
+  // No "provider": a NIC provider, else tcp; never shm, udp or sockets.
+  PluginHost host;
+  const std::string name = unique_name("default");
+  run_ranks(2, [&](int rank) {
+    Rank r(host, "libfabric", R"({"iface": "lo"})");
+    r.join(name, rank, 2);
+    if (rank == 1) return;
+    uint64_t v = 0;
+    try {
+      r.wait(r.irecv(1, 1, &v, 8), 50);
+      FAIL() << "a message arrived that nobody sent";
+    } catch (const DeadlineExceededError& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("libfabric ("), std::string::npos) << msg;
+      for (const char* never : {"(shm)", "(udp", "(sockets", "ofi_rxd"})
+        EXPECT_EQ(msg.find(never), std::string::npos) << never << " chosen by default: " << msg;
+      std::printf("[ %s ] default provider: %s\n", tc().label.c_str(), msg.substr(0, msg.find(" communicator")).c_str());
+    }
+  });
+}
+
 // ------------------------------------------------------ forked processes ---
 
 TEST_P(TransportSuite, ForkedProcessesRingExchangeOverTheTcpStore) {

@@ -1158,7 +1158,7 @@ uint64_t LfComm::wait(strata_request_t h, int64_t timeout_ms) {
       progress_locked();
       if (r->finished) return release_locked(r);
       if (Clock::now() >= deadline)
-        STRATA_THROW(STRATA_ERR_DEADLINE_EXCEEDED, describe(*r), ": not complete after ", timeout_ms,
+        STRATA_THROW(STRATA_ERR_DEADLINE_EXCEEDED, who(), ": ", describe(*r), ": not complete after ", timeout_ms,
                      " ms; the peer may be stalled or has not posted the matching ",
                      r->kind == Request::kRecv ? "isend" : "irecv", " (the request is still pending)");
     }

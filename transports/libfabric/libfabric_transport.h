@@ -67,12 +67,24 @@
 // request then fails with ABORTED and the reason.
 //
 // Failures. An error completion fails that peer's requests with UNAVAILABLE
-// naming its rank and fi_av_straddr address. Providers do not always report
-// a dead peer (shm never does), so while requests are pending, peers on this
-// host (same boot id) are checked every 100 ms: a process that is gone,
-// a zombie, or whose pid was reused fails that peer with UNAVAILABLE. A
-// stalled peer (SIGSTOP) or a dead remote one that the provider does not
-// report ends in DEADLINE_EXCEEDED naming the peer at wait's deadline.
+// naming its rank and fi_av_straddr address. comm_destroy sends every peer
+// a goodbye and abort an abort notice (both after the messages sent before
+// them); a peer that said either is closed, as a TCP close: what it sent
+// before stays receivable, requests that still need it fail with
+// UNAVAILABLE naming it (and, after an abort, its reason). Providers do not
+// always report a dead peer (shm never does), so while requests are pending,
+// peers on this host (same boot id) are checked every 100 ms: a process
+// that is gone, a zombie, or whose pid was reused fails that peer with
+// UNAVAILABLE. A stalled peer (SIGSTOP) or a dead remote one that the
+// provider does not report ends in DEADLINE_EXCEEDED naming the peer at
+// wait's deadline. shm lets endpoints of one process use each other's
+// memory, so same-process members of a communicator on shm release their
+// libfabric objects together, when the last of them is destroyed.
+//
+// Limits. A failed or cancelled receive whose data the provider had already
+// started to place is cancelled (fi_cancel) but not waited for, except by
+// cancel(), which waits up to 1 s; release such buffers only after the
+// communicator is destroyed.
 #pragma once
 
 #include <memory>
