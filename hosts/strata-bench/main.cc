@@ -7,6 +7,8 @@
 //   strata-bench allreduce  in-process all-reduce across CPU replicas vs memcpy bandwidth
 //   strata-bench allreduce|broadcast|allgather --transport tcp -n N
 //                           collectives across N processes (see multiproc.h)
+//   strata-bench pingpong --transport T -n 2
+//                           point-to-point latency and bandwidth of one transport (see multiproc.h)
 //   strata-bench input      records read+verified per second vs sequential read (see input.h)
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -176,6 +178,8 @@ int main(int argc, char** argv) {
                "  strata-bench allreduce --sizes 4096,16M --json\n"
                "  strata-bench allreduce --transport tcp -n 4 --sizes 4K:64M\n"
                "  strata-bench allgather -n 3 --sizes 4K,1M --json\n"
+               "  strata-bench pingpong --transport libfabric --option 'provider=\"shm\"' -n 2 --sizes 64:4M\n"
+               "  strata-bench allreduce --transport auto -n 4 --sizes 4K:64M\n"
                "  strata-bench input --size-mb 1024 --record-bytes 4096 --json\n"};
   app.require_subcommand(1);
   app.fallthrough();  // --json and --repeats may follow the subcommand
@@ -204,22 +208,36 @@ int main(int argc, char** argv) {
   allreduce->add_option("--strategy", strategy, "In-process: strategy whose replicas all-reduce")->capture_default_str();
   auto* broadcast = app.add_subcommand("broadcast", "Broadcast from rank 0 across processes (--transport, default tcp)");
   auto* allgather = app.add_subcommand("allgather", "All-gather across processes (--transport, default tcp)");
+  auto* pingpong = app.add_subcommand(
+      "pingpong", "Point-to-point latency and bandwidth between 2 processes over one transport (osu_latency and "
+                  "fi_pingpong style: one-way time = round trip / 2)");
+  std::string pingpong_sizes = "64:4M";
 
   strata::bench::MultiProcOptions mp;
   std::string transport;
   CLI::Option* allreduce_ranks = nullptr;
-  for (CLI::App* sub : {allreduce, broadcast, allgather}) {
-    sub->add_option("--sizes", sizes,
-                    "Bytes per rank (allgather: of the whole output): a doubling range 4K:64M or a list 4096,16M")
-        ->capture_default_str();
+  for (CLI::App* sub : {allreduce, broadcast, allgather, pingpong}) {
+    if (sub == pingpong)
+      sub->add_option("--sizes", pingpong_sizes, "Message sizes: a doubling range 64:4M or a list 0,64,4K")
+          ->capture_default_str();
+    else
+      sub->add_option("--sizes", sizes,
+                      "Bytes per rank (allgather: of the whole output): a doubling range 4K:64M or a list 4096,16M")
+          ->capture_default_str();
     sub->add_option("--transport", transport,
-                    sub == allreduce ? "Run across processes over this transport (e.g. tcp)"
-                                     : "Transport between the processes (default tcp)");
-    auto* ranks_opt = sub->add_option("-n,--ranks", mp.ranks, "Processes to start (allreduce: implies --transport tcp)")
+                    sub == allreduce ? "Run across processes over this transport (tcp, libfabric, shm, auto, ...)"
+                                     : "Transport between the processes: tcp (default), libfabric, shm, auto, ...");
+    auto* ranks_opt = sub->add_option("-n,--ranks", mp.ranks,
+                                      sub == pingpong ? "Processes to start (pingpong: exactly 2)"
+                                                      : "Processes to start (allreduce: implies --transport tcp)")
                           ->capture_default_str()
                           ->check(CLI::Range(2, 256));
     if (sub == allreduce) allreduce_ranks = ranks_opt;
-    sub->add_option("--dtype", mp.dtype, "float32, float64, int32 or int64")->capture_default_str();
+    sub->add_option("--option", mp.transport_option_pairs,
+                    "Transport option KEY=JSON on top of --transport-options (repeatable), e.g. "
+                    "--option 'provider=\"tcp;ofi_rxm\"' --option 'iface=\"lo\"'");
+    if (sub != pingpong)
+      sub->add_option("--dtype", mp.dtype, "float32, float64, int32 or int64")->capture_default_str();
     sub->add_option("--iters", mp.iters, "Operations per timed batch (0 = about 256 MiB per batch, 5..1000)")
         ->capture_default_str()
         ->check(CLI::NonNegativeNumber);
@@ -227,9 +245,10 @@ int main(int argc, char** argv) {
         ->capture_default_str();
     sub->add_option("--timeout", mp.timeout_s, "Deadline in seconds of every collective and of the rendezvous")
         ->capture_default_str();
-    sub->add_option("--ring-options", mp.ring_options,
-                    "Extra options of the ring cross_device_ops, JSON (e.g. '{\"chunk_bytes\": 524288}')")
-        ->capture_default_str();
+    if (sub != pingpong)
+      sub->add_option("--ring-options", mp.ring_options,
+                      "Extra options of the ring cross_device_ops, JSON (e.g. '{\"chunk_bytes\": 524288}')")
+          ->capture_default_str();
     sub->add_option("--transport-options", mp.transport_options,
                     "Options of the transport, JSON (e.g. '{\"connections_per_peer\": 1}')")
         ->capture_default_str();
@@ -258,9 +277,12 @@ int main(int argc, char** argv) {
     }
     if (dispatch->parsed()) return run_dispatch(split_csv(strategies), iters, repeats, json);
     if (!allreduce->parsed() || !transport.empty() || allreduce_ranks->count() > 0) {
-      mp.op = allreduce->parsed() ? "allreduce" : broadcast->parsed() ? "broadcast" : "allgather";
+      mp.op = allreduce->parsed()   ? "allreduce"
+              : broadcast->parsed() ? "broadcast"
+              : pingpong->parsed()  ? "pingpong"
+                                    : "allgather";
       mp.transport = transport.empty() ? "tcp" : transport;
-      mp.sizes = strata::bench::parse_sizes(sizes);
+      mp.sizes = strata::bench::parse_sizes(pingpong->parsed() ? pingpong_sizes : sizes);
       mp.json = json;
       mp.trials = repeats_opt->count() > 0 ? repeats : 7;
       if (worker_rank >= 0) return strata::bench::run_worker(mp, worker_rank);

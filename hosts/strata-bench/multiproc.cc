@@ -22,7 +22,9 @@
 #include <thread>
 #include <vector>
 
+#include "key_json.h"
 #include "sizes.h"
+#include "strata/c/transport.h"
 #include "strata/c/cross_device_ops.h"
 #include "strata/error.hpp"
 #include "strata/plugin_host.hpp"
@@ -67,14 +69,24 @@ double busbw_factor(const std::string& op, int n) {
   return static_cast<double>(n - 1) / n;
 }
 
+// The transport's options: --transport-options, then each --option KEY=JSON.
+nlohmann::json transport_options(const MultiProcOptions& o) {
+  return cli::apply_key_json(o.transport_option_pairs, nlohmann::json::parse(o.transport_options), "--option",
+                             "'provider=\"shm\"'");
+}
+
 void validate(const MultiProcOptions& o) {
-  if (o.op != "allreduce" && o.op != "broadcast" && o.op != "allgather")
-    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "unknown collective '", o.op, "': use allreduce, broadcast or allgather");
+  const bool pingpong = o.op == "pingpong";
+  if (o.op != "allreduce" && o.op != "broadcast" && o.op != "allgather" && !pingpong)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "unknown benchmark '", o.op,
+                 "': use allreduce, broadcast, allgather or pingpong");
+  if (pingpong && o.ranks != 2)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "-n ", o.ranks, ": pingpong runs between exactly 2 processes; pass -n 2");
   if (o.ranks < 2 || o.ranks > 256)
     STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "-n ", o.ranks, ": the multi-process bench needs 2..256 processes");
   const DTypeInfo& d = dtype_info(o.dtype);
   if (o.sizes.empty()) STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "--sizes is empty: pass e.g. --sizes 4K:64M");
-  const std::uint64_t min_bytes = d.size * (o.op == "allgather" ? std::uint64_t(o.ranks) : 1);
+  const std::uint64_t min_bytes = pingpong ? 0 : d.size * (o.op == "allgather" ? std::uint64_t(o.ranks) : 1);
   for (std::uint64_t s : o.sizes)
     if (s < min_bytes)
       STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "size ", s, " is below one element", o.op == "allgather" ? " per rank" : "",
@@ -88,6 +100,7 @@ void validate(const MultiProcOptions& o) {
     if (!j.is_object())
       STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "'", *text, "' is not a JSON object: pass e.g. '{\"chunk_bytes\": 1048576}'");
   }
+  (void)transport_options(o);  // a bad --option fails here, before any worker starts
 }
 
 // ------------------------------------------------------------- launcher ---
@@ -257,7 +270,7 @@ class Ring {
  public:
   Ring(const MultiProcOptions& o, int rank) {
     nlohmann::json opts = nlohmann::json::parse(o.ring_options);
-    opts["transport"] = {{"name", o.transport}, {"options", nlohmann::json::parse(o.transport_options)}};
+    opts["transport"] = {{"name", o.transport}, {"options", transport_options(o)}};
     opts["rank"] = rank;
     opts["world_size"] = o.ranks;
     opts["communicator"] = "strata-bench";
@@ -359,6 +372,156 @@ std::int64_t wrong_any(const DTypeInfo& d, const std::string& op, const void* r,
   }
 }
 
+// One communicator of a transport plugin, driven through its vtable.
+class P2P {
+ public:
+  P2P(const MultiProcOptions& o, int rank) : timeout_ms_(static_cast<std::int64_t>(o.timeout_s * 1000)) {
+    inst_ = PluginHost::global().create(STRATA_KIND_TRANSPORT, o.transport, transport_options(o).dump());
+    vt_ = inst_.vtable_as<strata_transport_vtable>();
+    strata_error err;
+    strata_error_init(&err);
+    detail::check_status(vt_->comm_create(static_cast<strata_transport_t>(inst_.handle()), "strata-bench-pingpong",
+                                          rank, o.ranks, timeout_ms_, &comm_, &err),
+                         err, "comm_create");
+  }
+  ~P2P() {
+    for (strata_mem_region_t mr : regions_) vt_->mem_deregister(comm_, mr);
+    if (comm_ != nullptr) vt_->comm_destroy(comm_);
+  }
+  P2P(const P2P&) = delete;
+  P2P& operator=(const P2P&) = delete;
+
+  // A buffer registered for the life of this object.
+  strata_buffer buffer(void* data, std::uint64_t bytes) {
+    strata_error err;
+    strata_error_init(&err);
+    strata_mem_region_t mr = nullptr;
+    detail::check_status(vt_->mem_register(comm_, data, bytes, DLDevice{kDLCPU, 0}, &mr, &err), err, "mem_register");
+    regions_.push_back(mr);
+    strata_buffer b{};
+    STRATA_INIT_HEADER(&b, strata_buffer);
+    b.data = data;
+    b.bytes = bytes;
+    b.device = DLDevice{kDLCPU, 0};
+    b.mr = mr;
+    return b;
+  }
+  strata_request_t isend(int peer, std::uint64_t tag, const strata_buffer& b) {
+    strata_error err;
+    strata_error_init(&err);
+    strata_request_t r = nullptr;
+    detail::check_status(vt_->isend(comm_, peer, tag, &b, &r, &err), err, "isend");
+    return r;
+  }
+  strata_request_t irecv(int peer, std::uint64_t tag, const strata_buffer& b) {
+    strata_error err;
+    strata_error_init(&err);
+    strata_request_t r = nullptr;
+    detail::check_status(vt_->irecv(comm_, peer, tag, &b, &r, &err), err, "irecv");
+    return r;
+  }
+  void wait(strata_request_t r, const char* what) {
+    strata_error err;
+    strata_error_init(&err);
+    detail::check_status(vt_->wait(comm_, r, timeout_ms_, nullptr, &err), err, what);
+  }
+
+ private:
+  std::int64_t timeout_ms_;
+  PluginInstance inst_;
+  const strata_transport_vtable* vt_ = nullptr;
+  strata_comm_t comm_ = nullptr;
+  std::vector<strata_mem_region_t> regions_;
+};
+
+// Rank 0 and rank 1 bounce one message of each size (see multiproc.h).
+int pingpong_body(const MultiProcOptions& o, int rank) {
+  P2P p2p(o, rank);
+  const int peer = 1 - rank;
+  const std::uint64_t max_bytes = *std::max_element(o.sizes.begin(), o.sizes.end());
+  Mem sbuf = alloc_aligned(max_bytes), rbuf = alloc_aligned(max_bytes);
+  std::uint64_t token = 0;
+  const strata_buffer sync_send = p2p.buffer(&token, sizeof token);
+  std::uint64_t token_in = 0;
+  const strata_buffer sync_recv = p2p.buffer(&token_in, sizeof token_in);
+  strata_buffer sfull = p2p.buffer(sbuf.get(), std::max<std::uint64_t>(max_bytes, 64));
+  strata_buffer rfull = p2p.buffer(rbuf.get(), std::max<std::uint64_t>(max_bytes, 64));
+  // Tag 0 synchronises; each size uses its own tag so a late message can never be taken for another size's.
+  auto sync = [&] {
+    strata_request_t r = p2p.irecv(peer, 0, sync_recv);
+    p2p.wait(p2p.isend(peer, 0, sync_send), "pingpong sync send");
+    p2p.wait(r, "pingpong sync receive");
+  };
+  if (rank == 0 && !o.json) {
+    std::printf("# pingpong, transport=%s, options=%s, trials=%d (one-way time = median round trip / 2)\n",
+                o.transport.c_str(), transport_options(o).dump().c_str(), o.trials);
+    std::printf("%10s %10s %12s %12s %8s\n", "size", "iters", "time(us)", "bw(GB/s)", "wrong");
+    std::fflush(stdout);
+  }
+  nlohmann::json results = nlohmann::json::array();
+  std::vector<double> times(std::size_t(o.trials));
+  std::uint64_t tag = 1;
+  for (const std::uint64_t bytes : o.sizes) {
+    ++tag;
+    strata_buffer sb = sfull, rb = rfull;
+    sb.bytes = bytes;
+    rb.bytes = bytes;
+    auto* sp = static_cast<unsigned char*>(sbuf.get());
+    auto* rp = static_cast<unsigned char*>(rbuf.get());
+    for (std::uint64_t i = 0; i < bytes; ++i) sp[i] = static_cast<unsigned char>((i * 7 + std::uint64_t(rank) * 13) & 0xff);
+    std::memset(rp, 0, bytes);
+    auto round_trip = [&] {
+      if (rank == 0) {
+        strata_request_t r = p2p.irecv(peer, tag, rb);
+        p2p.wait(p2p.isend(peer, tag, sb), "pingpong send");
+        p2p.wait(r, "pingpong receive");
+      } else {
+        p2p.wait(p2p.irecv(peer, tag, rb), "pingpong receive");
+        p2p.wait(p2p.isend(peer, tag, sb), "pingpong send");
+      }
+    };
+    sync();
+    round_trip();  // checked: every byte must be the peer's pattern
+    std::int64_t wrong = 0;
+    for (std::uint64_t i = 0; i < bytes; ++i)
+      wrong += rp[i] != static_cast<unsigned char>((i * 7 + std::uint64_t(peer) * 13) & 0xff);
+    if (wrong != 0)
+      STRATA_THROW(STRATA_ERR_DATA_LOSS, "pingpong of ", bytes, " bytes over ", o.transport, ": ", wrong,
+                   " byte(s) on rank ", rank, " differ from what rank ", peer, " sent");
+    std::int64_t iters = o.iters;
+    if (iters == 0) iters = std::clamp<std::int64_t>(std::int64_t((64ull << 20) / std::max<std::uint64_t>(bytes, 1)), 20, 2000);
+    const std::int64_t warmup = o.warmup >= 0 ? o.warmup : iters / 5;
+    for (std::int64_t i = 0; i < warmup; ++i) round_trip();
+    for (int t = 0; t < o.trials; ++t) {
+      sync();
+      const auto t0 = Clock::now();
+      for (std::int64_t i = 0; i < iters; ++i) round_trip();
+      times[std::size_t(t)] = std::chrono::duration<double>(Clock::now() - t0).count() / double(iters) / 2;
+    }
+    if (rank != 0) continue;
+    std::vector<double> sorted = times;
+    std::sort(sorted.begin(), sorted.end());
+    const double med = sorted[sorted.size() / 2];
+    const double bw = double(bytes) / med / 1e9;
+    if (o.json) {
+      results.push_back({{"op", "pingpong"}, {"transport", o.transport}, {"options", transport_options(o)},
+                         {"bytes", bytes}, {"iters", iters}, {"trials", o.trials}, {"time_us", med * 1e6},
+                         {"time_min_us", sorted.front() * 1e6}, {"time_max_us", sorted.back() * 1e6},
+                         {"bw_gbps", bw}, {"wrong", wrong}});
+    } else {
+      std::printf("%10s %10lld %12.2f %12.3f %8lld\n", format_size(bytes).c_str(), static_cast<long long>(iters),
+                  med * 1e6, bw, static_cast<long long>(wrong));
+      std::fflush(stdout);
+    }
+  }
+  if (rank == 0 && o.json) {
+    std::printf("%s\n", nlohmann::json{{"results", results}}.dump(2).c_str());
+    std::fflush(stdout);
+  }
+  sync();  // leave together, so neither side sees the other's endpoint close mid-exchange
+  return 0;
+}
+
 int worker_body(const MultiProcOptions& o, int rank) {
   const char* store = std::getenv(kStoreEnv);
   if (store == nullptr || *store == '\0')
@@ -379,6 +542,7 @@ int worker_body(const MultiProcOptions& o, int rank) {
                    std::strerror(errno), ")");
     ::close(fd);
   }
+  if (o.op == "pingpong") return pingpong_body(o, rank);
   Ring ring(o, rank);
   const DTypeInfo& d = dtype_info(o.dtype);
   const int n = o.ranks;

@@ -1,10 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
-// Multi-process collective benchmarks (strata-bench allreduce|broadcast|
+// Multi-process benchmarks. Collectives (strata-bench allreduce|broadcast|
 // allgather --transport tcp -n N): the launcher re-executes this program N
 // times as workers; the workers join one "ring" CrossDeviceOps over the
 // transport and time its collectives with the method and conventions of
 // /work/shared/bench/mpi_coll_bench.c (nccl-tests bandwidths), so the two
-// programs' figures compare directly.
+// programs' figures compare directly. Point to point (strata-bench pingpong
+// --transport T -n 2): two workers drive the transport's own vtable, as
+// osu_latency and fi_pingpong do: rank 0 sends, rank 1 answers with a message
+// of the same size; the one-way time is half the median round trip and the
+// bandwidth is size / one-way time. Buffers are always registered through
+// mem_register and passed with their region, so transports that need
+// registered memory run their registered path.
 //
 // Process model. The launcher (the process the user started) forks and execs
 // /proc/self/exe with the same arguments plus a hidden --bench-worker-rank R.
@@ -23,7 +29,7 @@
 namespace strata::bench {
 
 struct MultiProcOptions {
-  std::string op;                  ///< "allreduce", "broadcast" or "allgather"
+  std::string op;                  ///< "allreduce", "broadcast", "allgather" or "pingpong"
   std::string transport = "tcp";   ///< transport plugin name
   int ranks = 2;                   ///< processes (-n)
   std::vector<std::uint64_t> sizes;  ///< bytes: the per-rank buffer (allgather: the whole output)
@@ -35,6 +41,7 @@ struct MultiProcOptions {
   double timeout_s = 120;          ///< deadline of every collective and of the rendezvous
   std::string ring_options = "{}";       ///< extra options of the ring cross_device_ops (JSON object)
   std::string transport_options = "{}";  ///< options of the transport (JSON object)
+  std::vector<std::string> transport_option_pairs;  ///< --option KEY=JSON, applied on top of transport_options
 };
 
 /// Validate `o` (throws InvalidArgumentError naming the bad option), start

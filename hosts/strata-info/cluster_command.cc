@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "cluster_command.h"
 
+#include "key_json.h"
+
 #include "cluster_spec.h"
 #include "strata/c/strata.h"
 #include "strata/error.hpp"
@@ -38,22 +40,7 @@ CLI::App* add_cluster_command(CLI::App& app, ClusterArgs& args) {
 }
 
 nlohmann::json parse_cluster_options(const std::vector<std::string>& options, nlohmann::json base) {
-  if (!base.is_object()) base = nlohmann::json::object();
-  for (const std::string& opt : options) {
-    const auto eq = opt.find('=');
-    if (eq == std::string::npos || eq == 0)
-      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "--option '", opt,
-                   "' is not KEY=JSON; write e.g. --option task_id=1 or --option 'task_type=\"worker\"'");
-    const std::string key = opt.substr(0, eq);
-    try {
-      base[key] = nlohmann::json::parse(opt.substr(eq + 1));
-    } catch (const nlohmann::json::exception& e) {
-      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "--option '", opt, "': the value of '", key,
-                   "' is not valid JSON (", e.what(), "); quote strings as JSON, e.g. --option '", key,
-                   "=\"worker\"'");
-    }
-  }
-  return base;
+  return strata::cli::apply_key_json(options, std::move(base), "--option", "task_id=1");
 }
 
 nlohmann::ordered_json run_cluster_command(strata::PluginHost& host, const strata::Config& cfg,

@@ -7,6 +7,8 @@
 //
 // `strata-info cluster` prints the cluster this process would join as one
 // JSON object (see cluster_command.h); it exits 1 when the resolver fails.
+// `strata-info transports` reports what each transport can use on this
+// machine and what "auto" chooses (see transports_command.h).
 #include <cstdlib>
 #include <iomanip>
 #include <iostream>
@@ -17,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cluster_command.h"
+#include "transports_command.h"
 #include "strata/config.hpp"
 #include "strata/plugin_host.hpp"
 
@@ -78,7 +81,8 @@ int main(int argc, char** argv) {
       "  strata-info --plugin-path ./build/lib/strata/plugins --json\n"
       "  strata-info --config job.json\n"
       "  TF_CONFIG='{\"cluster\": {\"worker\": [\"h1:2222\", \"h2:2222\"]}, \"task\": {\"type\": \"worker\", \"index\": 1}}' \\\n"
-      "    strata-info cluster"};
+      "    strata-info cluster\n"
+      "  strata-info transports --json"};
   bool as_json = false;
   std::string config_file;
   std::vector<std::string> plugin_paths;
@@ -88,6 +92,8 @@ int main(int argc, char** argv) {
   app.add_option("--plugin-path", plugin_paths, "extra plugin directory, searched first (repeatable)");
   ClusterArgs cluster_args;
   CLI::App* cluster = add_cluster_command(app, cluster_args);
+  TransportsArgs transports_args;
+  CLI::App* transports = add_transports_command(app, transports_args);
   app.require_subcommand(0, 1);
   CLI11_PARSE(app, argc, argv);
 
@@ -105,6 +111,14 @@ int main(int argc, char** argv) {
     host.set_config(cfg.json());
     if (cluster->parsed()) {
       std::cout << run_cluster_command(host, cfg, cluster_args).dump(2) << std::endl;
+      return 0;
+    }
+    if (transports->parsed()) {
+      const auto doc = describe_transports(host);
+      if (transports_args.json)
+        std::cout << doc.dump(2) << std::endl;
+      else
+        print_transports(doc, std::cout);
       return 0;
     }
     const auto infos = host.discover();

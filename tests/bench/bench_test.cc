@@ -260,6 +260,55 @@ TEST(BenchTest, BadOptionsAreRejectedWithWhatToDo) {
   }
 }
 
+TEST(BenchTest, PingPongReportsLatencyAndBandwidthPerSize) {
+  // --option goes on top of --transport-options; the checked first round trip
+  // must deliver every byte of each size, including 0 and odd sizes.
+  const nlohmann::json j = run_json({"pingpong", "--transport", "tcp", "-n", "2", "--sizes", "0,1,4095,1M",
+                                     "--transport-options", R"({"connections_per_peer": 2})", "--option",
+                                     "connections_per_peer=1", "--iters", "20", "--repeats", "3", "--json"});
+  ASSERT_TRUE(j.contains("results"));
+  const auto& res = j["results"];
+  ASSERT_EQ(res.size(), 4u);
+  const uint64_t want[] = {0, 1, 4095, 1 << 20};
+  for (size_t i = 0; i < 4; ++i) {
+    SCOPED_TRACE(res[i].dump());
+    EXPECT_EQ(res[i].at("op"), "pingpong");
+    EXPECT_EQ(res[i].at("transport"), "tcp");
+    EXPECT_EQ(res[i].at("options"), nlohmann::json({{"connections_per_peer", 1}}));
+    EXPECT_EQ(res[i].at("bytes").get<uint64_t>(), want[i]);
+    EXPECT_EQ(res[i].at("wrong").get<int64_t>(), 0);
+    EXPECT_EQ(res[i].at("iters"), 20);
+    const double t = res[i].at("time_us").get<double>();
+    EXPECT_GT(t, 0.0);
+    EXPECT_LE(res[i].at("time_min_us").get<double>(), t);
+    EXPECT_GE(res[i].at("time_max_us").get<double>(), t);
+    EXPECT_NEAR(res[i].at("bw_gbps").get<double>(), double(want[i]) / (t * 1e-6) / 1e9, 1e-9 + want[i] * 1e-12);
+  }
+}
+
+TEST(BenchTest, PingPongBadUsageSaysWhatToDo) {
+  {
+    Bench b({"pingpong", "-n", "3"});
+    EXPECT_EQ(b.wait(std::chrono::seconds(30)), 2);
+    EXPECT_NE(b.err().find("exactly 2 processes; pass -n 2"), std::string::npos) << b.err();
+  }
+  {
+    Bench b({"pingpong", "--option", "provider"});
+    EXPECT_EQ(b.wait(std::chrono::seconds(30)), 2);
+    EXPECT_NE(b.err().find("--option 'provider' is not KEY=JSON"), std::string::npos) << b.err();
+  }
+  {
+    Bench b({"pingpong", "--option", "connections_per_peer=9"});
+    EXPECT_NE(b.wait(std::chrono::seconds(60)), 0);
+    EXPECT_NE(b.err().find("connections_per_peer"), std::string::npos) << b.err();
+  }
+  {
+    Bench b({"pingpong", "--transport", "no_such_transport", "--sizes", "64"});
+    EXPECT_NE(b.wait(std::chrono::seconds(60)), 0);
+    EXPECT_NE(b.err().find("no_such_transport"), std::string::npos) << b.err();
+  }
+}
+
 TEST(BenchTest, InProcessModesStillWork) {
   const nlohmann::json j =
       run_json({"allreduce", "--replicas", "2", "--sizes", "4K", "--repeats", "1", "--json"});

@@ -1,0 +1,111 @@
+// SPDX-License-Identifier: Apache-2.0
+// `strata-info transports` against this build's plugins, as a user runs it.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "strata/config.h"
+#include "subprocess.h"
+
+namespace {
+
+using json = nlohmann::json;
+
+strata::test::ProcResult run_info(const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {STRATA_INFO_BIN};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return strata::test::run_program(argv, {{"STRATA_LOG_LEVEL", "off"}, {"STRATA_PLUGIN_PATH", std::nullopt}}, 120);
+}
+
+const json* find_by(const json& arr, const char* key, const std::string& value) {
+  for (const auto& e : arr)
+    if (e.at(key) == value) return &e;
+  return nullptr;
+}
+
+TEST(InfoTransportsTest, JsonListsEveryTransportWithCapsOrWhy) {
+  const auto r = run_info({"transports", "--json"});
+  ASSERT_FALSE(r.timed_out);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json doc = json::parse(r.out);
+  for (const char* key : {"transports", "interfaces", "libfabric", "auto"}) ASSERT_TRUE(doc.contains(key)) << key;
+  for (const auto& t : doc["transports"]) {
+    SCOPED_TRACE(t.dump());
+    if (t["status"] == "usable") {
+      EXPECT_TRUE(t["error"].is_null());
+      ASSERT_TRUE(t["caps"].is_object());
+      EXPECT_NE(std::find(t["caps"]["flags"].begin(), t["caps"]["flags"].end(), "p2p"), t["caps"]["flags"].end());
+    } else {
+      EXPECT_TRUE(t["error"].is_string() && !t["error"].get<std::string>().empty()) << "an unusable transport says why";
+    }
+  }
+#ifdef INFO_HAVE_STRATA_TRANSPORT_TCP
+  const json* tcp = find_by(doc["transports"], "name", "tcp");
+  ASSERT_NE(tcp, nullptr) << doc["transports"].dump();
+  EXPECT_EQ((*tcp)["status"], "usable");
+  const auto& flags = (*tcp)["caps"]["flags"];
+  EXPECT_NE(std::find(flags.begin(), flags.end(), "host_memory"), flags.end());
+#endif
+  bool have_lo = false;
+  for (const auto& i : doc["interfaces"]) have_lo = have_lo || (i["loopback"] == true && i["up"] == true);
+  EXPECT_TRUE(have_lo) << doc["interfaces"].dump();
+  for (const char* path : {"same_host", "network"}) {
+    const auto& p = doc["auto"][path];
+    EXPECT_TRUE(p["transport"].is_string()) << path;
+    EXPECT_FALSE(p["reason"].get<std::string>().empty()) << path;
+  }
+}
+
+TEST(InfoTransportsTest, LibfabricProvidersAndTheAutoChoiceAgree) {
+#if !STRATA_HAVE_LIBFABRIC
+  GTEST_SKIP() << "this build has no libfabric support";
+#else
+  const auto r = run_info({"transports", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json doc = json::parse(r.out);
+  const json& lf = doc["libfabric"];
+  ASSERT_TRUE(lf["library"].is_string()) << lf.dump();
+  EXPECT_EQ(lf["library"].get<std::string>().rfind("libfabric.so.1 ", 0), 0u);
+  const json* shm = find_by(lf["providers"], "name", "shm");
+  ASSERT_NE(shm, nullptr) << "Debian's libfabric 1.17 has the shm provider";
+  EXPECT_EQ((*shm)["class"], "same-host");
+  const json* rxm = find_by(lf["providers"], "name", "tcp;ofi_rxm");
+  ASSERT_NE(rxm, nullptr);
+  EXPECT_EQ((*rxm)["class"], "software");
+  for (const auto& p : lf["providers"]) {
+    SCOPED_TRACE(p.dump());
+    EXPECT_NE(std::find(p["caps"].begin(), p["caps"].end(), "tagged"), p["caps"].end());
+    EXPECT_TRUE(p["plugin"].is_string() && !p["plugin"].get<std::string>().empty());
+  }
+  // "auto": shm for this host exactly when the libfabric transport runs on shm;
+  // the network path is libfabric only with a usable NIC provider.
+  const json& same = doc["auto"]["same_host"];
+  if ((*shm)["plugin"] == "usable") {
+    EXPECT_EQ(same["transport"], "libfabric");
+    EXPECT_EQ(same["options"], json({{"provider", "shm"}}));
+  } else {
+    EXPECT_EQ(same["transport"], "tcp");
+    EXPECT_NE(same["reason"].get<std::string>().find((*shm)["plugin"].get<std::string>()), std::string::npos);
+  }
+#ifdef INFO_HAVE_STRATA_TRANSPORT_LIBFABRIC
+  EXPECT_EQ((*shm)["plugin"], "usable") << "the libfabric transport is built: it must run on shm here";
+  EXPECT_EQ((*rxm)["plugin"], "usable");
+#endif
+  bool nic = false;
+  for (const auto& p : lf["providers"]) nic = nic || (p["class"] == "nic" && p["plugin"] == "usable");
+  EXPECT_EQ(doc["auto"]["network"]["transport"], nic ? "libfabric" : "tcp");
+#endif
+}
+
+TEST(InfoTransportsTest, TextSaysWhatAutoChoosesPerPeer) {
+  const auto r = run_info({"transports"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* s : {"Transport plugins:", "Network interfaces:", "libfabric:", "\"auto\" chooses per peer:",
+                        "peers on this host:", "peers on other hosts:"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << " missing from:\n" << r.out;
+}
+
+}  // namespace
