@@ -593,10 +593,20 @@ TEST_P(TransportSuite, LibfabricDefaultProviderIsANetworkOne) {
   // No "provider": a NIC provider, else tcp; never shm, udp or sockets.
   PluginHost host;
   const std::string name = unique_name("default");
+  std::atomic<bool> done{false};
   run_ranks(2, [&](int rank) {
     Rank r(host, "libfabric", R"({"iface": "lo"})");
     r.join(name, rank, 2);
-    if (rank == 1) return;
+    if (rank == 1) {
+      // Stay until rank 0 is finished: a destroyed rank would fail its receive.
+      const auto limit = Clock::now() + std::chrono::seconds(20);
+      while (!done.load() && Clock::now() < limit) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      return;
+    }
+    struct Done {
+      std::atomic<bool>& d;
+      ~Done() { d = true; }
+    } mark{done};
     uint64_t v = 0;
     try {
       r.wait(r.irecv(1, 1, &v, 8), 50);
