@@ -26,6 +26,7 @@
 
 #include "strata/plugin_host.hpp"
 #include "strata/strata.hpp"
+#include "test_support.h"
 
 namespace strata::test {
 namespace {
@@ -364,6 +365,29 @@ TEST_P(SetTransportTest, RankThatNeverAsksIsADeadlineNamingIt) {
     EXPECT_NE(got[size_t(r)].message.find("rank 2 did not publish its request"), std::string::npos)
         << got[size_t(r)].message;
   }
+}
+
+// One fixed port for every rank's new tcp communicator: one rank binds it
+// and then waits out the rendezvous, the others fail at once. Every rank
+// must still get the same verdict, and keep the old communicator.
+TEST_P(SetTransportTest, CommunicatorThatSomeRanksCannotBuildFailsEverywhere) {
+  if (transport() != "tcp") GTEST_SKIP() << "needs tcp's 'ports' option";
+  const int n = 3;
+  const std::string comm = unique_comm("nobuild");
+  const std::string ports = json{{"ports", std::to_string(unused_port())}}.dump();
+  std::vector<Status> got(n);
+  const auto start = std::chrono::steady_clock::now();
+  run_world(transport(), n, comm, {{"timeout_s", kShortTimeoutS}}, [&](int rank, Cdo& cdo) {
+    got[size_t(rank)] = cdo.set_transport("tcp", ports.c_str());
+    expect_collective_works(cdo, rank, n, "after the failed build");
+  });
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(secs, 4 * kShortTimeoutS) << "bounded by the collective deadline";
+  const Status s = same_everywhere(got);
+  EXPECT_NE(s.message.find("joining communicator '" + comm + "/swap1'"), std::string::npos) << s.message;
+  EXPECT_NE(s.message.find("is free"), std::string::npos) << "names the cause: " << s.message;
+  EXPECT_EQ(last_collectives()[comm]["sequence"].get<uint64_t>(), 0u) << "the old communicator ran the check";
+  RecordProperty("message", s.message);
 }
 
 TEST_P(SetTransportTest, OneProcessChecksTheTransportExists) {

@@ -500,10 +500,11 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
   }
 
   // Publish this rank's `value` under prefix + rank and read every rank's
-  // entry, all within one collective deadline.
+  // entry, all within `periods` collective deadlines.
   std::vector<std::string> exchange(const std::string& prefix, const std::string& value, const char* round,
-                                    uint64_t swap, const std::string& name) {
-    const uint64_t deadline = host_.now_ns() + uint64_t(comm_options_.timeout_ms) * 1000000ull;
+                                    uint64_t swap, const std::string& name, int periods = 1) {
+    const int64_t budget_ms = comm_options_.timeout_ms * periods;
+    const uint64_t deadline = host_.now_ns() + uint64_t(budget_ms) * 1000000ull;
     auto left_ms = [&] {
       const uint64_t now = host_.now_ns();
       return now >= deadline ? int64_t(0) : int64_t((deadline - now) / 1000000ull);
@@ -517,7 +518,7 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
         ::strata::detail::throw_status(
             e.code(), ::strata::detail::str_cat(
                           "set_transport #", swap, " to '", name, "': rank ", r, " did not publish its ", round,
-                          " within ", comm_options_.timeout_ms / 1000.0, " s (", e.what(),
+                          " within ", budget_ms / 1000.0, " s (", e.what(),
                           "); every worker must call set_transport at the same point of its program; rank ", rank_,
                           " stays on transport ", transport_label_));
       }
@@ -529,6 +530,7 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
   // rank's entry is a failure (ranks with the same cause are grouped).
   void judge(const std::vector<std::string>& entries, const char* what, uint64_t swap, const std::string& label) {
     std::map<std::string, std::vector<int32_t>> causes;
+    std::vector<int32_t> failed;
     strata_status_t first = STRATA_OK;
     for (int32_t r = 0; r < world_; ++r) {
       const nlohmann::json j = nlohmann::json::parse(entries[size_t(r)], nullptr, false);
@@ -544,15 +546,17 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
       if (o.code == STRATA_OK) continue;
       if (first == STRATA_OK) first = o.code;
       causes[o.message].push_back(r);
+      failed.push_back(r);
     }
     if (first == STRATA_OK) return;
     std::string why;
     for (const auto& [message, ranks] : causes) why += (why.empty() ? "" : "; ") + rank_list(ranks) + ": " + message;
+    // The verdict first: the causes can be long and the C error truncates.
     ::strata::detail::throw_status(
-        first, ::strata::detail::str_cat("set_transport #", swap, " to ", label, " failed (", what, ") on ", why,
-                                         ". Every worker stays on transport ", transport_label_,
+        first, ::strata::detail::str_cat("set_transport #", swap, " to ", label, " failed (", what, ") on ",
+                                         rank_list(failed), "; every worker stays on transport ", transport_label_,
                                          " and can keep training; fix the transport name or options and call "
-                                         "set_transport again on every worker"));
+                                         "set_transport again on every worker. Causes: ", why));
   }
 
   static std::string outcome_json(const Outcome& o) {
@@ -597,9 +601,9 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
         who += (who.empty() ? "" : "; ") + rank_list(ranks) + " asked for " + l;
       }
       STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "set_transport #", swap,
-                   ": the workers asked for different transports (", who,
-                   "). Every worker must call set_transport with the same name and options at the same point; "
-                   "every worker stays on transport ", transport_label_);
+                   ": the workers asked for different transports; every worker stays on transport ",
+                   transport_label_, ". Every worker must call set_transport with the same name and options at "
+                   "the same point: ", who);
     }
 
     // 2. Every rank creates its instance of the new transport.
@@ -620,7 +624,11 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
       next = std::make_unique<RingComm>(host_, fresh.vtable(), fresh.handle<strata_transport_t>(), co);
     });
     try {
-      judge(exchange(base + "built/", outcome_json(built), "communicator", swap, name),
+      // A rank whose peer failed early spends up to one deadline in the
+      // rendezvous before it can publish, so the others wait two: then a
+      // failure still reaches every rank as the same verdict, not as a
+      // deadline on some of them.
+      judge(exchange(base + "built/", outcome_json(built), "communicator", swap, name, 2),
             ("joining communicator '" + co.name + "'").c_str(), swap, label);
     } catch (...) {
       next.reset();  // before its transport
