@@ -70,7 +70,7 @@ struct TransportSwitch {
 [[noreturn]] void bad_switch(const std::string& value, const std::string& why) {
   STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "--switch-transport '", value, "': ", why,
                "; expected STEP:NAME, STEP:NAME:{json options} or STEP:NAME,STEP:NAME "
-               "(e.g. 10:tcp or 20:libfabric:{\"provider\": \"shm\"})");
+               "(e.g. 10:tcp or '20:libfabric:{\"provider\": \"shm\"}' quoted for the shell)");
 }
 
 // "STEP:NAME" or "STEP:NAME:{...}" (`item`, from the whole `value`).
@@ -376,8 +376,8 @@ int main(int argc, char** argv) {
       "  strata-train --config job.json --save weights.json\n"
       "  STRATA_STRATEGY=central_storage strata-train --devices cpu:0,cpu:1\n"
       "  strata-run -n 4 -- strata-train --strategy multi_worker_mirrored   (4 processes over TCP)\n"
-      "  strata-run -n 4 -- strata-train --strategy multi_worker_mirrored --switch-transport 100:tcp:{\"connections_per_peer\":2} \\\n"
-      "    --switch-transport 200:libfabric:{\"provider\":\"shm\"}   (change transport while training)\n"
+      "  strata-run -n 4 -- strata-train --strategy multi_worker_mirrored --switch-transport 100:tcp,300:tcp \\\n"
+      "    --switch-transport '200:libfabric:{\"provider\": \"shm\"}'   (change transport while training)\n"
       "  strata-train --export-data /tmp/mlp --export-files 4 && \\\n"
       "    strata-run -n 2 -- strata-train --strategy multi_worker_mirrored --data /tmp/mlp-*.rec\n\n"
       "Without --config, the file named by $STRATA_CONFIG is used when set.\n"};
