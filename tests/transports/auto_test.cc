@@ -252,9 +252,10 @@ TEST(AutoTest, DetectedIdentityPutsThreadsOfOneProcessOnOneHost) {
     ASSERT_EQ(r.wait(q), 8u);
     EXPECT_EQ(v, uint64_t(prev));
   });
-  for (int r = 0; r < 3; ++r)
-    for (const json& route : routes_of(host, name, r).at("routes"))
-      EXPECT_EQ(route.at("scope").get<std::string>(), "local") << route.dump();
+  for (int r = 0; r < 3; ++r) {
+    const json j = routes_of(host, name, r);  // the loop below borrows from it
+    for (const json& route : j.at("routes")) EXPECT_EQ(route.at("scope").get<std::string>(), "local") << route.dump();
+  }
 }
 
 TEST(AutoTest, DefaultsWorkWhateverIsInstalled) {
