@@ -437,7 +437,7 @@ class LfComm : public sdk::CommBase {
   void deliver_locked(int p, InMsg&& m);
   void match_locked(Request* r, InMsg&& m);
   void drain_locked(int p, const InMsg& m);
-  uint64_t send_notice_locked(int p, uint64_t kind, const std::string& reason);
+  void send_notice_locked(int p, uint64_t kind, const std::string& reason);
   void peer_closed_locked(int p, const InMsg& m);
   void post_ctrl_recv_locked(char* slot);
   SendSlot take_send_slot_locked();
@@ -709,8 +709,8 @@ void LfComm::apply_abort_locked() {
     if (p != rank_) fail_peer_locked(p, STRATA_ERR_ABORTED, why);
 }
 
-// A control message with no request behind it; returns its op serial.
-uint64_t LfComm::send_notice_locked(int p, uint64_t kind, const std::string& reason) {
+// A control message with no request behind it.
+void LfComm::send_notice_locked(int p, uint64_t kind, const std::string& reason) {
   Peer& peer = peers_[p];
   CtrlHeader h{};
   h.magic = kCtrlMagic;
@@ -728,8 +728,7 @@ uint64_t LfComm::send_notice_locked(int p, uint64_t kind, const std::string& rea
   op->len = sizeof h + h.total;
   op->desc = op->slot.desc;
   op->wire_tag = ctrl_tag();
-  submit_locked(op);
-  return op->serial;
+  submit_locked(op);  // may free op
 }
 
 void LfComm::peer_closed_locked(int p, const InMsg& m) {
