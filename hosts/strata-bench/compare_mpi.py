@@ -1,13 +1,19 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
-"""Compare strata-bench (ring over tcp) with Open MPI (--mca btl tcp,self).
+"""Compare strata-bench's all-reduce with Open MPI's.
 
-Alternates the two programs --runs times (the machines are shared and noisy)
-and prints, per rank count and size, the median time and busbw of each with
-the ratios. Build the MPI side as /work/shared/bench/README.md says:
+By default Strata's ring over tcp against Open MPI restricted to TCP
+(--mca btl tcp,self). --transport picks Strata's transport (auto, libfabric,
+...; --option KEY=JSON passes its options) and --mpi-btl Open MPI's; an empty
+--mpi-btl lets Open MPI choose, which on one host is its shared-memory path
+(the peer for Strata's same-host path). Alternates the two programs --runs
+times (the machines are shared and noisy) and prints, per rank count and
+size, the median time and busbw of each with the ratios. Build the MPI side
+as /work/shared/bench/README.md says:
     mpicc -O2 -o /tmp/mpi_coll_bench /work/shared/bench/mpi_coll_bench.c
-Example:
+Examples:
     compare_mpi.py --bench build/bin/strata-bench --runs 5 --ranks 2,4
+    compare_mpi.py --bench build/bin/strata-bench --transport auto --mpi-btl '' --runs 3
 """
 import argparse
 import json
@@ -23,22 +29,27 @@ def main():
     ap.add_argument('--runs', type=int, default=3)
     ap.add_argument('--ranks', default='2,4')
     ap.add_argument('--sizes', default='4096,1048576,16777216,67108864', help='bytes, comma-separated')
+    ap.add_argument('--transport', default='tcp', help="Strata's transport (tcp, auto, libfabric, ...)")
+    ap.add_argument('--option', action='append', default=[], help='transport option KEY=JSON (repeatable)')
+    ap.add_argument('--mpi-btl', default='tcp,self', help="Open MPI's --mca btl ('' = its own choice)")
     a = ap.parse_args()
+    options = [x for o in a.option for x in ('--option', o)]
+    mpi_btl = ['--mca', 'btl', a.mpi_btl] if a.mpi_btl else []
     ranks = [int(x) for x in a.ranks.split(',')]
     sizes = [int(x) for x in a.sizes.split(',')]
     res = {}
     for run in range(a.runs):
         for n in ranks:
-            out = subprocess.run([a.bench, 'allreduce', '--transport', 'tcp', '-n', str(n), '--sizes', a.sizes,
-                                  '--json'], capture_output=True, text=True, timeout=900)
+            out = subprocess.run([a.bench, 'allreduce', '--transport', a.transport, '-n', str(n), '--sizes', a.sizes,
+                                  '--json'] + options, capture_output=True, text=True, timeout=900)
             if out.returncode != 0:
                 sys.exit('strata-bench failed:\n' + out.stderr)
             for r in json.loads(out.stdout)['results']:
                 if r['wrong'] != 0:
                     sys.exit('strata-bench: %d wrong elements at %d bytes' % (r['wrong'], r['bytes']))
                 res.setdefault(('strata', n, r['bytes']), []).append((r['time_us'], r['busbw_gbps']))
-            out = subprocess.run(['mpirun', '--allow-run-as-root', '--oversubscribe', '--mca', 'btl', 'tcp,self',
-                                  '-np', str(n), a.mpi_bench, '-c', 'allreduce', '-s', a.sizes],
+            out = subprocess.run(['mpirun', '--allow-run-as-root', '--oversubscribe'] + mpi_btl +
+                                 ['-np', str(n), a.mpi_bench, '-c', 'allreduce', '-s', a.sizes],
                                  capture_output=True, text=True, timeout=900)
             if out.returncode != 0:
                 sys.exit('mpirun failed:\n' + out.stderr)
