@@ -46,6 +46,9 @@ constexpr int kCtrlRecvSlots = 64;
 constexpr int kSendSlotsPerSlab = 64;
 constexpr size_t kMaxCacheEntries = 64;
 constexpr auto kLivenessPeriod = std::chrono::milliseconds(100);
+// How long a failed request waits for its cancelled operations to leave the
+// caller's buffer before it is released anyway.
+constexpr auto kFailGrace = std::chrono::seconds(1);
 
 // Control message. Host byte order: every rank of a communicator runs the
 // same build on the same architecture (libfabric's own wire formats assume
@@ -277,6 +280,7 @@ struct Request {
   bool finished = false;
   strata_status_t status = STRATA_OK;
   std::string error;
+  Clock::time_point failed_at{};
   std::vector<Op*> ops;            // operations still pointing here
 };
 
@@ -329,9 +333,11 @@ std::unordered_set<std::string>& local_eps() {
 
 // Libfabric objects of a destroyed communicator, closed in order, and the
 // memory registered with them.
+struct Op;
 struct Parked {
   std::vector<fid_t> fids;
   std::vector<std::unique_ptr<char[]>> memory;
+  std::vector<Op*> ops;  // contexts the provider may still hold: freed after the close
 };
 struct ParkedGroup {
   int remaining = 0;  // members of the group in this process not yet destroyed
@@ -423,6 +429,12 @@ class LfComm : public sdk::CommBase {
   CacheEntry* cache_get_locked(void* p, uint64_t len);
   void finish_locked(Request* r, strata_status_t code, const std::string& error);
   void orphan_ops_locked(Request* r);
+  void cancel_ops_locked(Request* r);
+  // Finished, and no operation uses the caller's buffer any more (or the
+  // grace for cancelled ones is over).
+  static bool visible(const Request& r) {
+    return r.finished && (r.ops.empty() || Clock::now() >= r.failed_at + kFailGrace);
+  }
   void unpost_locked(Request* r);
   uint64_t release_locked(Request* r);
   void fail_peer_locked(int p, strata_status_t code, const std::string& reason);
@@ -631,8 +643,28 @@ void LfComm::finish_locked(Request* r, strata_status_t code, const std::string& 
   r->status = code;
   r->error = error;
   if (code != STRATA_OK) {
+    r->failed_at = Clock::now();
     unpost_locked(r);
-    orphan_ops_locked(r);
+    cancel_ops_locked(r);
+  }
+}
+
+// A failed request's posted operations are cancelled but stay attached, so
+// that test/wait report the failure only once the provider has let go of
+// the caller's buffer (bounded by kFailGrace); unposted ones just go.
+void LfComm::cancel_ops_locked(Request* r) {
+  for (auto it = r->ops.begin(); it != r->ops.end();) {
+    Op* op = *it;
+    if (op->posted) {
+      fi_cancel(&ep_->fid, &op->ctx);
+      ++it;
+      continue;
+    }
+    backlog_.erase(std::remove(backlog_.begin(), backlog_.end(), op), backlog_.end());
+    if (op->kind == OpKind::kCtrlSend) free_send_.push_back(op->slot);
+    ops_.erase(op);
+    delete op;
+    it = r->ops.erase(it);
   }
 }
 
@@ -919,7 +951,7 @@ void LfComm::on_completion_locked(Op* op, int err, const std::string& errtext) {
     default:
       break;
   }
-  if (r == nullptr) return;  // orphaned
+  if (r == nullptr || r->finished) return;  // orphaned, or failed already
   if (err != 0) {
     if (op->kind == OpKind::kDataRecv && err == FI_ETRUNC) {
       const std::string why = str_cat(peer_name(r->peer), " sent more data than its control message announced (",
@@ -1138,7 +1170,7 @@ bool LfComm::test(strata_request_t h, uint64_t* bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   Request* r = lookup_locked(h);
   progress_locked();
-  if (!r->finished) return false;
+  if (!visible(*r)) return false;
   *bytes = release_locked(r);
   return true;
 }
@@ -1155,7 +1187,8 @@ uint64_t LfComm::wait(strata_request_t h, int64_t timeout_ms) {
       std::lock_guard<std::mutex> lock(mu_);
       Request* r = lookup_locked(h);
       progress_locked();
-      if (r->finished) return release_locked(r);
+      if (visible(*r)) return release_locked(r);
+      if (Clock::now() >= deadline && r->finished) return release_locked(r);
       if (Clock::now() >= deadline)
         STRATA_THROW(STRATA_ERR_DEADLINE_EXCEEDED, who(), ": ", describe(*r), ": not complete after ", timeout_ms,
                      " ms; the peer may be stalled or has not posted the matching ",
@@ -1424,10 +1457,10 @@ LfComm::~LfComm() {
       std::lock_guard<std::mutex> lock(local_eps_mu());
       local_eps().erase(ep_key_);
     }
-    for (Op* op : ops_) delete op;
-    ops_.clear();
   }
   Parked res;
+  res.ops.assign(ops_.begin(), ops_.end());
+  ops_.clear();
   if (ep_ != nullptr) res.fids.push_back(&ep_->fid);
   for (Region* g : regions_) {
     res.fids.push_back(&g->mr->fid);
@@ -1475,8 +1508,10 @@ LfComm::~LfComm() {
   } else {
     to_close.push_back(std::move(res));
   }
-  for (Parked& p : to_close)
+  for (Parked& p : to_close) {
     for (fid_t f : p.fids) fi_close(f);
+    for (Op* op : p.ops) delete op;
+  }
   fi_freeinfo(info_);
 }
 
