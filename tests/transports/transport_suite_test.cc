@@ -532,7 +532,7 @@ TEST_P(TransportSuite, AMissingRankIsNamedAtTheDeadline) {
     Rank r(host, tc().name, opts());
     const auto t0 = Clock::now();
     try {
-      r.join(name, rank, 3, 500);  // rank 2 never comes
+      r.join(name, rank, 3, 1000);  // rank 2 never comes
       FAIL() << "comm_create succeeded without rank 2";
     } catch (const DeadlineExceededError& e) {
       EXPECT_NE(std::string(e.what()).find("rank 2"), std::string::npos) << e.what();

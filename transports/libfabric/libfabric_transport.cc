@@ -1399,9 +1399,9 @@ void LfComm::setup(int64_t timeout_ms) {
   }
   if (!missing.empty()) {
     std::string list;
-    for (int p : missing) list += str_cat(list.empty() ? "" : ", ", p);
-    STRATA_THROW(STRATA_ERR_DEADLINE_EXCEEDED, who(), " of ", world_, ": rank", missing.size() > 1 ? "s " : " ",
-                 list, missing.size() > 1 ? " never published their addresses" : " never published its address",
+    for (int p : missing) list += str_cat(list.empty() ? "" : ", ", "rank ", p);
+    STRATA_THROW(STRATA_ERR_DEADLINE_EXCEEDED, who(), " of ", world_, ": ", list,
+                 missing.size() > 1 ? " never published their addresses" : " never published its address",
                  " (keys '", key, "<rank>') within ", timeout_ms,
                  " ms; check that every rank creates this communicator with the same name and world size");
   }
