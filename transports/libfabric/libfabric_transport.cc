@@ -490,6 +490,7 @@ class LfComm : public sdk::CommBase {
   uint64_t op_serial_ = 0;
   std::vector<std::unique_ptr<CacheEntry>> cache_;
   uint64_t cache_clock_ = 0;
+  bool warned_unregistered_ = false;
   std::unordered_set<Region*> regions_;
   Clock::time_point next_liveness_{};
   bool closing_ = false;
@@ -587,15 +588,23 @@ CacheEntry* LfComm::cache_get_locked(void* p, uint64_t len) {
   return cache_.back().get();
 }
 
-// A descriptor for a request's user buffer when the provider needs one and
-// the caller passed no region. False (request failed) when registration fails.
+// A descriptor for a request's user buffer when the caller passed no
+// region: from the cache even when the provider does not need one, so that
+// the registered path (the one verbs and efa take) is what runs everywhere.
+// A failed registration fails the request only when the provider needs it
+// (FI_MR_LOCAL); otherwise the buffer goes unregistered.
 bool LfComm::ensure_desc_locked(Request* r) {
-  if (r->desc != nullptr || !mr_local_ || r->bytes == 0) return true;
+  if (r->desc != nullptr || r->bytes == 0) return true;
   try {
     r->cached = cache_get_locked(r->data, r->bytes);
     r->desc = r->cached->desc;
     return true;
   } catch (const Error& e) {
+    if (!mr_local_) {
+      if (!warned_unregistered_) host_.warn(who(), ": ", e.what(), "; sending unregistered buffers instead");
+      warned_unregistered_ = true;
+      return true;
+    }
     finish_locked(r, e.code(), str_cat(describe(*r), ": ", e.what()));
     return false;
   }

@@ -49,9 +49,12 @@
 //
 // Memory. Every operation gets its own fi_context2 (FI_CONTEXT/FI_CONTEXT2
 // providers). Caps report STRATA_TRANSPORT_CAP_REQUIRES_MR when the provider
-// asks for FI_MR_LOCAL; buffers without a region are then registered through
-// a per-communicator cache keyed by page-aligned address range (64 entries,
-// least recently used evicted when idle). mem_register always registers with
+// asks for FI_MR_LOCAL. Buffers without a region (beyond the 4 KiB that ride
+// in control messages) are registered through a per-communicator cache keyed
+// by page-aligned address range (64 entries, least recently used evicted
+// when idle), whatever the provider needs, so that the registered path runs
+// everywhere; when the provider does not need it and registration fails,
+// the buffer goes unregistered. mem_register always registers with
 // the domain (honouring FI_MR_PROV_KEY, FI_MR_ENDPOINT, FI_MR_VIRT_ADDR), and
 // descriptors are passed to every send and receive whenever a region exists.
 // RMA (caps STRATA_TRANSPORT_CAP_RMA when the provider has FI_RMA):
