@@ -718,6 +718,31 @@ TEST_P(TransportSuite, AStoppedPeerIsDeadlineExceededNamingIt) {
   r.cancel(q);
 }
 
+#ifdef SUITE_HAVE_LIBFABRIC
+// "shm" is the libfabric transport on the shm provider under its own name.
+TEST(ShmTransportTest, IsLibfabricOnShmByName) {
+  PluginHost host;
+  const std::string name = unique_name("shm-by-name");
+  run_ranks(2, [&](int rank) {
+    Rank r(host, "shm", "{}");
+    r.join(name, rank, 2);
+    uint64_t out = 41 + static_cast<uint64_t>(rank), in = 0;
+    strata_request_t q = r.irecv(1 - rank, 3, &in, 8);
+    r.wait(r.isend(1 - rank, 3, &out, 8));
+    ASSERT_EQ(r.wait(q), 8u);
+    EXPECT_EQ(in, 42u - static_cast<uint64_t>(rank));
+  });
+  try {
+    Rank bad(host, "shm", R"({"provider": "tcp;ofi_rxm"})");
+    FAIL() << "a provider other than shm was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), STRATA_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(e.what()).find("use transport 'libfabric' for other providers"), std::string::npos)
+        << e.what();
+  }
+}
+#endif
+
 INSTANTIATE_TEST_SUITE_P(Transports, TransportSuite, ::testing::ValuesIn(transport_cases()),
                          [](const ::testing::TestParamInfo<TransportCase>& i) { return i.param.label; });
 

@@ -1628,5 +1628,25 @@ std::unique_ptr<sdk::CommBase> LibfabricTransport::comm_create(const char* name,
 
 }  // namespace strata::transport::libfabric
 
+namespace strata::transport::libfabric {
+namespace {
+
+std::string shm_options(const char* options_json) {
+  auto o = sdk::parse_options(options_json, "transport 'shm'");
+  if (o.contains("provider") && o["provider"] != "shm")
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "transport 'shm' is libfabric's shm provider, so its option 'provider' "
+                 "can only be \"shm\", got ", o["provider"].dump(), "; use transport 'libfabric' for other providers");
+  o["provider"] = "shm";
+  return o.dump();
+}
+
+}  // namespace
+
+ShmTransport::ShmTransport(sdk::Host host, const char* options_json)
+    : LibfabricTransport(std::move(host), shm_options(options_json).c_str()) {}
+
+}  // namespace strata::transport::libfabric
+
 STRATA_PLUGIN("strata-transport-libfabric", "0.1.0",
-              STRATA_TRANSPORT_COMPONENT(strata::transport::libfabric::LibfabricTransport, "libfabric", "0.1.0"));
+              STRATA_TRANSPORT_COMPONENT(strata::transport::libfabric::LibfabricTransport, "libfabric", "0.1.0"),
+              STRATA_TRANSPORT_COMPONENT(strata::transport::libfabric::ShmTransport, "shm", "0.1.0"));

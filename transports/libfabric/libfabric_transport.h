@@ -128,4 +128,14 @@ class LibfabricTransport : public sdk::TransportBase {
   bool mr_local_ = false;
 };
 
+/// "shm": the same transport on libfabric's shared-memory provider, under a
+/// name of its own so that a job config, STRATA_TRANSPORT=shm, strata-bench
+/// --transport shm or --switch-transport STEP:shm can pick the same-host path
+/// without options. Takes the same options; "provider", when given, must be
+/// "shm".
+class ShmTransport : public LibfabricTransport {
+ public:
+  ShmTransport(sdk::Host host, const char* options_json);
+};
+
 }  // namespace strata::transport::libfabric
