@@ -2,6 +2,7 @@
 #include "libfabric_transport.h"
 
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
 #include <unistd.h>
@@ -1630,6 +1631,15 @@ std::unique_ptr<sdk::CommBase> LibfabricTransport::comm_create(const char* name,
 
 namespace strata::transport::libfabric {
 namespace {
+
+// libfabric and the libraries it links for its providers (verbs, psm2, efa,
+// ...) allocate in their constructors and keep threads and handlers around;
+// they are not made to be unloaded. The host dlcloses plugins at shutdown,
+// which would unload them too (and LeakSanitizer then reports those
+// allocations as leaked from an unknown module). Keep libfabric loaded for
+// the life of the process once this plugin was loaded.
+[[maybe_unused]] const bool g_libfabric_pinned =
+    ::dlopen("libfabric.so.1", RTLD_LAZY | RTLD_NOLOAD | RTLD_NODELETE) != nullptr;
 
 std::string shm_options(const char* options_json) {
   auto o = sdk::parse_options(options_json, "transport 'shm'");
