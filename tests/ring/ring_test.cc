@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // The ring CrossDeviceOps plugin, loaded through the real plugin host and
 // driven through its C vtable, with ranks as threads of this process over
-// the in-process fixture transport and over tcp (when built), plus a test
-// with real processes over tcp and the TCP rendezvous store.
+// the in-process fixture transport and over tcp (when built), plus tests
+// with real processes over every transport that crosses processes and the
+// TCP rendezvous store, including ranks that exit or stop mid-collective.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -903,20 +904,47 @@ TEST_F(RingOptionsTest, RegisteredMemoryTransport) {
 // ------------------------------------------------- real processes ---
 
 #ifdef RING_HAVE_TCP
-// Real processes: this executable re-runs itself as RingProcessTest.Child
-// with RING_CHILD_* set. Rank 0 serves the TCP rendezvous store on an
-// ephemeral port and writes its address to a file; the others connect to it.
+// Real processes: this executable re-runs itself as RingProcessChild.Run
+// with RING_CHILD_* set (the transport parameter in RING_CHILD_TRANSPORT).
+// Rank 0 serves the TCP rendezvous store on an ephemeral port and writes its
+// address to a file; the others connect to it. Every transport but the
+// in-process fixture runs, since only they cross processes.
 extern "C" char** environ;
 
-pid_t spawn_child(int rank, int world, const std::string& store, const std::string& addr_file, int crash_rank) {
+// How the failure tests take rank `crash` away after a barrier: it exits
+// (the transport may see the connection drop) or stops (it only goes silent,
+// so the survivors can only notice at their deadline).
+enum class Fault { kNone, kExit, kStop };
+
+struct ProcRun {
+  std::string transport;
+  int world = 3;
+  int crash = -1;
+  Fault fault = Fault::kNone;
+  int timeout_s = 20;
+};
+
+// "auto" in transports() emulates two hosts (tcp inside, tcp across); this
+// parameter is auto as configured by default, where all ranks share this
+// host and talk over libfabric/shm.
+constexpr const char* kAutoOneHost = "auto_one_host";
+
+constexpr int kStoppedStatus = 1000;  // reap(): the child stopped and was killed by the parent
+
+pid_t spawn_child(const ProcRun& run, int rank, const std::string& store, const std::string& addr_file,
+                  const std::string& comm) {
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e)
     if (std::strncmp(*e, "RING_CHILD_", 11) != 0) env.emplace_back(*e);
   env.push_back("RING_CHILD_RANK=" + std::to_string(rank));
-  env.push_back("RING_CHILD_WORLD=" + std::to_string(world));
+  env.push_back("RING_CHILD_WORLD=" + std::to_string(run.world));
   env.push_back("RING_CHILD_STORE=" + store);
   env.push_back("RING_CHILD_ADDR_FILE=" + addr_file);
-  env.push_back("RING_CHILD_CRASH=" + std::to_string(crash_rank));
+  env.push_back("RING_CHILD_CRASH=" + std::to_string(run.crash));
+  env.push_back(std::string("RING_CHILD_FAULT=") + (run.fault == Fault::kStop ? "stop" : "exit"));
+  env.push_back("RING_CHILD_TIMEOUT_S=" + std::to_string(run.timeout_s));
+  env.push_back("RING_CHILD_TRANSPORT=" + run.transport);
+  env.push_back("RING_CHILD_COMM=" + comm);
   env.push_back("STRATA_AUTH_TOKEN=ring-test-token");
   env.push_back("STRATA_LOG_LEVEL=warn");
   std::vector<char*> envp;
@@ -926,7 +954,7 @@ pid_t spawn_child(int rank, int world, const std::string& store, const std::stri
   const ssize_t len = ::readlink("/proc/self/exe", self.data(), self.size() - 1);
   if (len <= 0) return -1;
   self.resize(size_t(len));
-  std::string filter = "--gtest_filter=RingProcessTest.Child";
+  std::string filter = "--gtest_filter=RingProcessChild.Run";
   char* argv[] = {self.data(), filter.data(), nullptr};
   const pid_t pid = ::fork();
   if (pid == 0) {
@@ -937,20 +965,28 @@ pid_t spawn_child(int rank, int world, const std::string& store, const std::stri
   return pid;
 }
 
-// Reap every child by the deadline; kill the rest. Returns exit statuses.
+// Reap every child by the deadline; kill the rest. Returns exit statuses
+// (128 + signal when killed). A child that stops counts as done; once the
+// others are done it is SIGKILLed and reported as kStoppedStatus, so a
+// stopped rank is never left behind.
 std::vector<int> reap(std::vector<pid_t>& pids, std::chrono::seconds limit) {
   std::vector<int> status(pids.size(), -1);
+  std::vector<bool> stopped(pids.size(), false);
   const auto deadline = std::chrono::steady_clock::now() + limit;
   size_t left = 0;
   for (pid_t p : pids) left += p > 0 ? 1 : 0;
   while (left > 0 && std::chrono::steady_clock::now() < deadline) {
     for (size_t i = 0; i < pids.size(); ++i) {
       int st = 0;
-      if (pids[i] > 0 && ::waitpid(pids[i], &st, WNOHANG) == pids[i]) {
+      if (pids[i] <= 0 || stopped[i] || ::waitpid(pids[i], &st, WNOHANG | WUNTRACED) != pids[i]) continue;
+      if (WIFSTOPPED(st)) {
+        stopped[i] = true;
+        status[i] = kStoppedStatus;
+      } else {
         status[i] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
         pids[i] = -1;
-        --left;
       }
+      --left;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
@@ -963,11 +999,12 @@ std::vector<int> reap(std::vector<pid_t>& pids, std::chrono::seconds limit) {
   return status;
 }
 
-std::vector<int> run_processes(int world, int crash_rank) {
+std::vector<int> run_processes(const ProcRun& run) {
   const std::string addr_file = ::testing::TempDir() + "ring-store-" + std::to_string(::getpid()) + "-" +
                                 std::to_string(g_comm_id++);
+  const std::string comm = unique_comm("proc");
   std::remove(addr_file.c_str());
-  std::vector<pid_t> pids{spawn_child(0, world, "127.0.0.1:0", addr_file, crash_rank)};
+  std::vector<pid_t> pids{spawn_child(run, 0, "127.0.0.1:0", addr_file, comm)};
   std::string addr;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (addr.empty() && std::chrono::steady_clock::now() < deadline) {
@@ -981,20 +1018,22 @@ std::vector<int> run_processes(int world, int crash_rank) {
     }
   }
   if (!addr.empty())
-    for (int r = 1; r < world; ++r) pids.push_back(spawn_child(r, world, addr, addr_file, crash_rank));
+    for (int r = 1; r < run.world; ++r) pids.push_back(spawn_child(run, r, addr, addr_file, comm));
   std::vector<int> st = reap(pids, std::chrono::seconds(90));
   std::remove(addr_file.c_str());
   if (addr.empty()) ADD_FAILURE() << "rank 0 never published the store address";
   return st;
 }
 
-TEST(RingProcessTest, Child) {
+TEST(RingProcessChild, Run) {
   const char* rank_s = std::getenv("RING_CHILD_RANK");
-  if (rank_s == nullptr) GTEST_SKIP() << "runs only as a child process of the other RingProcessTest tests";
+  if (rank_s == nullptr) GTEST_SKIP() << "runs only as a child process of the RingProcessTest tests";
   load_plugins();
   const int rank = std::atoi(rank_s);
   const int world = std::atoi(std::getenv("RING_CHILD_WORLD"));
   const int crash = std::atoi(std::getenv("RING_CHILD_CRASH"));
+  const bool stop = std::string(std::getenv("RING_CHILD_FAULT")) == "stop";
+  const int timeout_s = std::atoi(std::getenv("RING_CHILD_TIMEOUT_S"));
   StoreConfig cfg;
   cfg.address = std::getenv("RING_CHILD_STORE");
   cfg.serve = rank == 0;
@@ -1008,7 +1047,11 @@ TEST(RingProcessTest, Child) {
     }
     std::rename((file + ".tmp").c_str(), file.c_str());
   }
-  Cdo cdo(options_for("tcp", rank, world, "proc", {{"timeout_s", 20}}));
+  const std::string transport = std::getenv("RING_CHILD_TRANSPORT");
+  json opts = json::parse(options_for(transport == kAutoOneHost ? "auto" : transport, rank, world,
+                                      std::getenv("RING_CHILD_COMM"), {{"timeout_s", timeout_s}}));
+  if (transport == kAutoOneHost) opts["transport"] = {{"name", "auto"}};  // the real default: every rank local
+  Cdo cdo(opts.dump());
   for (size_t size : {size_t(1), size_t(1000), size_t(300001)}) {
     Tensor x(kInt64, {int64_t(size)});
     for (size_t i = 0; i < size; ++i) x.set(i, double(int64_t(i) * (rank + 1)));
@@ -1028,31 +1071,72 @@ TEST(RingProcessTest, Child) {
   }
   if (crash < 0) return;
   ASSERT_EQ(cdo.barrier().code, STRATA_OK);
-  if (rank == crash) ::_exit(7);  // dies without closing anything cleanly
+  if (rank == crash) {
+    if (stop) ::kill(::getpid(), SIGSTOP);  // silent from here on; the parent SIGKILLs it
+    ::_exit(7);                             // dies without closing anything cleanly
+  }
   const auto t0 = std::chrono::steady_clock::now();
   Status s = ar_float(cdo, kFloat32, 200000);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string culprit = "rank " + std::to_string(crash);
   EXPECT_NE(s.code, STRATA_OK);
-  EXPECT_LT(secs, 15.0);
   EXPECT_NE(s.message.find("all_reduce #"), std::string::npos) << s.message;
-  std::cerr << "rank " << rank << " failed as expected: " << s.message << "\n";
+  EXPECT_NE(s.message.find(culprit), std::string::npos) << "the error does not name " << culprit << ": "
+                                                         << s.message;
+  if (stop) {
+    // Only the deadline can tell a stopped peer from a slow one.
+    EXPECT_NE(s.message.find("did not complete within"), std::string::npos) << s.message;
+    EXPECT_GE(secs, timeout_s * 0.9) << s.message;
+    EXPECT_LT(secs, timeout_s + 5.0) << s.message;
+  } else {
+    // A dead peer is noticed when its connection drops, far before timeout_s.
+    EXPECT_LT(secs, timeout_s / 4.0) << s.message;
+  }
+  std::cerr << "rank " << rank << " failed as expected after " << secs << " s (code " << s.code
+            << "): " << s.message << "\n";
 }
 
-TEST(RingProcessTest, CollectivesAcrossProcesses) {
-  if (std::getenv("RING_CHILD_RANK") != nullptr) GTEST_SKIP();
-  const std::vector<int> st = run_processes(3, -1);
+std::vector<std::string> process_transports() {
+  std::vector<std::string> v;
+  for (const std::string& t : transports())
+    if (t != "ring_test_inproc") v.push_back(t);
+#if defined(RING_HAVE_AUTO) && defined(RING_HAVE_LIBFABRIC)
+  v.push_back(kAutoOneHost);
+#endif
+  return v;
+}
+
+class RingProcessTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (std::getenv("RING_CHILD_RANK") != nullptr) GTEST_SKIP();
+  }
+  // Takes `crash` away as `fault` after a barrier: every survivor must exit 0
+  // (its own checks passed), the crashed rank as the fault leaves it.
+  void expect_survivors(int crash, Fault fault, int timeout_s) {
+    ProcRun run{GetParam(), 3, crash, fault, timeout_s};
+    const std::vector<int> st = run_processes(run);
+    ASSERT_EQ(st.size(), 3u);
+    for (int r = 0; r < 3; ++r)
+      EXPECT_EQ(st[size_t(r)], r != crash ? 0 : fault == Fault::kStop ? kStoppedStatus : 7) << "rank " << r;
+  }
+};
+
+TEST_P(RingProcessTest, CollectivesAcrossProcesses) {
+  const std::vector<int> st = run_processes(ProcRun{GetParam()});
   for (size_t r = 0; r < st.size(); ++r) EXPECT_EQ(st[r], 0) << "rank " << r;
   EXPECT_EQ(st.size(), 3u);
 }
 
-TEST(RingProcessTest, CrashedProcessFailsTheOthers) {
-  if (std::getenv("RING_CHILD_RANK") != nullptr) GTEST_SKIP();
-  const std::vector<int> st = run_processes(3, 2);
-  ASSERT_EQ(st.size(), 3u);
-  EXPECT_EQ(st[0], 0);
-  EXPECT_EQ(st[1], 0);
-  EXPECT_EQ(st[2], 7);
-}
+TEST_P(RingProcessTest, CrashedProcessFailsTheOthers) { expect_survivors(2, Fault::kExit, 20); }
+
+// The middle rank: its two ring neighbours are different processes.
+TEST_P(RingProcessTest, CrashedMiddleProcessFailsTheOthers) { expect_survivors(1, Fault::kExit, 20); }
+
+TEST_P(RingProcessTest, StoppedProcessTimesOutTheOthers) { expect_survivors(1, Fault::kStop, 3); }
+
+INSTANTIATE_TEST_SUITE_P(Transports, RingProcessTest, ::testing::ValuesIn(process_transports()),
+                         [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
 #endif  // RING_HAVE_TCP
 
 }  // namespace
