@@ -258,11 +258,12 @@ void AutoComm::setup(const SubTransport& local, const SubTransport& remote, cons
         missing.push_back(r);
       }
     }
+    // "rank 1, rank 2": each culprit reads (and greps) as "rank N".
     std::string list;
-    for (int32_t r : missing) list += (list.empty() ? "" : ", ") + std::to_string(r);
+    for (int32_t r : missing) list += str_cat(list.empty() ? "" : ", ", "rank ", r);
     if (missing.empty()) list = "(none missing any more: the last arrived right at the deadline)";
-    STRATA_THROW(STRATA_ERR_DEADLINE_EXCEEDED, who, ": ", missing.size() == 1 ? "rank " : "ranks ", list,
-                 " never published a host record ('", name_, "/auto/host/<rank>') within ", timeout_ms,
+    STRATA_THROW(STRATA_ERR_DEADLINE_EXCEEDED, who, ": ", list, " never published a host record ('", name_,
+                 "/auto/host/<rank>') within ", timeout_ms,
                  " ms; start every rank with the same communicator name and world size ", world_,
                  ", or raise timeout_s");
   }
