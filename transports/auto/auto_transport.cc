@@ -500,16 +500,7 @@ AutoTransport::AutoTransport(sdk::Host host, const char* options_json) : host_(s
   const json o = sdk::parse_options(options_json, kComp);
   sdk::check_known_keys(o, {"local", "remote", "host_id", "timeout_s"}, kComp);
 
-  double def_timeout = 300;
-  if (host_ && host_.api()->get_config != nullptr) {
-    if (auto t = host_.get_config("/timeouts/collective_s")) {
-      const json j = json::parse(*t, nullptr, false);
-      if (j.is_number() && j.get<double>() > 0) def_timeout = j.get<double>();
-    }
-  }
-  timeout_s_ = sdk::get_option<double>(o, "timeout_s", def_timeout, kComp);
-  if (!(timeout_s_ > 0))
-    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'timeout_s' of ", kComp, " must be > 0, got ", timeout_s_);
+  timeout_s_ = sdk::collective_timeout_s(host_, o, kComp);
 
   if (o.contains("host_id") && !o["host_id"].is_null()) {
     const std::string id = sdk::get_option<std::string>(o, "host_id", "", kComp);

@@ -1535,18 +1535,7 @@ LibfabricTransport::LibfabricTransport(sdk::Host host, const char* options_json)
   opts_.domain = sdk::get_option<std::string>(o, "domain", "", comp);
   opts_.iface = sdk::get_option<std::string>(o, "iface", "", comp);
   opts_.max_message_bytes = sdk::get_option<uint64_t>(o, "max_message_bytes", 0, comp);
-  double def_timeout = 300;
-  if (host_ && host_.api()->get_config != nullptr) {
-    if (auto t = host_.get_config("/timeouts/collective_s")) {
-      try {
-        def_timeout = nlohmann::json::parse(*t).get<double>();
-      } catch (const std::exception&) {
-      }
-    }
-  }
-  opts_.timeout_s = sdk::get_option<double>(o, "timeout_s", def_timeout, comp);
-  if (!(opts_.timeout_s > 0))
-    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'timeout_s' of ", comp, " must be > 0, got ", opts_.timeout_s);
+  opts_.timeout_s = sdk::collective_timeout_s(host_, o, comp);
   if (o.contains("max_message_bytes") && opts_.max_message_bytes < 4096)
     STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'max_message_bytes' of ", comp, " must be >= 4096, got ",
                  opts_.max_message_bytes);

@@ -1010,18 +1010,7 @@ TcpTransport::TcpTransport(sdk::Host host, const char* options_json) : host_(std
     STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'socket_buffer_bytes' of ", comp,
                  " must be 0 (kernel default) .. 1 GiB, got ", opts_.socket_buffer_bytes);
   opts_.max_unexpected_bytes = sdk::get_option<uint64_t>(o, "max_unexpected_bytes", 1ull << 30, comp);
-  double def_timeout = 300;
-  if (host_ && host_.api()->get_config != nullptr) {
-    if (auto t = host_.get_config("/timeouts/collective_s")) {
-      try {
-        def_timeout = nlohmann::json::parse(*t).get<double>();
-      } catch (const std::exception&) {
-      }
-    }
-  }
-  opts_.timeout_s = sdk::get_option<double>(o, "timeout_s", def_timeout, comp);
-  if (!(opts_.timeout_s > 0))
-    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'timeout_s' of ", comp, " must be > 0, got ", opts_.timeout_s);
+  opts_.timeout_s = sdk::collective_timeout_s(host_, o, comp);
   opts_.ports_text = sdk::get_option<std::string>(o, "ports", "0", comp);
   {
     const std::string& s = opts_.ports_text;

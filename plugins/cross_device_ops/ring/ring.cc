@@ -136,17 +136,7 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
     bytes_per_pack_ = sdk::get_option<uint64_t>(o, "bytes_per_pack", uint64_t(32) << 20, kComponent);
     co.chunk_bytes = sdk::get_option<uint64_t>(o, "chunk_bytes", 0, kComponent);
     co.direct_max_bytes = sdk::get_option<uint64_t>(o, "direct_max_bytes", 32768, kComponent);
-    double timeout_s = 300;
-    if (host_) {
-      if (auto cfg = host_.get_config("/timeouts/collective_s")) {
-        const nlohmann::json j = nlohmann::json::parse(*cfg, nullptr, false);
-        if (j.is_number() && j.get<double>() > 0) timeout_s = j.get<double>();
-      }
-    }
-    timeout_s = sdk::get_option<double>(o, "timeout_s", timeout_s, kComponent);
-    if (!(timeout_s > 0))
-      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'timeout_s' of ", kComponent, " must be > 0, got ",
-                   timeout_s);
+    const double timeout_s = sdk::collective_timeout_s(host_, o, kComponent);
     co.timeout_ms = static_cast<int64_t>(timeout_s * 1000.0);
     world_ = co.world_size;
     rank_ = co.rank;

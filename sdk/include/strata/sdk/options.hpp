@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "strata/error.hpp"
+#include "strata/sdk/host.hpp"
 
 namespace strata::sdk {
 
@@ -73,6 +74,23 @@ T get_option(const nlohmann::json& options, const char* key, T fallback, const s
     STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option '", key, "' of ", component, " must be ", expected,
                  ", got ", it->dump());
   return it->get<T>();
+}
+
+/// The "timeout_s" option of a component that waits on collectives
+/// (transports, cross-device ops): the option when given, else the job
+/// config's /timeouts/collective_s when it is a positive number, else 300.
+/// A value that is not > 0 is INVALID_ARGUMENT naming the component.
+inline double collective_timeout_s(const Host& host, const nlohmann::json& options, const std::string& component) {
+  double fallback = 300;
+  if (host && host.api()->get_config != nullptr) {
+    if (auto t = host.get_config("/timeouts/collective_s")) {
+      const nlohmann::json j = nlohmann::json::parse(*t, nullptr, false);
+      if (j.is_number() && j.get<double>() > 0) fallback = j.get<double>();
+    }
+  }
+  const double v = get_option<double>(options, "timeout_s", fallback, component);
+  if (!(v > 0)) STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'timeout_s' of ", component, " must be > 0, got ", v);
+  return v;
 }
 
 }  // namespace strata::sdk
