@@ -1,19 +1,25 @@
 // SPDX-License-Identifier: Apache-2.0
 // Helpers shared by every test directory (tests/CMakeLists.txt puts this
 // directory on the include path): a temporary directory removed at scope
-// exit, and a loopback port that nothing listens on. Header-only.
+// exit, a loopback port that nothing listens on, and reaping forked children
+// with a deadline so that no test leaves a process behind. Header-only.
 #pragma once
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <random>
 #include <string>
 #include <system_error>
+#include <thread>
+#include <vector>
 
 namespace strata::test {
 
@@ -52,5 +58,36 @@ inline uint16_t unused_port() {
   ::close(fd);
   return ntohs(a.sin_port);
 }
+
+/// Wait for child `pid` up to `ms`; kill and reap it on timeout. Returns its
+/// exit status (128 when a signal ended it), or -1 when it had to be killed.
+inline int reap(pid_t pid, int ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  int status = 0;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (::waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, &status, 0);
+  return -1;
+}
+
+/// Kills (waking a stopped one first) and reaps every child it holds on
+/// every path out of a test.
+struct Children {
+  std::vector<pid_t> pids;
+  Children() = default;
+  Children(const Children&) = delete;
+  Children& operator=(const Children&) = delete;
+  ~Children() {
+    for (pid_t p : pids) {
+      ::kill(p, SIGCONT);
+      ::kill(p, SIGKILL);
+      int st;
+      ::waitpid(p, &st, 0);
+    }
+  }
+};
 
 }  // namespace strata::test

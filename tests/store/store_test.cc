@@ -34,6 +34,7 @@
 namespace strata {
 namespace {
 
+using test::reap;
 using test::unused_port;
 
 using Clock = std::chrono::steady_clock;
@@ -119,20 +120,6 @@ bool closed_by_peer(int fd, int ms) {
     if (n <= 0) return true;
   }
   return false;
-}
-
-// Wait for `pid` up to `ms`; kill and reap it on timeout. Returns the exit
-// status, or -1 when it had to be killed.
-int reap(pid_t pid, int ms) {
-  const auto deadline = Clock::now() + std::chrono::milliseconds(ms);
-  int status = 0;
-  while (Clock::now() < deadline) {
-    if (::waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  ::kill(pid, SIGKILL);
-  ::waitpid(pid, &status, 0);
-  return -1;
 }
 
 TEST(StoreTest, ServeOnEphemeralPortAndShareAcrossHosts) {

@@ -30,6 +30,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
+using test::Children;
+using test::reap;
 using test::unused_port;
 
 strata_buffer make_buf(void* data, uint64_t bytes, strata_mem_region_t mr = nullptr) {
@@ -462,29 +464,6 @@ TEST(AutoTest, TestNeverBlocksAndCancelReleases) {
 }
 
 // ------------------------------------------------------ forked processes ---
-
-int reap(pid_t pid, int ms) {
-  const auto deadline = Clock::now() + std::chrono::milliseconds(ms);
-  int status = 0;
-  while (Clock::now() < deadline) {
-    if (::waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  ::kill(pid, SIGKILL);
-  ::waitpid(pid, &status, 0);
-  return -1;
-}
-
-struct Children {
-  std::vector<pid_t> pids;
-  ~Children() {
-    for (pid_t p : pids) {
-      ::kill(p, SIGKILL);
-      int st;
-      ::waitpid(p, &st, 0);
-    }
-  }
-};
 
 TEST(AutoTest, ForkedProcessesOnTwoHostsOverTheTcpStore) {
   const std::string store = "127.0.0.1:" + std::to_string(unused_port());

@@ -26,12 +26,16 @@
 
 #include "frame.h"
 #include "strata/error.hpp"
+#include "forked_ranks.h"
 #include "test_support.h"
 #include "strata/plugin_host.hpp"
 
 namespace strata {
 namespace {
 
+using test::Children;
+using test::forked_ranks;
+using test::reap;
 using test::unused_port;
 
 using Clock = std::chrono::steady_clock;
@@ -525,57 +529,6 @@ TEST(TcpTest, GarbageFromAPeerFailsItsRequestsNamingIt) {
   ::close(lfd);
 }
 
-
-int reap(pid_t pid, int ms) {
-  const auto deadline = Clock::now() + std::chrono::milliseconds(ms);
-  int status = 0;
-  while (Clock::now() < deadline) {
-    if (::waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  ::kill(pid, SIGKILL);
-  ::waitpid(pid, &status, 0);
-  return -1;
-}
-
-// Kills and reaps every child on every path out of a test.
-struct Children {
-  std::vector<pid_t> pids;
-  ~Children() {
-    for (pid_t p : pids) {
-      ::kill(p, SIGKILL);
-      int st;
-      ::waitpid(p, &st, 0);
-    }
-  }
-};
-
-// fn(rank) in a child process per rank 1..world-1 (exit code 0 = pass);
-// the parent is rank 0 and serves the store.
-template <class F>
-void forked_ranks(int world, const std::string& store_addr, Children& kids, F fn) {
-  for (int rank = 1; rank < world; ++rank) {
-    const pid_t pid = ::fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      int code = 0;
-      try {
-        PluginHost host;
-        StoreConfig c;
-        c.address = store_addr;
-        c.timeout_s = 20;
-        c.auth_token = "tok";
-        host.connect_store(c);
-        code = fn(host, rank);
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
-        code = 1;
-      }
-      ::_exit(code);
-    }
-    kids.pids.push_back(pid);
-  }
-}
 
 TEST(TcpTest, ForkedProcessesRingExchangeOverTheTcpStore) {
   const std::string store = "127.0.0.1:" + std::to_string(unused_port());

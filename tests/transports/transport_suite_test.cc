@@ -27,6 +27,7 @@
 
 #include "strata/error.hpp"
 #include "strata/plugin_host.hpp"
+#include "forked_ranks.h"
 #include "test_support.h"
 
 namespace strata {
@@ -34,6 +35,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
+using test::Children;
+using test::forked_ranks;
+using test::reap;
+using test::serve_store;
 using test::unused_port;
 
 struct TransportCase {
@@ -175,66 +180,6 @@ void append_to(void* user, const char* data, uint64_t len) {
 }
 
 uint8_t pattern(uint64_t i, uint64_t salt) { return static_cast<uint8_t>((i * 131 + salt * 7 + (i >> 11)) & 0xff); }
-
-int reap(pid_t pid, int ms) {
-  const auto deadline = Clock::now() + std::chrono::milliseconds(ms);
-  int status = 0;
-  while (Clock::now() < deadline) {
-    if (::waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  ::kill(pid, SIGKILL);
-  ::waitpid(pid, &status, 0);
-  return -1;
-}
-
-// Kills and reaps every child on every path out of a test.
-struct Children {
-  std::vector<pid_t> pids;
-  ~Children() {
-    for (pid_t p : pids) {
-      ::kill(p, SIGCONT);
-      ::kill(p, SIGKILL);
-      int st;
-      ::waitpid(p, &st, 0);
-    }
-  }
-};
-
-// fn(host, rank) in a child process per rank 1..world-1 (exit code 0 =
-// pass); the caller is rank 0 and serves the store (serve_store).
-template <class F>
-void forked_ranks(int world, const std::string& store_addr, Children& kids, F fn) {
-  for (int rank = 1; rank < world; ++rank) {
-    const pid_t pid = ::fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      int code = 0;
-      try {
-        PluginHost host;
-        StoreConfig c;
-        c.address = store_addr;
-        c.timeout_s = 20;
-        c.auth_token = "tok";
-        host.connect_store(c);
-        code = fn(host, rank);
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
-        code = 1;
-      }
-      ::_exit(code);
-    }
-    kids.pids.push_back(pid);
-  }
-}
-
-void serve_store(PluginHost& host, const std::string& store_addr) {
-  StoreConfig c;
-  c.address = store_addr;
-  c.serve = true;
-  c.auth_token = "tok";
-  host.connect_store(c);
-}
 
 class TransportSuite : public ::testing::TestWithParam<TransportCase> {
  protected:
