@@ -249,6 +249,24 @@ TEST(StoreTest, ServerAbsentFailsAtTheDeadline) {
   EXPECT_EQ(h.store_address(), "");
 }
 
+// A closed loopback port refuses at once, every retry: the error must say
+// "refused" (nobody listens), not just that a deadline passed.
+TEST(StoreTest, ClosedPortIsReportedAsRefused) {
+  PluginHost h;
+  const std::string addr = "127.0.0.1:" + std::to_string(unused_port());
+  const auto t0 = Clock::now();
+  try {
+    h.connect_store(client_cfg(addr, "", 0.3));
+    FAIL() << "connected to nothing";
+  } catch (const DeadlineExceededError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("connection refused by " + addr), std::string::npos) << what;
+    EXPECT_NE(what.find("is the chief running"), std::string::npos) << what;
+    EXPECT_EQ(what.find("timed out"), std::string::npos) << what;
+  }
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(5));
+}
+
 TEST(StoreTest, BadAddressAndDoubleConnectAreRejected) {
   PluginHost h;
   EXPECT_THROW(h.connect_store(client_cfg("no-port")), InvalidArgumentError);

@@ -124,6 +124,9 @@ void TcpStoreClient::notify_all() {
 
 int TcpStoreClient::open_connection(int64_t deadline_ms, strata_error* err, strata_status_t* st) {
   std::string last_error = "no attempt made";
+  // A refusal is the most useful thing to report: an attempt cut short by
+  // the deadline says nothing new about a port that refused every earlier one.
+  bool refused = false;
   int64_t backoff_ms = 20;
   for (;;) {
     if (abort_ != nullptr && abort_->load()) {
@@ -138,6 +141,7 @@ int TcpStoreClient::open_connection(int64_t deadline_ms, strata_error* err, stra
     addrinfo* res = nullptr;
     const int gai = ::getaddrinfo(host_.c_str(), std::to_string(port_).c_str(), &hints, &res);
     if (gai != 0) {
+      refused = false;
       last_error = std::string("cannot resolve '") + host_ + "': " + ::gai_strerror(gai);
     } else {
       for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
@@ -158,7 +162,11 @@ int TcpStoreClient::open_connection(int64_t deadline_ms, strata_error* err, stra
           }
         }
         if (rc != 0) {
-          last_error = std::strerror(errno);
+          const bool cut_by_deadline = errno == ETIMEDOUT && now_ms() >= deadline_ms;
+          if (!(cut_by_deadline && refused)) {
+            refused = errno == ECONNREFUSED;
+            last_error = std::strerror(errno);
+          }
           ::close(fd);
           continue;
         }
@@ -182,6 +190,7 @@ int TcpStoreClient::open_connection(int64_t deadline_ms, strata_error* err, stra
           r = recv_all(fd, body.data(), n, wake_fd_, deadline_ms);
         }
         if (r != IoResult::kOk) {
+          refused = false;
           last_error = r == IoResult::kClosed ? "the server closed the connection during HELLO"
                                               : "no answer to HELLO";
           ::close(fd);
@@ -220,6 +229,15 @@ int TcpStoreClient::open_connection(int64_t deadline_ms, strata_error* err, stra
     pollfd pf{wake_fd_, POLLIN, 0};
     ::poll(&pf, 1, static_cast<int>(std::min<int64_t>(backoff_ms, left)));
     backoff_ms = std::min<int64_t>(backoff_ms * 2, 500);
+  }
+  if (refused) {
+    *st = detail::set_error(err, STRATA_ERR_DEADLINE_EXCEEDED,
+                            "could not reach the rendezvous store: connection refused by " + address_ +
+                                " until the rendezvous deadline passed (nothing listens there: is the chief "
+                                "running, and is the address/port right?); start the chief task (it serves "
+                                "the store) or fix the address, or raise /timeouts/rendezvous_s if the chief "
+                                "starts late");
+    return -1;
   }
   *st = detail::set_error(err, STRATA_ERR_DEADLINE_EXCEEDED,
                           "could not reach the rendezvous store at " + address_ +
