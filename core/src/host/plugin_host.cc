@@ -11,6 +11,7 @@
 #include <elf.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -20,6 +21,7 @@
 #include <optional>
 #include <regex>
 #include <sstream>
+#include <system_error>
 #include <type_traits>
 
 #include <boost/dll/shared_library.hpp>
@@ -260,6 +262,28 @@ std::string check_elf_extents(const std::string& path) {
   return "";
 }
 
+// Whether the file starts with the ELF magic. dlopen's own answer for a
+// text file ("invalid ELF header") reaches us wrapped by Boost.DLL with an
+// unrelated errno, so the common case of a stray file gets a plain answer.
+// An unreadable file counts as ELF here so that check_elf_extents reports
+// the permission problem instead.
+bool has_elf_magic(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return true;
+  char magic[SELFMAG] = {};
+  if (!in.read(magic, SELFMAG)) return false;
+  return std::memcmp(magic, ELFMAG, SELFMAG) == 0;
+}
+
+// Boost.DLL appends the text of an errno that dlopen never set (typically
+// ": Bad file descriptor") after dlerror's message; it only misleads.
+std::string without_errno_suffix(std::string what) {
+  const std::string noise = ": " + std::generic_category().message(EBADF);
+  if (what.size() > noise.size() && what.compare(what.size() - noise.size(), noise.size(), noise) == 0)
+    what.resize(what.size() - noise.size());
+  return what;
+}
+
 std::vector<std::string> split_path_list(const char* s) {
   std::vector<std::string> out;
   if (!s) return out;
@@ -459,13 +483,17 @@ std::shared_ptr<Library> PluginHost::Impl::load(const std::string& path, bool ex
 
   std::error_code ec;
   if (!fs::is_regular_file(path, ec)) fail(STRATA_ERR_NOT_FOUND, "not a regular file");
+  if (!has_elf_magic(path))
+    fail(STRATA_ERR_FAILED_PRECONDITION,
+         "cannot be loaded: it is not a shared library (ELF header missing); remove it from the plugin "
+         "directory or rebuild it");
   if (std::string bad = check_elf_extents(path); !bad.empty()) fail(STRATA_ERR_DATA_LOSS, bad);
   try {
     lib->lib.emplace(boost::dll::fs::path(path),
                      boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
   } catch (const std::exception& e) {
     fail(STRATA_ERR_FAILED_PRECONDITION,
-         detail::str_cat("cannot be loaded: ", e.what(),
+         detail::str_cat("cannot be loaded: ", without_errno_suffix(e.what()),
                          "; check that it is a shared library for this platform and that its "
                          "dependencies are installed (ldd)"));
   }
