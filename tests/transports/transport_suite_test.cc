@@ -368,11 +368,40 @@ TEST_P(TransportSuite, MessagesLargerThanTheProviderLimitAreSplit) {
   exchange_sizes(tc(), opts({{"max_message_bytes", 65536}}), false, false);
 }
 
-TEST_P(TransportSuite, ReceiveBufferTooSmallFailsThatRequest) {
+// 80 split messages of 1 MiB (16 x 64 KiB each) outstanding both ways at
+// once, received in the reverse order: more data messages than the
+// provider's queues hold (shm: 1024 posted receives), and the receiver takes
+// the last message first, so one message's data must not hold back another's.
+TEST_P(TransportSuite, ManyOutstandingSplitMessagesReceivedInReverseOrder) {
+  if (!is_libfabric()) GTEST_SKIP() << "max_message_bytes is a libfabric option";
+  PluginHost host;
+  const std::string name = unique_name("many");
+  constexpr int kMsgs = 80;
+  constexpr uint64_t kBytes = 1u << 20;
+  run_ranks(2, [&](int rank) {
+    Rank r(host, tc().name, opts({{"max_message_bytes", 65536}}));
+    r.join(name, rank, 2);
+    const int peer = 1 - rank;
+    std::vector<std::vector<uint8_t>> out(kMsgs, std::vector<uint8_t>(kBytes)), in(kMsgs, std::vector<uint8_t>(kBytes));
+    std::vector<strata_request_t> sends, recvs(kMsgs);
+    for (int k = 0; k < kMsgs; ++k) {
+      for (uint64_t i = 0; i < kBytes; ++i) out[k][i] = pattern(i, k * 2 + rank);
+      sends.push_back(r.isend(peer, k, out[k].data(), kBytes));
+    }
+    for (int k = kMsgs - 1; k >= 0; --k) recvs[k] = r.irecv(peer, k, in[k].data(), kBytes);
+    for (int k = kMsgs - 1; k >= 0; --k) ASSERT_EQ(r.wait(recvs[k], 60000), kBytes) << "message " << k;
+    for (auto q : sends) ASSERT_EQ(r.wait(q, 60000), kBytes);
+    for (int k = 0; k < kMsgs; ++k)
+      for (uint64_t i = 0; i < kBytes; ++i)
+        if (in[k][i] != pattern(i, k * 2 + peer)) FAIL() << "message " << k << ": byte " << i << " differs";
+  });
+}
+
+void receive_buffer_too_small(const TransportCase& tc, const std::string& options) {
   PluginHost host;
   const std::string name = unique_name("small");
   run_ranks(2, [&](int rank) {
-    Rank r(host, tc().name, opts());
+    Rank r(host, tc.name, options);
     r.join(name, rank, 2);
     std::vector<char> big(3u << 20, 'x'), small(10);
     if (rank == 0) {
@@ -392,6 +421,15 @@ TEST_P(TransportSuite, ReceiveBufferTooSmallFailsThatRequest) {
       EXPECT_EQ(r.wait(r.irecv(0, 3, small.data(), small.size())), 5u);  // still usable
     }
   });
+}
+
+TEST_P(TransportSuite, ReceiveBufferTooSmallFailsThatRequest) { receive_buffer_too_small(tc(), opts()); }
+
+// The same with the 3 MiB message split into 48 data messages: the receiver
+// must still let the sender finish (clear to send) and drain the data.
+TEST_P(TransportSuite, ReceiveBufferTooSmallForASplitMessage) {
+  if (!is_libfabric()) GTEST_SKIP() << "max_message_bytes is a libfabric option";
+  receive_buffer_too_small(tc(), opts({{"max_message_bytes", 65536}}));
 }
 
 TEST_P(TransportSuite, TestNeverBlocksAndCancelReleasesAPostedReceive) {

@@ -46,6 +46,19 @@ constexpr uint64_t kKeyMagic = 0x53544d52454b4559ull;
 constexpr int kCtrlRecvSlots = 64;
 constexpr int kSendSlotsPerSlab = 64;
 constexpr size_t kMaxCacheEntries = 64;
+// Data messages of one send or receive in flight at once. A message split
+// into many (max_message_bytes) must not flood either side: shm has room for
+// 1024 posted receives per endpoint (more fail with -FI_ENOMEM), and data the
+// receiver has not matched yet waits there as unexpected. Per request, not
+// per peer, so a message the receiver takes later cannot hold back one it
+// takes now.
+constexpr size_t kDataWindow = 16;
+// Data receives posted at once per communicator (shm has 1024 receive
+// entries, shared with unexpected messages and the control receives).
+constexpr size_t kMaxDataRecvs = 512;
+
+// The provider has no room for another operation now; one completes first.
+bool no_room(int ret) { return ret == -FI_EAGAIN || ret == -FI_ENOMEM; }
 constexpr auto kLivenessPeriod = std::chrono::milliseconds(100);
 // How long a failed request waits for its cancelled operations to leave the
 // caller's buffer before it is released anyway.
@@ -69,6 +82,11 @@ struct CtrlHeader {
 constexpr uint64_t kMsg = 0;
 constexpr uint64_t kBye = 1;    // the sender destroyed its communicator
 constexpr uint64_t kAbort = 2;  // the sender aborted its communicator
+// Clear to send: the receiver matched the split message whose control
+// sequence is in `tag` and posted receives for its data. A split message's
+// data waits for this, so it never lands unexpected in the receiver's
+// queues, whatever order the receiver takes messages in.
+constexpr uint64_t kCts = 3;
 constexpr size_t kSlotBytes = sizeof(CtrlHeader) + kEagerBytes;
 
 struct ExportedKey {
@@ -257,6 +275,13 @@ struct Op {
   uint64_t wire_tag = 0;
   uint64_t remote_addr = 0, rkey = 0;
   SendSlot slot;  // kCtrlSend
+  size_t* count = nullptr;  // a counter of live ops of this kind, if any
+  Op() = default;
+  Op(const Op&) = delete;
+  Op& operator=(const Op&) = delete;
+  ~Op() {
+    if (count != nullptr) --*count;
+  }
 };
 
 struct CacheEntry {
@@ -277,12 +302,17 @@ struct Request {
   CacheEntry* cached = nullptr;    // held while the request lives
   uint64_t ctrl_seq = 0;           // sends: message number to the peer
   uint64_t moved = 0;
+  uint64_t expected = 0;            // receives: the matched message's size
+  uint64_t msg_ctrl_seq = 0;        // receives: the matched message's control sequence
   bool matched = false;            // receives: a message is assigned
   bool finished = false;
   strata_status_t status = STRATA_OK;
   std::string error;
   Clock::time_point failed_at{};
   std::vector<Op*> ops;            // operations still pointing here
+  uint64_t chunk = 0, nchunks = 0, first_seq = 0, next_chunk = 0;  // data messages, posted kDataWindow at a time
+  bool awaiting_cts = false;       // split sends: data waits for the receiver's kCts
+  bool cts_sent = false;           // split receives
 };
 
 struct Region {
@@ -296,6 +326,7 @@ struct Region {
 struct InMsg {
   uint64_t kind = kMsg;
   uint64_t tag = 0, total = 0, first_seq = 0, nchunks = 0, chunk = 0;
+  uint64_t ctrl_seq = 0;
   std::vector<char> payload;  // eager payload
 };
 
@@ -443,6 +474,7 @@ class LfComm : public sdk::CommBase {
   void progress_locked();
   void check_liveness_locked();
   void submit_locked(Op* op);
+  void post_data_ops_locked(Request* r);
   int post_raw(Op* op);
   void post_failed_locked(Op* op, int ret);
   void on_completion_locked(Op* op, int err, const std::string& errtext);
@@ -450,7 +482,9 @@ class LfComm : public sdk::CommBase {
   void deliver_locked(int p, InMsg&& m);
   void match_locked(Request* r, InMsg&& m);
   void drain_locked(int p, const InMsg& m);
-  void send_notice_locked(int p, uint64_t kind, const std::string& reason);
+  void send_notice_locked(int p, uint64_t kind, const std::string& reason, uint64_t ref = 0);
+  void on_cts_locked(int p, uint64_t ctrl_seq);
+  void post_starved_locked();
   void peer_closed_locked(int p, const InMsg& m);
   void post_ctrl_recv_locked(char* slot);
   SendSlot take_send_slot_locked();
@@ -487,7 +521,17 @@ class LfComm : public sdk::CommBase {
   std::mutex mu_;
   std::unordered_set<Request*> live_;
   std::unordered_set<Op*> ops_;
-  std::deque<Op*> backlog_;  // ops the provider had no room for (-FI_EAGAIN)
+  // Ops the provider had no room for (-FI_EAGAIN, or shm's -FI_ENOMEM for a
+  // full receive queue), receives and sends apart so a full receive queue
+  // never holds back a send the peer needs before it can free it.
+  std::deque<Op*> backlog_[2];
+  static int backlog_of(const Op* op) {
+    return op->kind == OpKind::kCtrlRecv || op->kind == OpKind::kDataRecv || op->kind == OpKind::kDrain ? 0 : 1;
+  }
+  void unbacklog_locked(Op* op) {
+    auto& q = backlog_[backlog_of(op)];
+    q.erase(std::remove(q.begin(), q.end(), op), q.end());
+  }
   uint64_t op_serial_ = 0;
   std::vector<std::unique_ptr<CacheEntry>> cache_;
   uint64_t cache_clock_ = 0;
@@ -495,6 +539,8 @@ class LfComm : public sdk::CommBase {
   std::unordered_set<Region*> regions_;
   Clock::time_point next_liveness_{};
   bool closing_ = false;
+  size_t data_recvs_ = 0;  // kDataRecv ops alive (posted or backlogged)
+  bool starved_ = false;   // a matched receive waits for room under kMaxDataRecvs
 
   std::mutex abort_mu_;
   std::atomic<bool> aborted_{false};
@@ -670,7 +716,7 @@ void LfComm::cancel_ops_locked(Request* r) {
       ++it;
       continue;
     }
-    backlog_.erase(std::remove(backlog_.begin(), backlog_.end(), op), backlog_.end());
+    unbacklog_locked(op);
     if (op->kind == OpKind::kCtrlSend) free_send_.push_back(op->slot);
     ops_.erase(op);
     delete op;
@@ -687,7 +733,7 @@ void LfComm::orphan_ops_locked(Request* r) {
     if (op->posted) {
       fi_cancel(&ep_->fid, &op->ctx);
     } else {
-      backlog_.erase(std::remove(backlog_.begin(), backlog_.end(), op), backlog_.end());
+      unbacklog_locked(op);
       if (op->kind == OpKind::kCtrlSend) free_send_.push_back(op->slot);
       ops_.erase(op);
       delete op;
@@ -752,12 +798,13 @@ void LfComm::apply_abort_locked() {
 }
 
 // A control message with no request behind it.
-void LfComm::send_notice_locked(int p, uint64_t kind, const std::string& reason) {
+void LfComm::send_notice_locked(int p, uint64_t kind, const std::string& reason, uint64_t ref) {
   Peer& peer = peers_[p];
   CtrlHeader h{};
   h.magic = kCtrlMagic;
   h.src = static_cast<uint32_t>(rank_);
   h.ctrl_seq = peer.send_ctrl_seq++;
+  h.tag = ref;
   h.kind = kind;
   h.total = std::min<uint64_t>(reason.size(), kEagerBytes);
   auto* op = new Op();
@@ -821,15 +868,16 @@ void LfComm::submit_locked(Op* op) {
   op->serial = ++op_serial_;
   ops_.insert(op);
   if (op->req != nullptr) op->req->ops.push_back(op);
-  if (backlog_.empty()) {
+  auto& backlog = backlog_[backlog_of(op)];
+  if (backlog.empty()) {
     const int ret = post_raw(op);
     if (ret == 0) {
       op->posted = true;
       return;
     }
-    if (ret != -FI_EAGAIN) return post_failed_locked(op, ret);
+    if (!no_room(ret)) return post_failed_locked(op, ret);
   }
-  backlog_.push_back(op);
+  backlog.push_back(op);
 }
 
 void LfComm::post_failed_locked(Op* op, int ret) {
@@ -907,15 +955,17 @@ void LfComm::progress_locked() {
     }
     break;  // -FI_EAGAIN or another error: nothing more now
   }
-  while (!backlog_.empty()) {
-    Op* op = backlog_.front();
-    const int ret = post_raw(op);
-    if (ret == -FI_EAGAIN) break;
-    backlog_.pop_front();
-    if (ret == 0) {
-      op->posted = true;
-    } else {
-      post_failed_locked(op, ret);
+  for (auto& backlog : backlog_) {
+    while (!backlog.empty()) {
+      Op* op = backlog.front();
+      const int ret = post_raw(op);
+      if (no_room(ret)) break;
+      backlog.pop_front();
+      if (ret == 0) {
+        op->posted = true;
+      } else {
+        post_failed_locked(op, ret);
+      }
     }
   }
   check_liveness_locked();
@@ -977,7 +1027,9 @@ void LfComm::on_completion_locked(Op* op, int err, const std::string& errtext) {
   }
   if (op->kind == OpKind::kDataRecv || op->kind == OpKind::kDataSend || op->kind == OpKind::kWrite)
     r->moved += op->len;
-  if (r->ops.empty() && !r->finished) {
+  if (op->kind == OpKind::kDataSend || op->kind == OpKind::kDataRecv) post_data_ops_locked(r);
+  if (op->kind == OpKind::kDataRecv) post_starved_locked();
+  if (r->ops.empty() && r->next_chunk >= r->nchunks && !r->finished) {
     if (r->kind != Request::kRecv) r->moved = r->bytes;
     finish_locked(r, STRATA_OK, "");
   }
@@ -1002,6 +1054,7 @@ void LfComm::on_ctrl_locked(Op* op) {
   m.nchunks = h.nchunks;
   m.chunk = h.chunk;
   m.kind = h.kind;
+  m.ctrl_seq = h.ctrl_seq;
   if (h.nchunks == 0 && h.total > 0) m.payload.assign(op->buf + sizeof h, op->buf + sizeof h + h.total);
   // Deliver in the sender's order, whatever order the provider used.
   if (h.ctrl_seq != peer.recv_ctrl_next) {
@@ -1021,6 +1074,7 @@ void LfComm::on_ctrl_locked(Op* op) {
 
 void LfComm::deliver_locked(int p, InMsg&& m) {
   Peer& peer = peers_[p];
+  if (m.kind == kCts) return on_cts_locked(p, m.tag);
   if (m.kind != kMsg) return peer_closed_locked(p, m);
   if (peer.failed) {
     if (m.nchunks != 0) drain_locked(p, m);
@@ -1056,18 +1110,12 @@ void LfComm::match_locked(Request* r, InMsg&& m) {
     drain_locked(r->peer, m);
     return;
   }
-  for (uint64_t i = 0; i < m.nchunks; ++i) {
-    auto* op = new Op();
-    op->kind = OpKind::kDataRecv;
-    op->req = r;
-    op->peer = r->peer;
-    op->buf = r->data + i * m.chunk;
-    op->len = std::min(m.chunk, m.total - i * m.chunk);
-    op->desc = r->desc;
-    op->wire_tag = data_tag(r->peer, m.first_seq + i);
-    submit_locked(op);
-    if (r->finished) return;  // posting failed
-  }
+  r->chunk = m.chunk;
+  r->nchunks = m.nchunks;
+  r->first_seq = m.first_seq;
+  r->expected = m.total;
+  r->msg_ctrl_seq = m.ctrl_seq;
+  post_data_ops_locked(r);
 }
 
 // Consume the data messages of `m` into a shared scratch buffer as large as
@@ -1098,6 +1146,8 @@ void LfComm::drain_locked(int p, const InMsg& m) {
     op->wire_tag = data_tag(p, m.first_seq + i);
     submit_locked(op);
   }
+  const Peer& peer = peers_[p];
+  if (m.nchunks > 1 && !peer.failed && !peer.closed) send_notice_locked(p, kCts, "", m.ctrl_seq);
 }
 
 // -------------------------------------------------------- p2p entry points ---
@@ -1140,18 +1190,65 @@ strata_request_t LfComm::isend(int32_t peer, uint64_t tag, const strata_buffer& 
   ctrl->desc = ctrl->slot.desc;
   ctrl->wire_tag = ctrl_tag();
   submit_locked(ctrl);
-  for (uint64_t i = 0; i < h.nchunks && !r->finished; ++i) {
+  r->chunk = max_chunk_;
+  r->nchunks = h.nchunks;
+  r->first_seq = h.first_seq;
+  r->awaiting_cts = h.nchunks > 1;
+  post_data_ops_locked(r);
+  return reinterpret_cast<strata_request_t>(r);
+}
+
+void LfComm::post_data_ops_locked(Request* r) {
+  const bool send = r->kind == Request::kSend;
+  if (r->finished || (send && r->awaiting_cts)) return;
+  const uint64_t total = send ? r->bytes : r->expected;
+  const int src = send ? rank_ : r->peer;
+  while (!r->finished && r->next_chunk < r->nchunks && r->ops.size() < kDataWindow) {
+    if (!send && data_recvs_ >= kMaxDataRecvs) {
+      starved_ = true;
+      break;
+    }
+    const uint64_t i = r->next_chunk++;
     auto* op = new Op();
-    op->kind = OpKind::kDataSend;
+    op->kind = send ? OpKind::kDataSend : OpKind::kDataRecv;
+    if (!send) {
+      op->count = &data_recvs_;
+      ++data_recvs_;
+    }
     op->req = r;
-    op->peer = peer;
-    op->buf = r->data + i * max_chunk_;
-    op->len = std::min(max_chunk_, buf.bytes - i * max_chunk_);
+    op->peer = r->peer;
+    op->buf = r->data + i * r->chunk;
+    op->len = std::min(r->chunk, total - i * r->chunk);
     op->desc = r->desc;
-    op->wire_tag = data_tag(rank_, h.first_seq + i);
+    op->wire_tag = data_tag(src, r->first_seq + i);
     submit_locked(op);
   }
-  return reinterpret_cast<strata_request_t>(r);
+  if (!send && r->nchunks > 1 && !r->cts_sent && !r->finished && !r->ops.empty()) {
+    r->cts_sent = true;
+    Peer& p = peers_[r->peer];
+    if (!p.failed && !p.closed) send_notice_locked(r->peer, kCts, "", r->msg_ctrl_seq);
+  }
+}
+
+// Receives that found no room under kMaxDataRecvs get it as others finish.
+void LfComm::post_starved_locked() {
+  if (!starved_ || data_recvs_ >= kMaxDataRecvs) return;
+  starved_ = false;
+  for (Request* r : live_)
+    if (r->kind == Request::kRecv && r->matched && !r->finished && r->next_chunk < r->nchunks) {
+      post_data_ops_locked(r);
+      if (starved_) return;
+    }
+}
+
+void LfComm::on_cts_locked(int p, uint64_t ctrl_seq) {
+  for (Request* r : live_)
+    if (r->kind == Request::kSend && r->peer == p && r->ctrl_seq == ctrl_seq && r->awaiting_cts) {
+      r->awaiting_cts = false;
+      post_data_ops_locked(r);
+      return;
+    }
+  // The send was cancelled or failed meanwhile: nothing to send.
 }
 
 strata_request_t LfComm::irecv(int32_t peer, uint64_t tag, const strata_buffer& buf) {
@@ -1447,11 +1544,13 @@ LfComm::~LfComm() {
       const auto bye_until = Clock::now() + std::chrono::milliseconds(200);
       while (saying() && Clock::now() < bye_until) progress_locked();
       closing_ = true;
-      for (Op* op : backlog_) {
-        ops_.erase(op);
-        delete op;
+      for (auto& backlog : backlog_) {
+        for (Op* op : backlog) {
+          ops_.erase(op);
+          delete op;
+        }
+        backlog.clear();
       }
-      backlog_.clear();
       for (Op* op : ops_)
         if (op->posted) fi_cancel(&ep_->fid, &op->ctx);
       const auto drain_until = Clock::now() + std::chrono::milliseconds(200);
