@@ -25,6 +25,9 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <sys/resource.h>
 
 #include "strata/error.hpp"
 #include "test_support.h"
@@ -476,6 +479,193 @@ TEST(StoreTest, WrongTokenIsRefusedAndLoggedByTheServer) {
   ::unlink(log_path);
   EXPECT_NE(ss.str().find("refused store connection from 127.0.0.1:"), std::string::npos) << ss.str();
   EXPECT_NE(ss.str().find("wrong auth token"), std::string::npos) << ss.str();
+}
+
+
+// ---- the authenticated handshake (store_protocol.h), spoken by hand ----
+
+// One frame: u32 length, body.
+std::string frame(const std::string& body) {
+  const uint32_t n = static_cast<uint32_t>(body.size());
+  return std::string(reinterpret_cast<const char*>(&n), 4) + body;
+}
+std::string u32le(uint32_t v) { return std::string(reinterpret_cast<const char*>(&v), 4); }
+std::string lstr(const std::string& s) { return u32le(static_cast<uint32_t>(s.size())) + s; }
+
+bool read_exact(int fd, char* p, size_t n, int ms) {
+  const auto deadline = Clock::now() + std::chrono::milliseconds(ms);
+  while (n > 0 && Clock::now() < deadline) {
+    pollfd pf{fd, POLLIN, 0};
+    if (::poll(&pf, 1, 50) <= 0) continue;
+    const ssize_t k = ::recv(fd, p, n, 0);
+    if (k <= 0) return false;
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+  return n == 0;
+}
+
+// The server's challenge nonce, read off a fresh connection.
+std::string read_challenge(int fd) {
+  char hdr[4];
+  if (!read_exact(fd, hdr, 4, 3000)) return "";
+  uint32_t n = 0;
+  std::memcpy(&n, hdr, 4);
+  if (n > 256) return "";
+  std::string body(n, '\0');
+  if (!read_exact(fd, body.data(), n, 3000)) return "";
+  if (body.size() != 4 + 4 + 4 + 32 || body.compare(0, 4, u32le(0x43545253)) != 0) return "";
+  return body.substr(12);
+}
+
+// HMAC-SHA256(token, "strata-store-2 client" | server_nonce | client_nonce),
+// computed here from the protocol's definition, not with Strata's code.
+std::string hello_for(const std::string& token, const std::string& server_nonce, const std::string& client_nonce) {
+  const std::string msg = "strata-store-2 client" + server_nonce + client_nonce;
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), token.data(), static_cast<int>(token.size()), reinterpret_cast<const unsigned char*>(msg.data()),
+       msg.size(), mac, &len);
+  return frame(std::string("\x01", 1) + u32le(0x53545253) + u32le(2) + lstr(client_nonce) +
+               lstr(std::string(reinterpret_cast<const char*>(mac), len)));
+}
+
+// The answer's status (0 = OK), or -1 when the server just closed.
+int32_t answer_status(int fd) {
+  char hdr[4];
+  if (!read_exact(fd, hdr, 4, 3000)) return -1;
+  uint32_t n = 0;
+  std::memcpy(&n, hdr, 4);
+  std::string body(n, '\0');
+  if (n < 4 || !read_exact(fd, body.data(), n, 3000)) return -1;
+  int32_t st = 0;
+  std::memcpy(&st, body.data(), 4);
+  return st;
+}
+
+TEST(StoreTest, HandshakeProvesTheTokenWithoutSendingItAndRefusesAReplay) {
+  const std::string token = "job-token-0123456789";
+  PluginHost server;
+  server.connect_store(serve_cfg(token));
+  const uint16_t port = port_of(server.store_address());
+  const std::string client_nonce(32, 'c');
+
+  // A correct proof for this connection's challenge is accepted.
+  const int a = raw_connect(port);
+  ASSERT_GE(a, 0);
+  const std::string nonce_a = read_challenge(a);
+  ASSERT_EQ(nonce_a.size(), 32u);
+  const std::string hello_a = hello_for(token, nonce_a, client_nonce);
+  EXPECT_EQ(hello_a.find(token), std::string::npos) << "the token crossed the wire";
+  ASSERT_EQ(::send(a, hello_a.data(), hello_a.size(), MSG_NOSIGNAL), static_cast<ssize_t>(hello_a.size()));
+  EXPECT_EQ(answer_status(a), STRATA_OK);
+  ::close(a);
+
+  // The same HELLO replayed on a new connection meets a new challenge.
+  const int b = raw_connect(port);
+  ASSERT_GE(b, 0);
+  const std::string nonce_b = read_challenge(b);
+  ASSERT_EQ(nonce_b.size(), 32u);
+  EXPECT_NE(nonce_a, nonce_b) << "challenges repeat";
+  ASSERT_EQ(::send(b, hello_a.data(), hello_a.size(), MSG_NOSIGNAL), static_cast<ssize_t>(hello_a.size()));
+  EXPECT_EQ(answer_status(b), STRATA_ERR_PERMISSION_DENIED) << "a replayed HELLO was accepted";
+  EXPECT_TRUE(closed_by_peer(b, 3000));
+  ::close(b);
+
+  // Every single corrupted byte of a valid HELLO is refused, and the server
+  // keeps serving.
+  for (size_t i = 0; i < hello_a.size(); ++i) {
+    const int c = raw_connect(port);
+    ASSERT_GE(c, 0);
+    std::string h = hello_for(token, read_challenge(c), client_nonce);
+    h[i] = static_cast<char>(h[i] ^ 0x5a);
+    ::send(c, h.data(), h.size(), MSG_NOSIGNAL);
+    EXPECT_NE(answer_status(c), STRATA_OK) << "byte " << i << " corrupted, still accepted";
+    ::close(c);
+  }
+  PluginHost client;
+  client.connect_store(client_cfg(server.store_address(), token));
+  Store{client.host_api()}.set("k", "v");
+  EXPECT_EQ(Store{server.host_api()}.get("k"), "v");
+  // Each refusal is on record for rendezvous errors.
+  EXPECT_NE(Store{server.host_api()}.get("strata/store/refused").find("wrong auth token"), std::string::npos);
+}
+
+TEST(StoreTest, AClientRefusesAStoreThatCannotProveTheToken) {
+  PluginHost server;
+  server.connect_store(serve_cfg(""));  // no token: proves nothing
+  PluginHost client;
+  try {
+    client.connect_store(client_cfg(server.store_address(), "some-token", 3));
+    FAIL() << "a store without the token was trusted";
+  } catch (const PermissionDeniedError& e) {
+    EXPECT_NE(std::string(e.what()).find("runs without STRATA_AUTH_TOKEN"), std::string::npos) << e.what();
+  }
+}
+
+long rss_kib() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
+  return -1;
+}
+
+// 1,000 connections that each send a 4-byte length of 64 MiB and wait: the
+// server (in this process) allocates nothing sizeable for them, keeps at most
+// a bounded number, and a real client still gets in at once.
+TEST(StoreTest, AThousandHostileConnectionsNeitherExhaustNorBlockTheStore) {
+  rlimit rl{};
+  ::getrlimit(RLIMIT_NOFILE, &rl);
+  constexpr int kConns = 1000;
+  if (rl.rlim_cur < kConns + 200) {
+    rl.rlim_cur = std::min<rlim_t>(rl.rlim_max, kConns + 200);
+    ::setrlimit(RLIMIT_NOFILE, &rl);
+  }
+  const int conns = static_cast<int>(std::min<rlim_t>(kConns, rl.rlim_cur - 200));
+  PluginHost server;
+  server.connect_store(serve_cfg("tok"));
+  const uint16_t port = port_of(server.store_address());
+  const long before = rss_kib();
+  const uint32_t big = 64u << 20;
+  std::vector<int> fds;
+  for (int i = 0; i < conns; ++i) {
+    const int fd = raw_connect(port);
+    ASSERT_GE(fd, 0) << "connection " << i;
+    ::send(fd, &big, 4, MSG_NOSIGNAL);
+    fds.push_back(fd);
+  }
+  // Let the server read them all.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const long after = rss_kib();
+  std::printf("[ store ] %d hostile connections: server process RSS %ld -> %ld KiB (+%ld KiB)\n", conns, before,
+              after, after - before);
+  EXPECT_LT(after - before, 32 * 1024) << "the store allocated for unauthenticated frames";
+  // Every hostile connection is closed (refused at once: the frame is too
+  // big before authentication).
+  int open = 0;
+  for (int fd : fds) open += closed_by_peer(fd, 20) ? 0 : 1;
+  EXPECT_EQ(open, 0) << open << " hostile connections still open";
+  for (int fd : fds) ::close(fd);
+  fds.clear();
+  // 1,000 connections that only connect and say nothing: the oldest are
+  // dropped for newer ones, so a real client still gets in at once.
+  for (int i = 0; i < conns; ++i) {
+    const int fd = raw_connect(port);
+    ASSERT_GE(fd, 0);
+    fds.push_back(fd);
+  }
+  const auto t0 = Clock::now();
+  PluginHost client;
+  client.connect_store(client_cfg(server.store_address(), "tok", 10));
+  Store{client.host_api()}.set("in", "yes");
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::printf("[ store ] a real client behind %d idle connections got in after %.3f s\n", conns, s);
+  EXPECT_LT(s, 5.0);
+  int dropped = 0;
+  for (int fd : fds) dropped += closed_by_peer(fd, 5) ? 1 : 0;
+  EXPECT_GE(dropped, conns - 64 - 1) << "idle unauthenticated connections were kept without bound";
+  for (int fd : fds) ::close(fd);
 }
 
 }  // namespace

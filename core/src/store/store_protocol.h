@@ -2,9 +2,13 @@
 // Wire format of the TCP rendezvous store (server: store_server.cc, client:
 // tcp_store_client.cc). Everything is little-endian.
 //
-//   frame    = u32 body_length, body (body_length <= kMaxFrameBytes)
+//   frame    = u32 body_length, body (body_length <= kMaxFrameBytes; before
+//              HELLO succeeds, <= kMaxHelloFrameBytes)
+//   challenge = u32 magic, u32 version, str server_nonce (the server's first
+//              frame, sent on accept, before anything is read)
 //   request  = u8 op, fields:
-//     HELLO  u32 magic, u32 version, str auth_token     (always the first request)
+//     HELLO  u32 magic, u32 version, str client_nonce, str client_proof
+//            (always the first request; the answer's data is server_proof)
 //     SET    str key, str value
 //     GET    str key, i64 timeout_ms                    (server waits for the key)
 //     ADD    str key, i64 delta
@@ -12,6 +16,19 @@
 //   response = i32 status, i64 number (ADD result), str data (GET value or
 //              the error message when status != 0)
 //   str      = u32 length, bytes
+//
+// Authentication (protocol 2) is a challenge-response keyed by the job token
+// (STRATA_AUTH_TOKEN), so the token never crosses the wire and a recorded
+// HELLO is useless against a fresh challenge:
+//   client_proof = HMAC-SHA256(token, "strata-store-2 client" | server_nonce | client_nonce)
+//   server_proof = HMAC-SHA256(token, "strata-store-2 server" | server_nonce | client_nonce)
+// The client checks server_proof too, so a process squatting on the chief's
+// port cannot pose as the store. An empty token on the server disables the
+// check (single-user machines); a client with a token then refuses it.
+// Before HELLO succeeds a connection may send one small frame within
+// kHelloTimeoutMs, and at most kMaxUnauthenticated such connections are
+// kept (the oldest is dropped for a new one), so strangers cannot exhaust
+// the chief's memory or keep a real worker out.
 //
 // A connection carries one request at a time: the client sends the next
 // request only after the response to the previous one. The Reader is total:
@@ -27,7 +44,13 @@
 namespace strata::store {
 
 constexpr uint32_t kHelloMagic = 0x53545253;  // "SRTS"
-constexpr uint32_t kProtocolVersion = 1;
+constexpr uint32_t kProtocolVersion = 2;
+constexpr uint32_t kChallengeMagic = 0x43545253;  // "SRTC"
+constexpr size_t kNonceBytes = 32;
+constexpr size_t kProofBytes = 32;
+constexpr uint32_t kMaxHelloFrameBytes = 256;
+constexpr int64_t kHelloTimeoutMs = 10000;
+constexpr size_t kMaxUnauthenticated = 64;
 constexpr uint64_t kMaxKeyBytes = 4096;
 constexpr uint64_t kMaxValueBytes = 64ull << 20;
 constexpr uint32_t kMaxWaitKeys = 65536;
@@ -96,6 +119,13 @@ class Reader {
   const char* end_;
   bool ok_ = true;
 };
+
+/// `n` bytes from the system's CSPRNG (OpenSSL RAND_bytes); INTERNAL on failure.
+std::string random_bytes(size_t n);
+
+/// HMAC-SHA256 proofs of the handshake (see the top of this file).
+std::string client_proof(const std::string& token, const std::string& server_nonce, const std::string& client_nonce);
+std::string server_proof(const std::string& token, const std::string& server_nonce, const std::string& client_nonce);
 
 /// Compare two secrets in time independent of where they differ.
 bool constant_time_equal(const std::string& a, const std::string& b);

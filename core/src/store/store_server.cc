@@ -20,6 +20,9 @@ namespace strata::store {
 namespace asio = boost::asio;
 using asio::ip::tcp;
 
+// sdk::refused_connections_key(): rendezvous errors name refused processes.
+constexpr const char* kRefusedKey = "strata/store/refused";
+
 namespace {
 
 class Session;
@@ -45,6 +48,16 @@ struct StoreServer::Impl {
   std::unordered_map<std::string, std::string> data;
   std::list<std::shared_ptr<Waiter>> waiters;
   std::list<std::weak_ptr<Session>> sessions;
+  // Connections that have not passed HELLO yet, oldest first.
+  std::list<std::weak_ptr<Session>> unauthenticated;
+  // Rate limit for the log lines about refused connections.
+  std::chrono::steady_clock::time_point log_window{};
+  int logged_in_window = 0;
+  int64_t suppressed = 0;
+
+  /// Log a refused connection (at most 20 lines per 10 s, then a count) and
+  /// record it under sdk's refused-connections key for rendezvous errors.
+  void note_refused(const std::string& peer, const std::string& why);
 
   void accept();
   void wake_waiters();
@@ -72,11 +85,34 @@ class Session : public std::enable_shared_from_this<Session> {
     auto ep = socket_.remote_endpoint(ec);
     peer_ = ec ? std::string("<unknown>") : join_host_port(ep.address().to_string(), ep.port());
   }
-  void start() { read_header(); }
+  /// Send the challenge and arm the HELLO deadline, then read requests.
+  void start() {
+    nonce_ = random_bytes(kNonceBytes);
+    Writer w;
+    w.u32(kChallengeMagic).u32(kProtocolVersion).str(nonce_);
+    out_ = std::move(w.finish());
+    auto self = shared_from_this();
+    hello_timer_ = std::make_unique<asio::steady_timer>(server_->io);
+    hello_timer_->expires_after(std::chrono::milliseconds(kHelloTimeoutMs));
+    hello_timer_->async_wait([self](boost::system::error_code ec) {
+      if (ec || self->hello_done_ || !self->socket_.is_open()) return;
+      self->reject("no valid HELLO within " + std::to_string(kHelloTimeoutMs / 1000) + " s");
+    });
+    asio::async_write(socket_, asio::buffer(out_), [self](boost::system::error_code ec, size_t) {
+      if (ec) return self->close();
+      self->read_header();
+    });
+  }
   void close() {
     boost::system::error_code ec;
     socket_.close(ec);
+    if (hello_timer_) hello_timer_->cancel();
   }
+  bool authenticated() const { return hello_done_; }
+  bool is_open() const { return socket_.is_open(); }
+  /// Drop a connection that never authenticated, to make room for a new one.
+  void evict() { reject("dropped for a newer connection: more than " + std::to_string(kMaxUnauthenticated) +
+                        " connections were waiting to authenticate"); }
   /// Send one response, then read the next request.
   void respond(std::string bytes) {
     out_ = std::move(bytes);
@@ -95,9 +131,12 @@ class Session : public std::enable_shared_from_this<Session> {
       if (ec) return self->close();
       uint32_t n = 0;
       std::memcpy(&n, self->len_buf_.data(), 4);
-      if (n == 0 || n > kMaxFrameBytes)
-        return self->reject("frame length " + std::to_string(n) + " is outside 1.." +
-                            std::to_string(kMaxFrameBytes) + " bytes");
+      // Until HELLO passes, only a HELLO-sized frame: a stranger's length
+      // prefix must not make the chief allocate anything sizeable.
+      const uint32_t max = self->hello_done_ ? kMaxFrameBytes : kMaxHelloFrameBytes;
+      if (n == 0 || n > max)
+        return self->reject("frame length " + std::to_string(n) + " is outside 1.." + std::to_string(max) +
+                            " bytes" + (self->hello_done_ ? "" : " (before authentication)"));
       self->body_.resize(n);
       asio::async_read(self->socket_, asio::buffer(self->body_),
                        [self](boost::system::error_code ec2, size_t) {
@@ -108,10 +147,14 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void reject(const std::string& why) {
-    detail::logger("store")->warn(
-        "closing store connection from {}: {} (is something other than a Strata process "
-        "connecting to the rendezvous port?)",
-        peer_, why);
+    if (!hello_done_) {
+      server_->note_refused(peer_, why);
+    } else {
+      detail::logger("store")->warn(
+          "closing store connection from {}: {} (is something other than a Strata process "
+          "connecting to the rendezvous port?)",
+          peer_, why);
+    }
     close();
   }
 
@@ -123,26 +166,29 @@ class Session : public std::enable_shared_from_this<Session> {
       case Op::kHello: {
         const uint32_t magic = r.u32();
         const uint32_t version = r.u32();
-        const std::string token = r.str(4096);
-        if (!r.ok() || !r.at_end() || magic != kHelloMagic || hello_done_)
-          return reject("malformed HELLO");
-        if (version != kProtocolVersion)
-          return respond(response(STRATA_ERR_ABI_MISMATCH, 0,
-                                  "the rendezvous store speaks protocol version " +
-                                      std::to_string(kProtocolVersion) + " but this process speaks " +
-                                      std::to_string(version) +
-                                      "; run the same Strata version in every process"));
-        if (!server_->token.empty() && !constant_time_equal(token, server_->token)) {
-          detail::logger("store")->warn("refused store connection from {}: wrong auth token", peer_);
+        if (!r.ok() || magic != kHelloMagic || hello_done_) return reject("malformed HELLO");
+        if (version != kProtocolVersion) {
+          server_->note_refused(peer_, "protocol version " + std::to_string(version));
+          return answer_and_close(response(STRATA_ERR_ABI_MISMATCH, 0,
+                                           "the rendezvous store speaks protocol version " +
+                                               std::to_string(kProtocolVersion) + " but this process speaks " +
+                                               std::to_string(version) +
+                                               "; run the same Strata version in every process"));
+        }
+        const std::string client_nonce = r.str(kNonceBytes);
+        const std::string proof = r.str(kProofBytes);
+        if (!r.ok() || !r.at_end() || client_nonce.size() != kNonceBytes) return reject("malformed HELLO");
+        if (!server_->token.empty() &&
+            !constant_time_equal(proof, client_proof(server_->token, nonce_, client_nonce))) {
+          server_->note_refused(peer_, "wrong auth token");
           // Answer, then drop: the client reports PERMISSION_DENIED.
-          out_ = response(STRATA_ERR_PERMISSION_DENIED, 0, "wrong auth token");
-          auto self = shared_from_this();
-          asio::async_write(socket_, asio::buffer(out_),
-                            [self](boost::system::error_code, size_t) { self->close(); });
-          return;
+          return answer_and_close(response(STRATA_ERR_PERMISSION_DENIED, 0, "wrong auth token"));
         }
         hello_done_ = true;
-        return respond(response(STRATA_OK, 0, ""));
+        if (hello_timer_) hello_timer_->cancel();
+        return respond(response(STRATA_OK, 0,
+                                server_->token.empty() ? std::string()
+                                                       : server_proof(server_->token, nonce_, client_nonce)));
       }
       case Op::kSet: {
         std::string key = r.str(kMaxKeyBytes);
@@ -205,9 +251,17 @@ class Session : public std::enable_shared_from_this<Session> {
     reject("unknown request op " + std::to_string(static_cast<int>(op)));
   }
 
+  void answer_and_close(std::string bytes) {
+    out_ = std::move(bytes);
+    auto self = shared_from_this();
+    asio::async_write(socket_, asio::buffer(out_), [self](boost::system::error_code, size_t) { self->close(); });
+  }
+
   tcp::socket socket_;
   StoreServer::Impl* server_;
   std::string peer_;
+  std::string nonce_;
+  std::unique_ptr<asio::steady_timer> hello_timer_;
   std::array<char, 4> len_buf_{};
   std::vector<char> body_;
   std::string out_;
@@ -242,6 +296,32 @@ void StoreServer::Impl::finish_waiter(const std::shared_ptr<Waiter>& w, bool tim
   session->respond(response(STRATA_ERR_DEADLINE_EXCEEDED, 0, msg));
 }
 
+void StoreServer::Impl::note_refused(const std::string& peer, const std::string& why) {
+  const auto now = std::chrono::steady_clock::now();
+  if (now - log_window > std::chrono::seconds(10)) {
+    if (suppressed > 0)
+      detail::logger("store")->warn("refused {} more store connection(s) in the last 10 s (not logged one by one)",
+                                    suppressed);
+    log_window = now;
+    logged_in_window = 0;
+    suppressed = 0;
+  }
+  if (++logged_in_window <= 20) {
+    detail::logger("store")->warn(
+        "refused store connection from {}: {} (a Strata process with another STRATA_AUTH_TOKEN or version, or "
+        "something else connecting to the rendezvous port)",
+        peer, why);
+  } else {
+    ++suppressed;
+  }
+  // Keep the last 16 for rendezvous errors (sdk::refused_connections_text).
+  std::string& list = data[kRefusedKey];
+  list += peer + " (" + why + ")\n";
+  size_t lines = 0;
+  for (char c : list) lines += c == '\n' ? 1 : 0;
+  while (lines-- > 16) list.erase(0, list.find('\n') + 1);
+}
+
 void StoreServer::Impl::wake_waiters() {
   std::vector<std::shared_ptr<Waiter>> ready;
   for (const auto& w : waiters)
@@ -259,6 +339,15 @@ void StoreServer::Impl::accept() {
       auto s = std::make_shared<Session>(std::move(socket), self);
       self->sessions.remove_if([](const std::weak_ptr<Session>& w) { return w.expired(); });
       self->sessions.push_back(s);
+      self->unauthenticated.remove_if([](const std::weak_ptr<Session>& w) {
+        auto p = w.lock();
+        return !p || p->authenticated() || !p->is_open();
+      });
+      if (self->unauthenticated.size() >= kMaxUnauthenticated) {
+        if (auto oldest = self->unauthenticated.front().lock()) oldest->evict();
+        self->unauthenticated.pop_front();
+      }
+      self->unauthenticated.push_back(s);
       s->start();
     } else {
       detail::logger("store")->warn("rendezvous store accept failed: {}", ec.message());
@@ -270,6 +359,7 @@ void StoreServer::Impl::accept() {
 StoreServer::StoreServer(const std::string& host, uint16_t port, std::string auth_token)
     : impl_(std::make_unique<Impl>()) {
   impl_->token = std::move(auth_token);
+  impl_->data[kRefusedKey] = "";
   boost::system::error_code ec;
   asio::ip::address addr;
   if (host.empty()) {

@@ -172,15 +172,62 @@ int TcpStoreClient::open_connection(int64_t deadline_ms, strata_error* err, stra
         }
         int one = 1;
         ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        // HELLO: refusals here are final (a wrong token does not get better).
-        Writer w;
-        w.u8(static_cast<uint8_t>(Op::kHello)).u32(kHelloMagic).u32(kProtocolVersion).str(token_);
-        const std::string& frame = w.finish();
+        // The challenge: the server speaks first (store_protocol.h). A server
+        // that says nothing within the HELLO deadline is not a Strata 2 store.
+        const int64_t challenge_deadline = std::min<int64_t>(deadline_ms, now_ms() + kHelloTimeoutMs);
         char hdr[4];
-        IoResult r = send_all(fd, frame.data(), frame.size(), wake_fd_, deadline_ms);
-        if (r == IoResult::kOk) r = recv_all(fd, hdr, 4, wake_fd_, deadline_ms);
         uint32_t n = 0;
         std::string body;
+        std::string server_nonce;
+        IoResult r = recv_all(fd, hdr, 4, wake_fd_, challenge_deadline);
+        if (r == IoResult::kOk) {
+          std::memcpy(&n, hdr, 4);
+          if (n > kMaxHelloFrameBytes) r = IoResult::kError;
+        }
+        if (r == IoResult::kOk) {
+          body.resize(n);
+          r = recv_all(fd, body.data(), n, wake_fd_, challenge_deadline);
+        }
+        if (r == IoResult::kOk) {
+          Reader ch(body.data(), body.size());
+          const uint32_t magic = ch.u32();
+          const uint32_t version = ch.u32();
+          server_nonce = ch.str(kNonceBytes);
+          if (!ch.ok() || magic != kChallengeMagic || server_nonce.size() != kNonceBytes) {
+            r = IoResult::kError;
+          } else if (version != kProtocolVersion) {
+            ::close(fd);
+            freeaddrinfo(res);
+            *st = detail::set_error(err, STRATA_ERR_ABI_MISMATCH,
+                                    "the rendezvous store at " + address_ + " speaks protocol version " +
+                                        std::to_string(version) + " but this process speaks " +
+                                        std::to_string(kProtocolVersion) +
+                                        "; run the same Strata version in every process");
+            return -1;
+          }
+        }
+        if (r != IoResult::kOk) {
+          refused = false;
+          last_error = r == IoResult::kClosed ? "the server closed the connection before its challenge"
+                       : r == IoResult::kTimeout
+                           ? "no challenge from the server (is it an older Strata, or not a rendezvous store?)"
+                           : "the server's challenge is malformed (is it a rendezvous store?)";
+          ::close(fd);
+          continue;
+        }
+        // HELLO: refusals here are final (a wrong token does not get better).
+        const std::string client_nonce = random_bytes(kNonceBytes);
+        Writer w;
+        w.u8(static_cast<uint8_t>(Op::kHello))
+            .u32(kHelloMagic)
+            .u32(kProtocolVersion)
+            .str(client_nonce)
+            .str(client_proof(token_, server_nonce, client_nonce));
+        const std::string& frame = w.finish();
+        r = send_all(fd, frame.data(), frame.size(), wake_fd_, deadline_ms);
+        if (r == IoResult::kOk) r = recv_all(fd, hdr, 4, wake_fd_, deadline_ms);
+        n = 0;
+        body.clear();
         if (r == IoResult::kOk) {
           std::memcpy(&n, hdr, 4);
           if (n > 65536) r = IoResult::kError;
@@ -208,6 +255,19 @@ int TcpStoreClient::open_connection(int64_t deadline_ms, strata_error* err, stra
               "the rendezvous store at " + address_ +
                   " refused this process: STRATA_AUTH_TOKEN differs from the chief's; start every "
                   "process with the same token (strata-run does this)");
+          return -1;
+        }
+        if (rd.ok() && status == STRATA_OK && !token_.empty() &&
+            !constant_time_equal(msg, server_proof(token_, server_nonce, client_nonce))) {
+          ::close(fd);
+          freeaddrinfo(res);
+          *st = detail::set_error(
+              err, STRATA_ERR_PERMISSION_DENIED,
+              "the rendezvous store at " + address_ +
+                  (msg.empty() ? std::string(" runs without STRATA_AUTH_TOKEN but this process has one")
+                               : std::string(" could not prove it knows this process's STRATA_AUTH_TOKEN")) +
+                  "; start every process with the same token (strata-run does this), and check that the "
+                  "address is the chief's");
           return -1;
         }
         if (!rd.ok() || status != STRATA_OK) {
