@@ -16,16 +16,21 @@
 // failed switch is logged on every worker and training goes on over the old
 // transport: the switch is an optional reconfiguration, and every worker
 // sees the same failure, so they all stay in step.
+#include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -186,6 +191,90 @@ class Progress {
   std::chrono::steady_clock::time_point start_;
 };
 
+// The weights file is written as <path>.tmp.<host>.<pid> and renamed into
+// place. A writer killed mid-write (even by SIGKILL, which no handler sees)
+// leaves its temp behind, so every run with --save first removes the temps of
+// processes on this host that no longer exist; the host in the name keeps a
+// run from deleting the live temp of a same-pid writer on another machine
+// sharing the directory.
+std::string host_name() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0 || buf[0] == '\0') return "localhost";
+  return buf;
+}
+
+std::string temp_path_for(const std::string& path) {
+  return path + ".tmp." + host_name() + "." + std::to_string(::getpid());
+}
+
+void remove_stale_temps(const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path target(path);
+  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  const std::string prefix = target.filename().string() + ".tmp." + host_name() + ".";
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string pid = name.substr(prefix.size());
+    if (pid.empty() || pid.size() > 9 || pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    // ESRCH only: EPERM means the pid is alive (another user's process).
+    if (::kill(static_cast<pid_t>(std::stol(pid)), 0) == 0 || errno != ESRCH) continue;
+    std::error_code rm;
+    if (fs::remove(it->path(), rm))
+      std::fprintf(stderr, "strata-train: removed '%s', left by a writer (pid %s) that no longer runs\n",
+                   it->path().c_str(), pid.c_str());
+  }
+}
+
+// Durable replace: data fsync'ed before the rename, so that after a crash the
+// name holds either the old file or the complete new one (never a renamed
+// but empty file), and the directory fsync'ed after it, so the rename itself
+// survives a power loss. The temp is unlinked on every failure.
+void write_file_durably(const std::string& path, const std::string& data) {
+  const std::string tmp = temp_path_for(path);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0)
+    STRATA_THROW(STRATA_ERR_NOT_FOUND, "--save: cannot write '", tmp, "': ", std::strerror(errno),
+                 "; check the directory exists and is writable");
+  auto fail = [&](const char* step) {
+    const int e = errno;
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    STRATA_THROW(STRATA_ERR_DATA_LOSS, "--save: ", step, " '", tmp, "' failed: ", std::strerror(e),
+                 "; check free space and the file system, then run again");
+  };
+  for (size_t off = 0; off < data.size();) {
+    const ssize_t n = ::write(fd, data.data() + off, data.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) fail("writing");
+    off += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) fail("fsync of");
+  if (::close(fd) != 0) {
+    const int e = errno;
+    ::unlink(tmp.c_str());
+    STRATA_THROW(STRATA_ERR_DATA_LOSS, "--save: closing '", tmp, "' failed: ", std::strerror(e),
+                 "; check free space and the file system, then run again");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int e = errno;
+    ::unlink(tmp.c_str());
+    STRATA_THROW(STRATA_ERR_INTERNAL, "--save: cannot rename '", tmp, "' to '", path, "': ", std::strerror(e),
+                 "; check that '", path, "' is not a directory and that its directory is writable");
+  }
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  const std::string dir = parent.empty() ? "." : parent.string();
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0 || ::fsync(dfd) != 0) {
+    const int e = errno;
+    if (dfd >= 0) ::close(dfd);
+    STRATA_THROW(STRATA_ERR_DATA_LOSS, "--save: '", path, "' was written but fsync of its directory '", dir,
+                 "' failed: ", std::strerror(e), "; the file may not survive a power loss, check the file system");
+  }
+  ::close(dfd);
+}
+
 void save_weights(const std::string& path, const std::vector<strata::Variable>& vars, const Args& a, double loss) {
   nlohmann::json doc;
   doc["format"] = "strata-train-weights-v1";
@@ -195,16 +284,7 @@ void save_weights(const std::string& path, const std::vector<strata::Variable>& 
     strata::Tensor t = v.value();
     doc["weights"][v.name()] = {{"shape", t.shape()}, {"data", t.to_vector<float>()}};
   }
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    if (!out) STRATA_THROW(STRATA_ERR_NOT_FOUND, "--save: cannot write '", tmp, "': check the directory exists and is writable");
-    out << doc.dump() << '\n';
-    if (!out.flush()) STRATA_THROW(STRATA_ERR_DATA_LOSS, "--save: writing '", tmp, "' failed (disk full?)");
-  }
-  // Rename so that a crash never leaves a half-written weights file behind.
-  if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    STRATA_THROW(STRATA_ERR_INTERNAL, "--save: cannot rename '", tmp, "' to '", path, "'");
+  write_file_durably(path, doc.dump() + "\n");
 }
 
 // The record layout strata-train reads and writes: x float32 [features],
@@ -254,6 +334,7 @@ int train(const Args& a) {
   if (a.global_batch <= 0 || a.steps < 0 || a.dataset_size <= 0)
     STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "--global-batch and --dataset-size must be positive and --steps non-negative");
   const std::vector<TransportSwitch> switches = parse_switches(a.switch_transport, a.steps);
+  if (!a.save.empty()) remove_stale_temps(a.save);
   strata::Strategy strategy = strata::Strategy::from_config(make_config(a));
   const int replicas = strategy.num_replicas_in_sync();
   if (a.global_batch < replicas)

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -152,6 +153,70 @@ TEST_F(TrainTest, BadFlagsAreRejected) {
   r = run(std::string(STRATA_TRAIN_BIN) + " --strategy mirrored --devices gpu0 --steps 1 --quiet");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("gpu0"), std::string::npos) << r.output;
+}
+
+// Reads the strace log and returns the lines (any process) in order.
+std::vector<std::string> lines_of(const std::string& path) {
+  std::vector<std::string> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+// The weights file is durable: the temp's data is fsync'ed before the rename
+// and the directory after it; a temp left by a dead writer is removed at the
+// start of the next run, and one of a live process is kept.
+TEST_F(TrainTest, WeightsAreFsyncedBeforeTheRenameAndStaleTempsRemoved) {
+  if (run("strace -V", 10).exit_code != 0) GTEST_SKIP() << "strace is not installed";
+  char host[256] = {};
+  ASSERT_EQ(gethostname(host, sizeof host - 1), 0);
+  const std::string out = (dir_ / "w.json").string();
+  // A pid that surely no longer runs: a child that has been reaped.
+  const pid_t dead = fork();
+  ASSERT_GE(dead, 0);
+  if (dead == 0) _exit(0);
+  ASSERT_EQ(waitpid(dead, nullptr, 0), dead);
+  const std::string stale = out + ".tmp." + host + "." + std::to_string(dead);
+  const std::string live = out + ".tmp." + host + "." + std::to_string(getpid());
+  std::ofstream(stale).flush();
+  std::ofstream(live).flush();
+  const std::string log = (dir_ / "strace.txt").string();
+  const Result r = run("strace -f -y -qq -o " + log + " -e trace=openat,fsync,fdatasync,rename,renameat,renameat2 " +
+                       std::string(STRATA_TRAIN_BIN) +
+                       " --steps 2 --global-batch 8 --features 4 --hidden 4 --classes 2 --dataset-size 64 --quiet"
+                       " --save " + out, 60);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_FALSE(fs::exists(stale)) << "a dead writer's temp must be removed:\n" << r.output;
+  EXPECT_TRUE(fs::exists(live)) << "a live process's temp must be kept";
+  EXPECT_NE(r.output.find("no longer runs"), std::string::npos) << r.output;
+  std::ifstream in(out);
+  ASSERT_TRUE(in.good());
+  EXPECT_EQ(nlohmann::json::parse(in)["format"], "strata-train-weights-v1");
+
+  // Find the fsync of the temp, the rename onto w.json and the directory fsync.
+  const std::string tmp_mark = "w.json.tmp.";
+  int fsync_tmp = -1, rename_at = -1, fsync_dir = -1;
+  const std::vector<std::string> lines = lines_of(log);
+  for (int i = 0; i < static_cast<int>(lines.size()); ++i) {
+    const std::string& l = lines[size_t(i)];
+    if (l.size() < 3 || l.compare(l.size() - 3, 3, "= 0") != 0) continue;  // failed or unfinished calls
+    if ((l.find("fsync(") != std::string::npos || l.find("fdatasync(") != std::string::npos) &&
+        l.find(tmp_mark) != std::string::npos && fsync_tmp < 0)
+      fsync_tmp = i;
+    if (l.find("rename") != std::string::npos && l.find(tmp_mark) != std::string::npos &&
+        l.find("w.json\"") != std::string::npos)
+      rename_at = i;
+    if (rename_at >= 0 && i > rename_at && l.find("fsync(") != std::string::npos &&
+        l.find("<" + fs::canonical(dir_).string() + ">") != std::string::npos)
+      fsync_dir = i;
+  }
+  std::string all;
+  for (const std::string& l : lines)
+    if (l.find("w.json") != std::string::npos || l.find("fsync") != std::string::npos) all += l + "\n";
+  ASSERT_GE(rename_at, 0) << "no rename of the temp onto w.json:\n" << all;
+  ASSERT_GE(fsync_tmp, 0) << "the temp was never fsync'ed:\n" << all;
+  EXPECT_LT(fsync_tmp, rename_at) << "fsync must precede the rename:\n" << all;
+  EXPECT_GT(fsync_dir, rename_at) << "the directory must be fsync'ed after the rename:\n" << all;
 }
 
 }  // namespace
