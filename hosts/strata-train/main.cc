@@ -59,6 +59,7 @@ struct Args {
   std::string export_prefix;      // --export-data
   int export_files = 4;
   std::int64_t shuffle_buffer = 0;
+  bool skip_corrupt = false;  // --skip-corrupt
   bool quiet = false;
   int log_every = 0;
   std::vector<std::string> switch_transport;  // raw --switch-transport values
@@ -289,15 +290,16 @@ void save_weights(const std::string& path, const std::vector<strata::Variable>& 
 
 // The record layout strata-train reads and writes: x float32 [features],
 // y int32 (scalar label).
-strata::RecordOptions record_options(const ModelShape& m) {
+strata::RecordOptions record_options(const Args& a) {
   strata::RecordOptions o;
-  o.features = {{"x", strata::DType::kFloat32, {m.features}}, {"y", strata::DType::kInt32, {}}};
+  o.features = {{"x", strata::DType::kFloat32, {a.model.features}}, {"y", strata::DType::kInt32, {}}};
+  o.skip_corrupt = a.skip_corrupt;
   return o;
 }
 
 // The training data: --data record files, else the synthetic set in memory.
 strata::Dataset make_dataset(const Args& a) {
-  if (!a.data.empty()) return strata::Dataset::from_records(a.data, record_options(a.model));
+  if (!a.data.empty()) return strata::Dataset::from_records(a.data, record_options(a));
   const strata::train::SyntheticData data(a.model, a.dataset_size, a.seed);
   strata::Element e;
   e.add("x", strata::Tensor::from_vector(data.features(), {a.dataset_size, a.model.features}));
@@ -485,6 +487,9 @@ int main(int argc, char** argv) {
   app.add_option("--shuffle-buffer", a.shuffle_buffer,
                  "Shuffle the examples through a buffer of this size, seeded by --seed (0: data order)")
       ->capture_default_str();
+  app.add_flag("--skip-corrupt", a.skip_corrupt,
+               "With --data: skip records whose checksum fails (a corrupt length skips the rest of that file) "
+               "and log each skip, instead of stopping at the first one");
   app.add_option("--save", a.save, "Write the final weights as JSON to this file (chief only)");
   app.add_option("--log-every", a.log_every, "Print a progress line every N steps when stderr is not a terminal");
   app.add_option("--switch-transport", a.switch_transport,
@@ -501,6 +506,13 @@ int main(int argc, char** argv) {
     return a.export_prefix.empty() ? train(a) : export_data(a);
   } catch (const strata::Error& e) {
     std::fprintf(stderr, "strata-train: error: %s (%s)\n", e.what(), e.code_name());
+    // The reader's advice names its option (skip_corrupt); say what it is
+    // called on this command line.
+    if (!a.skip_corrupt && e.code() == STRATA_ERR_DATA_LOSS &&
+        std::string(e.what()).find("corrupt record") != std::string::npos)
+      std::fprintf(stderr,
+                   "strata-train: to train on the remaining records, run again with --skip-corrupt (each skipped "
+                   "record is logged), or write the damaged file again\n");
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "strata-train: error: %s\n", e.what());

@@ -155,6 +155,44 @@ TEST_F(TrainTest, BadFlagsAreRejected) {
   EXPECT_NE(r.output.find("gpu0"), std::string::npos) << r.output;
 }
 
+// A record file with one damaged payload: without --skip-corrupt training
+// stops with an error naming the file, the offset and the flag; with it,
+// training runs on the other records and the skip is logged.
+TEST_F(TrainTest, CorruptRecordFailsNamingTheFlagAndSkipCorruptTrainsOn) {
+  const std::string model = " --features 4 --hidden 4 --classes 2";
+  const std::string prefix = (dir_ / "d").string();
+  Result r = run(std::string(STRATA_TRAIN_BIN) + " --export-data " + prefix + " --export-files 1 --dataset-size 64" +
+                 model);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string file = prefix + "-00000-of-00001.rec";
+  // Records are 8 (length) + 4 (CRC) + 20 (x: 4 floats, y: 1 int) + 4 (CRC)
+  // bytes; flip a payload byte of the second record, at byte offset 36.
+  {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    ASSERT_TRUE(f.good());
+    f.seekg(36 + 12 + 3);
+    char c = 0;
+    f.get(c);
+    f.seekp(36 + 12 + 3);
+    f.put(static_cast<char>(c ^ 0x5a));
+  }
+  const std::string train = "env STRATA_LOG_LEVEL=warn " + std::string(STRATA_TRAIN_BIN) + " --data " + file +
+                            " --steps 3 --global-batch 8 --quiet" + model;
+  r = run(train);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("corrupt record in '" + file + "' at byte offset 36"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("run again with --skip-corrupt"), std::string::npos) << r.output;
+
+  r = run(train + " --skip-corrupt");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("trained 3 steps"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("skipping corrupt record in '" + file + "' at byte offset 36"), std::string::npos)
+      << r.output;
+
+  r = run(std::string(STRATA_TRAIN_BIN) + " --help");
+  EXPECT_NE(r.output.find("--skip-corrupt"), std::string::npos) << r.output;
+}
+
 // Reads the strace log and returns the lines (any process) in order.
 std::vector<std::string> lines_of(const std::string& path) {
   std::vector<std::string> out;
