@@ -802,6 +802,15 @@ TEST_P(RingTest, StoppedRankTimesOut) {
     named = named || (st[size_t(k)].code == STRATA_ERR_DEADLINE_EXCEEDED &&
                       st[size_t(k)].message.find("rank 2") != std::string::npos);
   EXPECT_TRUE(named) << st[0].message << "\n" << st[1].message;
+  // One duration for one wait: the configured deadline and the time waited,
+  // each labelled, and not the length of the transport's last wait slice.
+  for (int k = 0; k < 2; ++k) {
+    const std::string& m = st[size_t(k)].message;
+    if (st[size_t(k)].code != STRATA_ERR_DEADLINE_EXCEEDED) continue;
+    EXPECT_NE(m.find("within the " + std::to_string(timeout_s) + " s deadline (timeout_s"), std::string::npos) << m;
+    EXPECT_NE(m.find("; waited "), std::string::npos) << m;
+    EXPECT_EQ(m.find(" ms"), std::string::npos) << "a second duration: " << m;
+  }
 }
 
 // A failing rank aborts its communicator: ranks that were waiting on it

@@ -171,7 +171,8 @@ class RingComm::Op {
     strata_status_t s;
     // Wait in slices so that a job-wide stop request (host abort flag) ends
     // the wait early; the request stays live across DEADLINE_EXCEEDED.
-    const uint64_t deadline = c_.host_.now_ns() + uint64_t(c_.opt_.timeout_ms) * 1000000ull;
+    const uint64_t start = c_.host_.now_ns();
+    const uint64_t deadline = start + uint64_t(c_.opt_.timeout_ms) * 1000000ull;
     for (;;) {
       strata_error_init(&err);
       const uint64_t now = c_.host_.now_ns();
@@ -184,7 +185,7 @@ class RingComm::Op {
     }
     if (s != STRATA_ERR_DEADLINE_EXCEEDED) q.live = false;  // released by wait
     if (q.send) forget_send(i);
-    if (s != STRATA_OK) fail_request(q, s, err.message);
+    if (s != STRATA_OK) fail_request(q, s, err.message, int64_t((c_.host_.now_ns() - start) / 1000000ull));
     q.bytes = bytes;
     return bytes;
   }
@@ -246,12 +247,16 @@ class RingComm::Op {
     return "step " + std::to_string(q.step) + ", chunk " + std::to_string(q.chunk);
   }
 
-  [[noreturn]] void fail_request(const Req& q, strata_status_t s, const char* msg) {
+  [[noreturn]] void fail_request(const Req& q, strata_status_t s, const char* msg, int64_t waited_ms = 0) {
     const std::string peer = "rank " + std::to_string(q.peer);
     if (s == STRATA_ERR_DEADLINE_EXCEEDED) {
+      // The transport's own text only covers the last wait slice, so it
+      // would name a second, shorter duration for the same wait: leave it out.
+      const int64_t tenths = (waited_ms + 50) / 100;
       raise(s, prefix(), ": ", q.send ? "sending to " : "receiving from ", peer, " (", what(q),
-            ") did not complete within ", c_.opt_.timeout_ms / 1000.0, " s (timeout_s); ", peer,
-            " may have stopped, crashed or be running a different collective: ", msg);
+            ") did not complete within the ", c_.opt_.timeout_ms / 1000.0, " s deadline (timeout_s; waited ",
+            tenths / 10, ".", tenths % 10, " s); ", peer,
+            " may have stopped, crashed or be running a different collective, or raise timeout_s if it is only slow");
     }
     raise(s, prefix(), ": ", q.send ? "sending to " : "receiving from ", peer, " (", what(q), ") failed: ",
           msg);
