@@ -481,17 +481,33 @@ TEST_F(MwmsTest, KilledWorkerMakesTheOthersFailNamingIt) {
 }
 
 TEST_F(MwmsTest, WorkerThatNeverStartsIsARendezvousDeadline) {
-  const std::string cfg = write_config(R"({"timeouts": {"collective_s": 5, "rendezvous_s": 5}})");
+  // The collective deadline is long on purpose: the rendezvous deadline, not
+  // it, must bound the wait for a worker that never starts.
+  const std::string cfg = write_config(R"({"timeouts": {"collective_s": 300, "rendezvous_s": 6}})");
   const json cluster = {{"worker", {"127.0.0.1:" + std::to_string(free_port()),
+                                    "127.0.0.1:" + std::to_string(free_port()),
                                     "127.0.0.1:" + std::to_string(free_port())}}};
   Cluster c(dir_);
-  // Worker 0 (serves the store) runs alone: its peer never arrives.
+  // Workers 0 (serves the store) and 1 run; worker 2 never starts.
   auto env = token_env_;
-  env["TF_CONFIG"] = tf_config(cluster, "worker", 0);
-  c.start(train_argv("--config " + cfg + " --strategy multi_worker_mirrored --steps 3 --quiet"), env, "alone_chief");
+  for (int w = 0; w < 2; ++w) {
+    env["TF_CONFIG"] = tf_config(cluster, "worker", w);
+    c.start(train_argv("--config " + cfg + " --strategy multi_worker_mirrored --steps 3 --quiet"), env,
+            "worker" + std::to_string(w));
+  }
   ASSERT_TRUE(c.wait_all(60)) << c.all_output();
-  EXPECT_NE(c.child(0).status, 0) << c.output(0);
-  EXPECT_NE(c.output(0).find("DEADLINE_EXCEEDED"), std::string::npos) << c.output(0);
+  for (int w = 0; w < 2; ++w) {
+    const std::string out = c.output(size_t(w));
+    EXPECT_NE(c.child(size_t(w)).status, 0) << out;
+    EXPECT_NE(out.find("DEADLINE_EXCEEDED"), std::string::npos) << out;
+    EXPECT_NE(out.find("rank(s) 2 of 3 never joined"), std::string::npos) << "must name the missing worker:\n" << out;
+    // Process start-up and the store connection come on top of the 6 s.
+    EXPECT_LT(c.child(size_t(w)).exited_after_s, 6 + 4.0) << out;
+    std::printf("[ rendezvous ] worker %d failed after %.1f s (rendezvous_s 6, collective_s 300)\n", w,
+                c.child(size_t(w)).exited_after_s);
+  }
+  // While waiting, the chief said who was missing.
+  EXPECT_NE(c.output(0).find("waiting for rank(s) 2 of 3"), std::string::npos) << c.output(0);
 
   // Worker 1 runs alone: the chief's store never answers.
   Cluster c2(dir_);
@@ -505,7 +521,7 @@ TEST_F(MwmsTest, WorkerThatNeverStartsIsARendezvousDeadline) {
 }
 
 TEST_F(MwmsTest, WrongAuthTokenIsRefused) {
-  const std::string cfg = write_config(R"({"timeouts": {"collective_s": 5, "rendezvous_s": 10}})");
+  const std::string cfg = write_config(R"({"timeouts": {"collective_s": 300, "rendezvous_s": 6}})");
   const json cluster = {{"worker", {"127.0.0.1:" + std::to_string(free_port()),
                                     "127.0.0.1:" + std::to_string(free_port())}}};
   Cluster c(dir_);
@@ -519,8 +535,12 @@ TEST_F(MwmsTest, WrongAuthTokenIsRefused) {
   EXPECT_NE(c.child(1).status, 0) << c.output(1);
   EXPECT_NE(c.output(1).find("PERMISSION_DENIED"), std::string::npos) << c.output(1);
   EXPECT_NE(c.output(1).find("STRATA_AUTH_TOKEN"), std::string::npos) << c.output(1);
-  // The chief never gets its peer and fails by its deadline instead of hanging.
+  // The chief never gets its peer: it fails at the rendezvous deadline, not
+  // the collective one, and says that a process was refused.
   EXPECT_NE(c.child(0).status, 0) << c.output(0);
+  EXPECT_LT(c.child(0).exited_after_s, 6 + 4.0) << c.output(0);
+  EXPECT_NE(c.output(0).find("refused"), std::string::npos) << c.output(0);
+  EXPECT_NE(c.output(0).find("wrong auth token"), std::string::npos) << c.output(0);
 }
 
 TEST_F(MwmsTest, BadCommunicationOptionsAreRejected) {

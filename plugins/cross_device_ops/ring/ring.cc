@@ -16,6 +16,9 @@
 //                  the ring and go straight to every rank in one message
 //                  (latency; default 32 KiB; 0 = always ring)
 //   "timeout_s":   deadline of every wait (default /timeouts/collective_s, 300)
+//   "setup_timeout_s": deadline for every rank to join and the transport
+//                  communicator to be built (default /timeouts/rendezvous_s,
+//                  120); rank 0 logs the missing ranks every 5 s meanwhile
 //
 // Semantics across processes (every process passes its num_replicas local
 // tensors; world_size * num_replicas replicas are in sync):
@@ -68,6 +71,7 @@
 #include "strata/sdk/kernels.hpp"
 #include "strata/sdk/local_cross_device_ops.hpp"
 #include "strata/sdk/options.hpp"
+#include "strata/sdk/rendezvous.hpp"
 
 namespace strata::plugins::ring {
 namespace {
@@ -118,7 +122,7 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
     const nlohmann::json o = sdk::parse_options(options_json, kComponent);
     sdk::check_known_keys(o,
                           {"transport", "rank", "world_size", "communicator", "bytes_per_pack", "chunk_bytes",
-                           "direct_max_bytes", "timeout_s"},
+                           "direct_max_bytes", "timeout_s", "setup_timeout_s"},
                           kComponent);
     RingCommOptions co;
     co.world_size = sdk::get_option<int32_t>(o, "world_size", 1, kComponent);
@@ -138,6 +142,7 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
     co.direct_max_bytes = sdk::get_option<uint64_t>(o, "direct_max_bytes", 32768, kComponent);
     const double timeout_s = sdk::collective_timeout_s(host_, o, kComponent);
     co.timeout_ms = static_cast<int64_t>(timeout_s * 1000.0);
+    co.setup_timeout_ms = static_cast<int64_t>(sdk::rendezvous_timeout_s(host_, o, kComponent) * 1000.0);
     world_ = co.world_size;
     rank_ = co.rank;
     comm_options_ = co;
@@ -609,6 +614,10 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
     // 3. Every rank joins the new communicator; any failure drops it everywhere.
     RingCommOptions co = comm_options_;
     co.name = comm_options_.name + "/swap" + std::to_string(swap);
+    // Every rank is already here and running: the swap is bounded by the
+    // collective deadline (its verdict exchange below relies on that), not
+    // by the rendezvous one that allows for workers starting late.
+    co.setup_timeout_ms = co.timeout_ms;
     std::unique_ptr<RingComm> next;
     const Outcome built = attempt([&] {
       next = std::make_unique<RingComm>(host_, fresh.vtable(), fresh.handle<strata_transport_t>(), co);

@@ -2,6 +2,7 @@
 #include "ring_comm.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <exception>
 #include <type_traits>
@@ -9,6 +10,7 @@
 
 #include "strata/error.hpp"
 #include "strata/sdk/kernels.hpp"
+#include "strata/sdk/rendezvous.hpp"
 
 namespace strata::plugins::ring {
 namespace {
@@ -301,8 +303,17 @@ RingComm::RingComm(sdk::Host host, const strata_transport_vtable* vt, strata_tra
   if (2ull * uint64_t(opt_.world_size) > kMaxStep)
     STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "ring cross_device_ops supports at most ", kMaxStep / 2,
                  " processes; got world_size ", opt_.world_size);
+  // The rendezvous deadline bounds everything up to a ready communicator:
+  // a worker that never starts is named at that deadline, not at the
+  // (longer) collective one inside the transport's own handshake.
+  const auto setup_start = std::chrono::steady_clock::now();
+  sdk::rendezvous_gate(host_, opt_.name, opt_.rank, opt_.world_size, opt_.setup_timeout_ms,
+                       ::strata::detail::str_cat("ring: communicator '", opt_.name, "' rank ", opt_.rank));
+  const int64_t spent = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                                                setup_start).count();
+  const int64_t create_ms = std::max<int64_t>(1000, opt_.setup_timeout_ms - spent);
   ::strata::detail::check_status(
-      vt_->comm_create(transport_, opt_.name.c_str(), opt_.rank, opt_.world_size, opt_.timeout_ms, &comm_, &err),
+      vt_->comm_create(transport_, opt_.name.c_str(), opt_.rank, opt_.world_size, create_ms, &comm_, &err),
       err, ::strata::detail::str_cat("ring: joining communicator '", opt_.name, "' as rank ", opt_.rank, " of ",
                                      opt_.world_size).c_str());
 }

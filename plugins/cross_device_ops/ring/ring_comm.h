@@ -58,14 +58,16 @@ struct RingCommOptions {
   int32_t rank = 0;
   int32_t world_size = 1;
   int64_t timeout_ms = 300000;
+  int64_t setup_timeout_ms = 120000;  // the rendezvous: every rank joins, then the transport comm
   uint64_t chunk_bytes = 0;   // 0 = transport preference or 1 MiB
   uint64_t direct_max_bytes = 32768;
 };
 
 class RingComm {
  public:
-  /// Creates the transport communicator (blocks for the rendezvous, up to
-  /// timeout_ms). `transport` must outlive this object.
+  /// Waits for every rank to join (sdk::rendezvous_gate), then creates the
+  /// transport communicator, both within setup_timeout_ms. `transport` must
+  /// outlive this object.
   RingComm(sdk::Host host, const strata_transport_vtable* vt, strata_transport_t transport,
            RingCommOptions options);
   ~RingComm();
