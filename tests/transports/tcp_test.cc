@@ -23,6 +23,8 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 
 #include "frame.h"
 #include "strata/error.hpp"
@@ -436,7 +438,9 @@ TEST(TcpTest, AMissingRankIsNamedAtTheDeadline) {
     alone.join(unique_name("alone"), 1, 2, 300);
     FAIL() << "comm_create succeeded without rank 0";
   } catch (const DeadlineExceededError& e) {
-    EXPECT_NE(std::string(e.what()).find("rank(s) 0 never connected"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("rank 0 never published the communicator's handshake secret"),
+              std::string::npos)
+        << e.what();
   }
 }
 
@@ -465,6 +469,103 @@ TEST(TcpTest, TakenPortRangeIsAClearError) {
 
 // Plays rank 1 by hand: publishes its own listening socket, accepts rank 0's
 // connection, answers the handshake, then writes garbage.
+// The handshake MAC as frame.h defines it, computed here independently.
+std::string hs_mac(const std::string& secret, const std::string& role, const uint8_t* fields,
+                   const std::string& acceptor_nonce, const std::string& nonce) {
+  std::string msg = "strata-tcp-2 " + role;
+  msg.append(reinterpret_cast<const char*>(fields), tcpw::kHandshakeFieldBytes);
+  msg += acceptor_nonce + nonce;
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), reinterpret_cast<const unsigned char*>(msg.data()),
+       msg.size(), out, &len);
+  return std::string(reinterpret_cast<const char*>(out), len);
+}
+
+std::string store_get(const strata_host_api* api, const std::string& key, int64_t ms) {
+  std::string out;
+  strata_error err;
+  strata_error_init(&err);
+  auto append = [](void* ctx, const char* data, uint64_t n) { static_cast<std::string*>(ctx)->append(data, n); };
+  detail::check_status(api->store_get(api, key.c_str(), append, &out, ms, &err), err, "store_get");
+  return out;
+}
+
+void store_set(const strata_host_api* api, const std::string& key, const std::string& v) {
+  strata_error err;
+  strata_error_init(&err);
+  detail::check_status(api->store_set(api, key.c_str(), v.data(), v.size(), 1000, &err), err, "store_set");
+}
+
+int connect_to(const std::string& addr) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(std::stoi(addr.substr(addr.rfind(':') + 1))));
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// During setup, rank 2's port gets an idle connection, a well-formed
+// handshake signed with the wrong secret, and then 70 more idle connections
+// (more than it keeps waiting), and rank 1's port an idle one, all before
+// the real peers connect. Setup still completes and data flows.
+TEST(TcpTest, StrangersAtTheTransportPortsDuringSetupNeitherJoinNorBlockIt) {
+  PluginHost host;
+  const strata_host_api* api = host.host_api();
+  const std::string name = unique_name("strangers");
+  std::atomic<int> go{2};  // ranks at or above `go` may join
+  std::vector<int> fds;
+  std::thread stranger([&] {
+    const std::string addr2 = store_get(api, name + "/addr/2", 10000);
+    for (int i = 0; i < 72; ++i) {
+      const int fd = connect_to(addr2);
+      if (fd < 0) continue;
+      fds.push_back(fd);
+      if (i != 1) continue;
+      uint8_t hs[tcpw::kFrameHeaderBytes + tcpw::kHandshakeBytes];
+      tcpw::FrameHeader h;
+      h.flags = tcpw::kFlagHandshake;
+      h.length = h.total = tcpw::kHandshakeBytes;
+      tcpw::encode_header(h, hs);
+      tcpw::Handshake forged;
+      forged.name_hash = tcpw::comm_name_hash(name);
+      forged.rank = 0;
+      forged.world = 3;
+      forged.conn_index = 0;
+      forged.conns_per_peer = 1;
+      forged.nonce = std::string(32, 'n');
+      forged.mac = std::string(32, 'm');
+      tcpw::encode_handshake(forged, hs + tcpw::kFrameHeaderBytes);
+      (void)!::send(fd, hs, sizeof hs, MSG_NOSIGNAL);
+    }
+    go = 1;
+    const std::string addr1 = store_get(api, name + "/addr/1", 10000);
+    const int fd = connect_to(addr1);
+    if (fd >= 0) fds.push_back(fd);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    go = 0;
+  });
+  run_ranks(3, [&](int rank) {
+    const auto until = Clock::now() + std::chrono::seconds(10);
+    while (go.load() > rank && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    Rank r(host, R"({"connections_per_peer": 1})");
+    r.join(name, rank, 3, 10000);
+    uint64_t v = static_cast<uint64_t>(rank), got = 99;
+    const int next = (rank + 1) % 3, prev = (rank + 2) % 3;
+    auto q = r.irecv(prev, 5, &got, 8);
+    r.wait(r.isend(next, 5, &v, 8));
+    EXPECT_EQ(r.wait(q), 8u);
+    EXPECT_EQ(got, static_cast<uint64_t>(prev));
+  });
+  stranger.join();
+  for (int fd : fds) ::close(fd);
+}
+
 TEST(TcpTest, GarbageFromAPeerFailsItsRequestsNamingIt) {
   PluginHost host;
   const std::string name = unique_name("garbage");
@@ -482,6 +583,8 @@ TEST(TcpTest, GarbageFromAPeerFailsItsRequestsNamingIt) {
   strata_error err;
   strata_error_init(&err);
   ASSERT_EQ(api->store_set(api, key.c_str(), addr.data(), addr.size(), 1000, &err), STRATA_OK);
+  const std::string my_nonce(32, 'k');
+  store_set(api, name + "/nonce/1", my_nonce);
 
   std::thread fake([&] {
     const int fd = ::accept(lfd, nullptr, nullptr);
@@ -496,6 +599,8 @@ TEST(TcpTest, GarbageFromAPeerFailsItsRequestsNamingIt) {
     tcpw::FrameHeader h;
     h.flags = tcpw::kFlagHandshake;
     h.length = h.total = tcpw::kHandshakeBytes;
+    tcpw::Handshake theirs;
+    if (!tcpw::decode_handshake(hs + tcpw::kFrameHeaderBytes, tcpw::kHandshakeBytes, &theirs).empty()) return;
     tcpw::encode_header(h, hs);
     tcpw::Handshake me;
     me.name_hash = tcpw::comm_name_hash(name);
@@ -503,6 +608,10 @@ TEST(TcpTest, GarbageFromAPeerFailsItsRequestsNamingIt) {
     me.world = 2;
     me.conn_index = 0;
     me.conns_per_peer = 1;
+    tcpw::encode_handshake(me, hs + tcpw::kFrameHeaderBytes);
+    me.nonce = theirs.nonce;
+    me.mac = hs_mac(store_get(api, name + "/secret", 1000), "accept", hs + tcpw::kFrameHeaderBytes, my_nonce,
+                    theirs.nonce);
     tcpw::encode_handshake(me, hs + tcpw::kFrameHeaderBytes);
     (void)!::send(fd, hs, sizeof hs, MSG_NOSIGNAL);
     std::this_thread::sleep_for(std::chrono::milliseconds(100));

@@ -83,6 +83,8 @@ void encode_handshake(const Handshake& h, uint8_t out[kHandshakeBytes]) {
   put<int32_t>(p, h.world);
   put<uint32_t>(p, h.conn_index);
   put<uint32_t>(p, h.conns_per_peer);
+  for (size_t i = 0; i < kHandshakeNonceBytes; ++i) *p++ = i < h.nonce.size() ? static_cast<uint8_t>(h.nonce[i]) : 0;
+  for (size_t i = 0; i < kHandshakeMacBytes; ++i) *p++ = i < h.mac.size() ? static_cast<uint8_t>(h.mac[i]) : 0;
 }
 
 std::string decode_handshake(const uint8_t* data, size_t size, Handshake* out) {
@@ -94,6 +96,9 @@ std::string decode_handshake(const uint8_t* data, size_t size, Handshake* out) {
   h.world = take<int32_t>(p);
   h.conn_index = take<uint32_t>(p);
   h.conns_per_peer = take<uint32_t>(p);
+  h.nonce.assign(reinterpret_cast<const char*>(p), kHandshakeNonceBytes);
+  p += kHandshakeNonceBytes;
+  h.mac.assign(reinterpret_cast<const char*>(p), kHandshakeMacBytes);
   if (h.world < 1) return "handshake world size " + std::to_string(h.world) + " < 1";
   if (h.rank < 0 || h.rank >= h.world)
     return "handshake rank " + std::to_string(h.rank) + " outside 0.." + std::to_string(h.world - 1);

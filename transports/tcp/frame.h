@@ -11,6 +11,16 @@
 // carrying bytes [offset, offset + length) of it; `seq` numbers the messages
 // of one sender to one receiver from 0. A connection opens with one
 // handshake frame each way (flags = kFlagHandshake, payload below).
+//
+// Handshake authentication (version 2): each rank publishes a fresh 32-byte
+// nonce with its address through the (token-authenticated) store, and rank
+// 0 a random per-communicator secret. The connecting rank sends its own
+// fresh nonce and HMAC-SHA256(secret, "strata-tcp-2 connect" | fields |
+// acceptor_nonce | nonce); the acceptor answers with its fields, the same
+// nonce and HMAC(secret, "strata-tcp-2 accept" | ...). A process without
+// store access cannot join or inject data, and a recorded handshake is
+// useless in another communicator (other nonces) or the same one (slot
+// already taken).
 #pragma once
 
 #include <cstddef>
@@ -20,9 +30,12 @@
 namespace strata::transport::tcp {
 
 constexpr uint32_t kFrameMagic = 0x53545446;  // "FTTS"
-constexpr uint16_t kFrameVersion = 1;
+constexpr uint16_t kFrameVersion = 2;
 constexpr size_t kFrameHeaderBytes = 48;
-constexpr size_t kHandshakeBytes = 24;
+constexpr size_t kHandshakeFieldBytes = 24;  ///< name_hash .. conns_per_peer, the MAC's input
+constexpr size_t kHandshakeNonceBytes = 32;
+constexpr size_t kHandshakeMacBytes = 32;
+constexpr size_t kHandshakeBytes = kHandshakeFieldBytes + kHandshakeNonceBytes + kHandshakeMacBytes;
 /// Largest message the decoder accepts (a sanity bound against garbage).
 constexpr uint64_t kMaxMessageBytes = 1ull << 40;
 
@@ -44,6 +57,8 @@ struct Handshake {
   int32_t world = 0;        ///< sender's world size
   uint32_t conn_index = 0;  ///< which of the connections_per_peer this is
   uint32_t conns_per_peer = 0;
+  std::string nonce;  ///< the connecting side's fresh nonce (kHandshakeNonceBytes)
+  std::string mac;    ///< HMAC over the fields and both nonces (kHandshakeMacBytes)
 };
 
 void encode_header(const FrameHeader& h, uint8_t out[kFrameHeaderBytes]);

@@ -18,6 +18,9 @@
 #include <vector>
 
 #include <boost/asio.hpp>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
 
 #include "frame.h"
 #include "strata/sdk/options.hpp"
@@ -123,6 +126,40 @@ struct SendFrame {
   uint64_t sent = 0;  // bytes of header + payload already written (by an inline send)
 };
 
+std::string random_bytes(size_t n) {
+  std::string out(n, '\0');
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(out.data()), static_cast<int>(n)) != 1)
+    STRATA_THROW(STRATA_ERR_INTERNAL, "tcp transport: the system random generator failed (OpenSSL RAND_bytes)");
+  return out;
+}
+
+// The handshake MAC (frame.h): over the encoded fields and both nonces.
+std::string handshake_mac(const std::string& secret, const char* role, const uint8_t* fields,
+                          const std::string& acceptor_nonce, const std::string& nonce) {
+  std::string msg = std::string("strata-tcp-2 ") + role;
+  msg.append(reinterpret_cast<const char*>(fields), kHandshakeFieldBytes);
+  msg += acceptor_nonce;
+  msg += nonce;
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
+           reinterpret_cast<const unsigned char*>(msg.data()), msg.size(), out, &len) == nullptr)
+    STRATA_THROW(STRATA_ERR_INTERNAL, "tcp transport: HMAC-SHA256 failed (OpenSSL)");
+  return std::string(reinterpret_cast<const char*>(out), len);
+}
+
+bool same_secret(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char d = 0;
+  for (size_t i = 0; i < a.size(); ++i) d |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return d == 0;
+}
+
+// Connections accepted but not yet through their handshake, at most: more
+// (a flood of idle strangers) drop the oldest, so fds stay bounded and a
+// real peer's connection is always read.
+constexpr size_t kMaxPendingHandshakes = 64;
+
 struct Conn {
   explicit Conn(asio::io_context& io) : socket(io) {}
   tcp::socket socket;
@@ -135,6 +172,7 @@ struct Conn {
   std::deque<SendFrame> sendq;
   bool writing = false;
   std::array<uint8_t, kFrameHeaderBytes + kHandshakeBytes> hs{};  // handshake I/O
+  std::string hs_nonce;  // connecting side: this connection's nonce
 };
 
 struct Peer {
@@ -782,16 +820,34 @@ void TcpComm::setup(int64_t timeout_ms) {
                  " (last error: ", last_error, "); widen the 'ports' option or use \"0\" for an ephemeral port");
   const std::string my_addr = join_host_port(advertise, bound);
   peers_[rank_].address = my_addr;
+  const std::string my_nonce = random_bytes(kHandshakeNonceBytes);
+  host_.store_set(str_cat(name_, "/nonce/", rank_), my_nonce, left_ms());
   host_.store_set(str_cat(name_, "/addr/", rank_), my_addr, left_ms());
+  // The communicator's handshake secret, from rank 0 through the store.
+  std::string secret;
+  if (rank_ == 0) {
+    secret = random_bytes(32);
+    host_.store_set(str_cat(name_, "/secret"), secret, left_ms());
+  }
 
   for (int p = 0; p < world_; ++p) {
     if (p == rank_) continue;
     peers_[p].conns.resize(static_cast<size_t>(nconn));
   }
+  std::vector<std::string> nonces(static_cast<size_t>(world_));
+  try {
+    if (rank_ != 0) secret = host_.store_get(str_cat(name_, "/secret"), left_ms());
+  } catch (const Error& e) {
+    if (e.code() == STRATA_ERR_DEADLINE_EXCEEDED)
+      STRATA_THROW(STRATA_ERR_DEADLINE_EXCEEDED, who, ": rank 0 never published the communicator's handshake secret (key '",
+                   name_, "/secret') within ", timeout_ms, " ms; check that rank 0 creates this communicator");
+    throw;
+  }
   // Addresses of the ranks this one connects to.
   for (int p = rank_ + 1; p < world_; ++p) {
     try {
       peers_[p].address = host_.store_get(str_cat(name_, "/addr/", p), left_ms());
+      nonces[size_t(p)] = host_.store_get(str_cat(name_, "/nonce/", p), left_ms());
     } catch (const Error& e) {
       if (e.code() == STRATA_ERR_DEADLINE_EXCEEDED)
         STRATA_THROW(STRATA_ERR_DEADLINE_EXCEEDED, who, ": rank ", p, " never published its address (key '",
@@ -835,7 +891,10 @@ void TcpComm::setup(int64_t timeout_ms) {
                      "; give every rank the same transport options");
     return "";
   };
-  auto my_hs = [&](Conn& c, int index) {
+  // Our handshake on `c`: as the connecting side (acceptor_nonce = the
+  // peer's published nonce, nonce = a fresh one) or as the accepting side
+  // (acceptor_nonce = ours, nonce = the one the peer sent).
+  auto my_hs = [&](Conn& c, int index, const char* role, const std::string& acceptor_nonce, const std::string& nonce) {
     FrameHeader h;
     h.flags = kFlagHandshake;
     h.length = h.total = kHandshakeBytes;
@@ -846,42 +905,65 @@ void TcpComm::setup(int64_t timeout_ms) {
     hs.world = world_;
     hs.conn_index = static_cast<uint32_t>(index);
     hs.conns_per_peer = static_cast<uint32_t>(nconn);
-    encode_handshake(hs, c.hs.data() + kFrameHeaderBytes);
+    uint8_t* payload = c.hs.data() + kFrameHeaderBytes;
+    encode_handshake(hs, payload);  // the fields, for the MAC
+    hs.nonce = nonce;
+    hs.mac = handshake_mac(secret, role, payload, acceptor_nonce, nonce);
+    encode_handshake(hs, payload);
+  };
+  auto signed_by_peer = [&](const Conn& c, const Handshake& hs, const char* role, const std::string& acceptor_nonce) {
+    return same_secret(hs.mac, handshake_mac(secret, role, c.hs.data() + kFrameHeaderBytes, acceptor_nonce, hs.nonce));
   };
 
-  // Accept from lower ranks.
+  // Accept from lower ranks. Keep accepting until setup ends, whatever the
+  // accepted connections do: an idle or hostile stranger must never take the
+  // turn of a real peer. A handshake without this communicator's MAC is
+  // dropped with a warning; a signed one that does not fit fails the setup.
   std::vector<std::unique_ptr<Conn>> accepted;
+  std::deque<Conn*> unverified;  // accepted, handshake not read yet, oldest first
   std::function<void()> do_accept;
-  int to_accept = rank_ * nconn;
+  auto forget = [&](Conn* c) { unverified.erase(std::remove(unverified.begin(), unverified.end(), c), unverified.end()); };
   do_accept = [&] {
     auto conn = std::make_unique<Conn>(io_);
     Conn* c = conn.get();
     accepted.push_back(std::move(conn));
     acceptor.async_accept(c->socket, [&, c](const boost::system::error_code& e) {
       if (e) return;
-      if (--to_accept > 0) do_accept();
+      do_accept();
       tune(c->socket);
+      if (unverified.size() >= kMaxPendingHandshakes) {
+        boost::system::error_code ignored;
+        Conn* oldest = unverified.front();
+        unverified.pop_front();
+        host_.warn(who, ": dropped a connection that sent no handshake: more than ", kMaxPendingHandshakes,
+                   " connections were waiting to be verified (is something flooding this port?)");
+        oldest->socket.close(ignored);
+      }
+      unverified.push_back(c);
       asio::async_read(c->socket, asio::buffer(c->hs), [&, c](const boost::system::error_code& e2, size_t) {
+        forget(c);
         boost::system::error_code ignored;
         const auto remote = c->socket.remote_endpoint(ignored);
         const std::string from = join_host_port(remote.address().to_string(), remote.port());
         if (e2 == asio::error::operation_aborted) return;
         if (e2) {
           host_.warn(who, ": dropped a connection from ", from, " that closed before its handshake (", e2.message(), ")");
-          ++to_accept;
-          do_accept();
+          c->socket.close(ignored);
           return;
         }
         FrameHeader fh;
-        if (!decode_header(c->hs.data(), kFrameHeaderBytes, &fh).empty() || fh.flags != kFlagHandshake) {
-          // Not a Strata rank (a port scanner, a stale client): drop it, keep waiting.
-          host_.warn(who, ": dropped a connection from ", from, " that did not open with a handshake");
+        Handshake hs;
+        if (!decode_header(c->hs.data(), kFrameHeaderBytes, &fh).empty() || fh.flags != kFlagHandshake ||
+            !decode_handshake(c->hs.data() + kFrameHeaderBytes, kHandshakeBytes, &hs).empty() ||
+            !signed_by_peer(*c, hs, "connect", my_nonce)) {
+          // Not a rank of this communicator (a port scanner, a process of
+          // another job, a replay): drop it, keep waiting for the real one.
+          host_.warn(who, ": dropped a connection from ", from,
+                     " whose handshake is not signed with this communicator's secret (a stranger, or a rank of "
+                     "another job or an earlier run)");
           c->socket.close(ignored);
-          ++to_accept;
-          do_accept();
           return;
         }
-        Handshake hs;
         std::string bad = check_hs(*c, c->hs, &hs);
         if (bad.empty() && hs.rank >= rank_)
           bad = str_cat("rank ", hs.rank, " connected, but only lower ranks connect to rank ", rank_);
@@ -895,7 +977,7 @@ void TcpComm::setup(int64_t timeout_ms) {
         c->peer = hs.rank;
         c->index = static_cast<int>(hs.conn_index);
         if (peers_[hs.rank].address.empty()) peers_[hs.rank].address = from;
-        my_hs(*c, c->index);
+        my_hs(*c, c->index, "accept", my_nonce, hs.nonce);
         asio::async_write(c->socket, asio::buffer(c->hs), [&, c](const boost::system::error_code& e3, size_t) {
           if (e3) return fail(STRATA_ERR_UNAVAILABLE, str_cat(who, ": lost ", peer_name(c->peer), " during the handshake: ", e3.message()));
           for (auto& a : accepted)
@@ -905,7 +987,7 @@ void TcpComm::setup(int64_t timeout_ms) {
       });
     });
   };
-  if (to_accept > 0) do_accept();
+  if (rank_ > 0) do_accept();
 
   // Connect to higher ranks.
   for (int p = rank_ + 1; p < world_; ++p) {
@@ -924,7 +1006,8 @@ void TcpComm::setup(int64_t timeout_ms) {
       c->socket.async_connect(tcp::endpoint(addr, port), [&, c](const boost::system::error_code& e) {
         if (e) return fail(STRATA_ERR_UNAVAILABLE, str_cat(who, ": cannot connect to ", peer_name(c->peer), ": ", e.message()));
         tune(c->socket);
-        my_hs(*c, c->index);
+        c->hs_nonce = random_bytes(kHandshakeNonceBytes);
+        my_hs(*c, c->index, "connect", nonces[size_t(c->peer)], c->hs_nonce);
         asio::async_write(c->socket, asio::buffer(c->hs), [&, c](const boost::system::error_code& e2, size_t) {
           if (e2) return fail(STRATA_ERR_UNAVAILABLE, str_cat(who, ": lost ", peer_name(c->peer), " during the handshake: ", e2.message()));
           asio::async_read(c->socket, asio::buffer(c->hs), [&, c](const boost::system::error_code& e3, size_t) {
@@ -933,6 +1016,8 @@ void TcpComm::setup(int64_t timeout_ms) {
                                                           e3.message(), "); see its log for the reason"));
             Handshake hs;
             std::string bad = check_hs(*c, c->hs, &hs);
+            if (bad.empty() && (hs.nonce != c->hs_nonce || !signed_by_peer(*c, hs, "accept", nonces[size_t(c->peer)])))
+              bad = "its answer is not signed with this communicator's secret (another job's process on that port?)";
             if (bad.empty() && (hs.rank != c->peer || static_cast<int>(hs.conn_index) != c->index))
               bad = str_cat("it answered as rank ", hs.rank, " (a stale address from an earlier run?)");
             if (!bad.empty()) return fail(STRATA_ERR_FAILED_PRECONDITION, str_cat(who, ": ", peer_name(c->peer), " is incompatible: ", bad));
@@ -965,8 +1050,11 @@ void TcpComm::setup(int64_t timeout_ms) {
     STRATA_THROW(STRATA_ERR_DEADLINE_EXCEEDED, who, ": rank(s) ", missing, " never connected within ", timeout_ms,
                  " ms; check that every rank creates communicator '", name_, "' and can reach ", my_addr);
   }
-  // An accept re-armed after a dropped stranger may still be outstanding:
-  // run its cancellation now, while the locals it captures are alive.
+  // The accept is always re-armed, and strangers that never sent their
+  // handshake still have a read posted: close them and run those
+  // cancellations now, while the locals their handlers capture are alive.
+  for (auto& c : accepted)
+    if (c) c->socket.close(ignored);
   io_.restart();
   io_.poll();
   accepted.clear();
