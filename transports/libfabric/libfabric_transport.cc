@@ -539,6 +539,7 @@ class LfComm : public sdk::CommBase {
   std::unordered_set<Region*> regions_;
   Clock::time_point next_liveness_{};
   bool closing_ = false;
+  bool setup_done_ = false;  // setup() returned: peers know this endpoint
   size_t data_recvs_ = 0;  // kDataRecv ops alive (posted or backlogged)
   bool starved_ = false;   // a matched receive waits for room under kMaxDataRecvs
 
@@ -1512,12 +1513,15 @@ void LfComm::setup(int64_t timeout_ms) {
                  " (keys '", key, "<rank>') within ", timeout_ms,
                  " ms; check that every rank creates this communicator with the same name and world size");
   }
+  setup_done_ = true;
 }
 
 LfComm::~LfComm() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (ep_ != nullptr) {
+    // After a failed setup, nothing was exchanged worth finishing: close
+    // without driving the provider (its state may be what failed).
+    if (ep_ != nullptr && setup_done_) {
       apply_abort_locked();
       // Let our sends reach their peers first (bounded), then cancel the rest.
       const auto until = Clock::now() + std::chrono::milliseconds(500);
