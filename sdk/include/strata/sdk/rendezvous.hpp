@@ -82,6 +82,7 @@ inline void rendezvous_gate(const Host& host, const std::string& name, int rank,
   host.store_set(key(rank), "1", timeout_ms);
   std::vector<std::string> keys;
   for (int r = 0; r < world; ++r) keys.push_back(key(r));
+  // "rank 3" or "ranks 2, 3" ("" when nobody is missing).
   auto missing = [&] {
     std::string m;
     int n = 0;
@@ -94,7 +95,7 @@ inline void rendezvous_gate(const Host& host, const std::string& name, int rank,
         m += (n++ == 0 ? "" : ", ") + std::to_string(r);
       }
     }
-    return m;
+    return m.empty() ? m : (n == 1 ? "rank " : "ranks ") + m;
   };
   std::string last_missing;
   for (;;) {
@@ -104,7 +105,7 @@ inline void rendezvous_gate(const Host& host, const std::string& name, int rank,
       return;
     } catch (const Error& e) {
       if (e.code() == STRATA_ERR_UNAVAILABLE && !last_missing.empty())
-        STRATA_THROW(STRATA_ERR_UNAVAILABLE, who, ": rank(s) ", last_missing, " of ", world,
+        STRATA_THROW(STRATA_ERR_UNAVAILABLE, who, ": ", last_missing, " of ", world,
                      " had not joined communicator '", name,
                      "' when the rendezvous store went away (the chief, which serves it, gives up at its "
                      "rendezvous deadline); start every worker the cluster spec lists (check their logs): ",
@@ -116,13 +117,13 @@ inline void rendezvous_gate(const Host& host, const std::string& name, int rank,
     if (m.empty()) return;  // everyone arrived just as the slice ended
     const double waited = std::chrono::duration<double>(Clock::now() - start).count();
     if (Clock::now() >= deadline)
-      STRATA_THROW(STRATA_ERR_DEADLINE_EXCEEDED, who, ": rank(s) ", m, " of ", world, " never joined communicator '",
+      STRATA_THROW(STRATA_ERR_DEADLINE_EXCEEDED, who, ": ", m, " of ", world, " never joined communicator '",
                    name, "' within the rendezvous deadline of ", timeout_ms / 1000.0,
                    " s (/timeouts/rendezvous_s)", refused_connections_text(host),
                    "; start every worker the cluster spec lists (check their logs), or raise "
                    "/timeouts/rendezvous_s if they start late");
     if (rank == 0)
-      host.warn(who, ": waiting for rank(s) ", m, " of ", world, " to join communicator '", name, "' (",
+      host.warn(who, ": waiting for ", m, " of ", world, " to join communicator '", name, "' (",
                 static_cast<int64_t>(waited), " s of ", timeout_ms / 1000.0, " s)", refused_connections_text(host));
   }
 }
