@@ -22,6 +22,8 @@
 #include <thread>
 #include <vector>
 
+#include <filesystem>
+#include <fstream>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -739,6 +741,37 @@ TEST(ShmTransportTest, IsLibfabricOnShmByName) {
     EXPECT_NE(std::string(e.what()).find("use transport 'libfabric' for other providers"), std::string::npos)
         << e.what();
   }
+}
+
+// shm regions left in /dev/shm by killed processes: one of a pid that no
+// longer runs, and one with this process's pid that this process never
+// made (a previous process with the same pid, after pids wrapped). Either
+// used to make fi_enable fail with EBUSY for the next process with that
+// pid; both are removed before an shm endpoint is made, and this process's
+// own live regions are kept.
+TEST(ShmTransportTest, StaleRegionsOfGoneProcessesAreRemoved) {
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ASSERT_GT(child, 0);
+  ::waitpid(child, nullptr, 0);
+  const std::string dead = "/dev/shm/" + std::to_string(child) + ":0:7";
+  const std::string mine = "/dev/shm/" + std::to_string(::getpid()) + ":9:999";
+  for (const std::string& f : {dead, mine}) std::ofstream(f) << "stale";
+  ASSERT_TRUE(std::filesystem::exists(dead));
+  PluginHost host;
+  const std::string name = unique_name("shm-stale");
+  run_ranks(2, [&](int rank) {
+    Rank r(host, "shm", "{}");
+    r.join(name, rank, 2);
+    uint64_t out = 7, in = 0;
+    strata_request_t q = r.irecv(1 - rank, 1, &in, 8);
+    r.wait(r.isend(1 - rank, 1, &out, 8));
+    ASSERT_EQ(r.wait(q), 8u);
+  });
+  EXPECT_FALSE(std::filesystem::exists(dead)) << dead << " (its process is gone) was kept";
+  EXPECT_FALSE(std::filesystem::exists(mine)) << mine << " (not made by this process) was kept";
+  std::filesystem::remove(dead);
+  std::filesystem::remove(mine);
 }
 #endif
 

@@ -2,7 +2,9 @@
 #include "libfabric_transport.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <dlfcn.h>
+#include <signal.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
 #include <unistd.h>
@@ -17,7 +19,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <fstream>
@@ -361,6 +366,50 @@ std::mutex& local_eps_mu() {
 std::unordered_set<std::string>& local_eps() {
   static std::unordered_set<std::string> eps;
   return eps;
+}
+
+// shm names each endpoint's region /dev/shm/<pid>:<domain>:<endpoint> and
+// removes it only on a clean close. A killed process leaves its regions
+// behind, and once pids wrap (pid_max is 32768 here) a new process with the
+// same pid fails fi_enable with EBUSY on the stale name. Before creating an
+// shm endpoint, remove regions whose creator is gone: another pid that no
+// longer runs, or this pid but not created by this process (the names this
+// process created are recorded, under this lock, as they are made). This
+// assumes /dev/shm is not shared across PID namespaces (Docker gives each
+// container its own unless run with --ipc=host).
+std::mutex& shm_regions_mu() {
+  static std::mutex mu;
+  return mu;
+}
+std::set<std::string>& shm_regions_made() {
+  static std::set<std::string> names;
+  return names;
+}
+
+// Returns how many stale regions were removed. Caller holds shm_regions_mu().
+int sweep_stale_shm_regions() {
+  int removed = 0;
+  const pid_t me = ::getpid();
+  DIR* d = ::opendir("/dev/shm");
+  if (d == nullptr) return 0;
+  while (dirent* e = ::readdir(d)) {
+    const char* n = e->d_name;
+    char* end = nullptr;
+    const long pid = std::strtol(n, &end, 10);
+    if (end == n || *end != ':' || pid <= 0) continue;
+    unsigned a = 0, b = 0;
+    char extra = 0;
+    if (std::sscanf(end, ":%u:%u%c", &a, &b, &extra) != 2) continue;
+    bool stale = false;
+    if (pid == me) {
+      stale = shm_regions_made().count(n) == 0;
+    } else {
+      stale = ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
+    }
+    if (stale && ::unlinkat(::dirfd(d), n, 0) == 0) ++removed;
+  }
+  ::closedir(d);
+  return removed;
 }
 
 // Libfabric objects of a destroyed communicator, closed in order, and the
@@ -1437,10 +1486,26 @@ void LfComm::setup(int64_t timeout_ms) {
   cq_attr.wait_obj = FI_WAIT_NONE;
   cq_attr.size = 0;
   check(fi_cq_open(domain_, &cq_attr, &cq_, nullptr), "fi_cq_open");
+  std::unique_lock<std::mutex> shm_lock;
+  if (prov_ == "shm") {
+    shm_lock = std::unique_lock<std::mutex>(shm_regions_mu());
+    if (const int n = sweep_stale_shm_regions(); n > 0)
+      host_.info(who(), ": removed ", n, " stale shared-memory region(s) of processes that are gone from /dev/shm");
+  }
   check(fi_endpoint(domain_, info_, &ep_, nullptr), "fi_endpoint");
   check(fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV), "binding the completion queue");
   check(fi_ep_bind(ep_, &av_->fid, 0), "binding the address vector");
   check(fi_enable(ep_), "fi_enable");
+  if (shm_lock.owns_lock()) {
+    char name[256];
+    size_t len = sizeof name;
+    if (fi_getname(&ep_->fid, name, &len) == 0) {
+      std::string region(name, strnlen(name, len));
+      if (region.rfind("fi_shm://", 0) == 0) region = region.substr(9);
+      shm_regions_made().insert(region);
+    }
+    shm_lock.unlock();
+  }
 
   {
     std::lock_guard<std::mutex> lock(mu_);
