@@ -337,6 +337,14 @@ TEST_F(MwmsTest, ChiefAndWorkersMatchOneDeviceAndOnlyTheChiefSaves) {
 }
 
 #ifdef STRATA_RUN_BIN
+// The LeakSanitizer options the children get: CI's own (use_tls=0 and its
+// suppressions), else the default this fixture sets. Never "", which would
+// unset it.
+std::string lsan_options() {
+  const char* v = std::getenv("LSAN_OPTIONS");
+  return v != nullptr && *v != '\0' ? std::string(v) : std::string("use_tls=0");
+}
+
 TEST_F(MwmsTest, UnderStrataRunMatchesOneDevice) {
   const json ref = reference();
   for (int n : {2, 4}) {
@@ -345,7 +353,7 @@ TEST_F(MwmsTest, UnderStrataRunMatchesOneDevice) {
     c.start({STRATA_RUN_BIN, "-n", std::to_string(n), "--timeout", "200", "--", STRATA_TRAIN_BIN, "--strategy",
              "multi_worker_mirrored", "--quiet", "--steps", "50", "--global-batch", "96", "--features", "16",
              "--hidden", "32", "--classes", "4", "--lr", "0.5", "--dataset-size", "4096", "--save", out.string()},
-            {{"TF_CONFIG", ""}, {"STRATA_AUTH_TOKEN", ""}, {"STRATA_CONFIG", ""}, {"LSAN_OPTIONS", token_env_["LSAN_OPTIONS"]}},
+            {{"TF_CONFIG", ""}, {"STRATA_AUTH_TOKEN", ""}, {"STRATA_CONFIG", ""}, {"LSAN_OPTIONS", lsan_options()}},
             "run" + std::to_string(n));
     ASSERT_TRUE(c.wait_all(240)) << c.all_output();
     EXPECT_EQ(c.child(0).status, 0) << c.all_output();
