@@ -1029,7 +1029,24 @@ void LfComm::check_liveness_locked() {
   for (Request* r : live_)
     if (!r->finished) waiting[r->peer] = true;
   for (int p = 0; p < world_; ++p) {
-    if (!waiting[p] || !peers_[p].local || peers_[p].failed) continue;
+    if (!waiting[p] || peers_[p].failed) continue;
+    if (peers_[p].same_process && !peers_[p].closed) {
+      // A peer in this process that closed without its goodbye arriving
+      // (tcp;ofi_rxm connects lazily: a goodbye to a peer never spoken to
+      // can be dropped at close) is known closed from the registry.
+      bool open = false;
+      {
+        std::lock_guard<std::mutex> lock(local_eps_mu());
+        open = local_eps().count(peers_[p].ep_key) != 0;
+      }
+      if (!open) {
+        InMsg bye;
+        bye.kind = kBye;
+        peer_closed_locked(p, bye);
+      }
+      continue;
+    }
+    if (!peers_[p].local) continue;
     const std::string gone = proc_gone(peers_[p].proc);
     if (!gone.empty())
       fail_peer_locked(p, STRATA_ERR_UNAVAILABLE,
