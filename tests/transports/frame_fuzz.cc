@@ -19,7 +19,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     encode_header(h, again);
     if (std::memcmp(again, data, kFrameHeaderBytes) != 0) std::abort();
   }
-  if (size >= kFrameHeaderBytes) {
+  if (size >= kHandshakeBytes) {
     Handshake hs;
     if (decode_handshake(data + size - kHandshakeBytes, kHandshakeBytes, &hs).empty()) {
       if (hs.rank < 0 || hs.rank >= hs.world || hs.conn_index >= hs.conns_per_peer) std::abort();
