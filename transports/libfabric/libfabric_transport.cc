@@ -68,6 +68,9 @@ constexpr auto kLivenessPeriod = std::chrono::milliseconds(100);
 // How long a failed request waits for its cancelled operations to leave the
 // caller's buffer before it is released anyway.
 constexpr auto kFailGrace = std::chrono::seconds(1);
+// How long a same-process peer may be closed before its goodbye or its last
+// messages arrive; then it is treated as closed without them.
+constexpr auto kGoneGrace = std::chrono::seconds(2);
 
 // Control message. Host byte order: every rank of a communicator runs the
 // same build on the same architecture (libfabric's own wire formats assume
@@ -342,6 +345,7 @@ struct Peer {
   bool local = false;   // same host, another process: liveness is checked
   bool same_process = false;
   std::string ep_key;   // its fi_getname, hex
+  std::chrono::steady_clock::time_point gone_since{};  // same process: first seen closed without a goodbye
   uint64_t send_ctrl_seq = 0, send_data_seq = 0;
   uint64_t recv_ctrl_next = 0;
   std::map<uint64_t, InMsg> early;  // control messages ahead of recv_ctrl_next
@@ -1039,7 +1043,13 @@ void LfComm::check_liveness_locked() {
         std::lock_guard<std::mutex> lock(local_eps_mu());
         open = local_eps().count(peers_[p].ep_key) != 0;
       }
-      if (!open) {
+      // Gone from the registry, but what it sent before may still be on its
+      // way: only after a grace with no goodbye is it treated as closed.
+      if (open) {
+        peers_[p].gone_since = Clock::time_point{};
+      } else if (peers_[p].gone_since == Clock::time_point{}) {
+        peers_[p].gone_since = now;
+      } else if (now - peers_[p].gone_since >= kGoneGrace) {
         InMsg bye;
         bye.kind = kBye;
         peer_closed_locked(p, bye);
