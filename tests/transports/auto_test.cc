@@ -24,6 +24,8 @@
 #include "strata/plugin_host.hpp"
 #include "strata/sdk/host.hpp"
 #include "test_support.h"
+#include "forked_ranks.h"
+#include "transport_test_support.h"
 
 namespace strata {
 namespace {
@@ -31,119 +33,22 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
 using test::Children;
+using test::pattern;
 using test::reap;
+using test::run_ranks;
+using test::unique_name;
 using test::unused_port;
 
-strata_buffer make_buf(void* data, uint64_t bytes, strata_mem_region_t mr = nullptr) {
-  strata_buffer b{};
-  STRATA_INIT_HEADER(&b, strata_buffer);
-  b.data = data;
-  b.bytes = bytes;
-  b.device = DLDevice{kDLCPU, 0};
-  b.mr = mr;
-  return b;
-}
-
 // One rank's "auto" transport instance and communicator, throwing on errors.
-class Rank {
+class Rank : public test::TransportRank {
  public:
-  Rank(PluginHost& host, const std::string& options) : inst_(host.create(STRATA_KIND_TRANSPORT, "auto", options)) {
-    vt_ = inst_.vtable_as<strata_transport_vtable>();
-  }
-  ~Rank() { leave(); }
-  void join(const std::string& name, int rank, int world, int64_t timeout_ms = 20000) {
-    strata_error e;
-    strata_error_init(&e);
-    detail::check_status(vt_->comm_create(handle(), name.c_str(), rank, world, timeout_ms, &comm_, &e), e,
-                         "comm_create");
-  }
-  void leave() {
-    if (comm_ != nullptr) vt_->comm_destroy(comm_);
-    comm_ = nullptr;
-  }
-  strata_request_t isend(int peer, uint64_t tag, const void* data, uint64_t bytes, strata_mem_region_t mr = nullptr) {
-    strata_buffer b = make_buf(const_cast<void*>(data), bytes, mr);
-    strata_request_t r = nullptr;
-    strata_error e;
-    strata_error_init(&e);
-    detail::check_status(vt_->isend(comm_, peer, tag, &b, &r, &e), e, "isend");
-    return r;
-  }
-  strata_request_t irecv(int peer, uint64_t tag, void* data, uint64_t bytes, strata_mem_region_t mr = nullptr) {
-    strata_buffer b = make_buf(data, bytes, mr);
-    strata_request_t r = nullptr;
-    strata_error e;
-    strata_error_init(&e);
-    detail::check_status(vt_->irecv(comm_, peer, tag, &b, &r, &e), e, "irecv");
-    return r;
-  }
-  uint64_t wait(strata_request_t r, int64_t ms = 20000) {
-    uint64_t n = 0;
-    strata_error e;
-    strata_error_init(&e);
-    detail::check_status(vt_->wait(comm_, r, ms, &n, &e), e, "wait");
-    return n;
-  }
-  bool test(strata_request_t r, uint64_t* n) {
-    int32_t done = 0;
-    strata_error e;
-    strata_error_init(&e);
-    detail::check_status(vt_->test(comm_, r, &done, n, &e), e, "test");
-    return done != 0;
-  }
-  void cancel(strata_request_t r) { vt_->cancel(comm_, r); }
-  void abort(const char* why) { vt_->comm_abort(comm_, why); }
-  strata_mem_region_t reg(void* data, uint64_t bytes) {
-    strata_mem_region_t mr = nullptr;
-    strata_error e;
-    strata_error_init(&e);
-    detail::check_status(vt_->mem_register(comm_, data, bytes, DLDevice{kDLCPU, 0}, &mr, &e), e, "mem_register");
-    return mr;
-  }
-  void dereg(strata_mem_region_t mr) { vt_->mem_deregister(comm_, mr); }
-  strata_transport_caps caps() {
-    strata_transport_caps c{};
-    STRATA_INIT_HEADER(&c, strata_transport_caps);
-    strata_error e;
-    strata_error_init(&e);
-    detail::check_status(vt_->get_caps(handle(), &c, &e), e, "get_caps");
-    return c;
-  }
-
- private:
-  strata_transport_t handle() const { return static_cast<strata_transport_t>(inst_.handle()); }
-  PluginInstance inst_;
-  const strata_transport_vtable* vt_ = nullptr;
-  strata_comm_t comm_ = nullptr;
+  Rank(PluginHost& host, const std::string& options) : TransportRank(host, "auto", options) {}
 };
-
-void run_ranks(int world, const std::function<void(int)>& fn) {
-  std::vector<std::thread> threads;
-  std::vector<std::exception_ptr> errors(world);
-  for (int r = 0; r < world; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        fn(r);
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
-}
-
-std::string unique_name(const char* base) {
-  static std::atomic<int> n{0};
-  return std::string("auto-") + base + "-" + std::to_string(n++);
-}
 
 std::string opts(const std::string& host_id, const std::string& extra = "") {
   return R"({"local": "tcp", "remote": {"name": "tcp", "options": {"connections_per_peer": 1}}, "host_id": ")" +
          host_id + "\"" + extra + "}";
 }
-
-uint8_t pattern(uint64_t i, uint64_t salt) { return static_cast<uint8_t>((i * 131 + salt * 7 + (i >> 11)) & 0xff); }
 
 // Every ordered pair exchanges messages of several sizes over two tags, in
 // posting order (tags interleaved), all posted before any wait. Returns
@@ -498,38 +403,9 @@ TEST(AutoTest, ForkedProcessesOnTwoHostsOverTheTcpStore) {
     for (auto q : bs) r.wait(q);
     return 0;
   };
-  Children kids;
-  for (int rank = 1; rank < kWorld; ++rank) {
-    const pid_t pid = ::fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      int code = 0;
-      try {
-        PluginHost host;
-        StoreConfig c;
-        c.address = store;
-        c.timeout_s = 20;
-        c.auth_token = "tok";
-        host.connect_store(c);
-        code = body(host, rank);
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
-        code = 1;
-      }
-      ::_exit(code);
-    }
-    kids.pids.push_back(pid);
-  }
-  PluginHost host;
-  StoreConfig c;
-  c.address = store;
-  c.serve = true;
-  c.auth_token = "tok";
-  host.connect_store(c);
-  EXPECT_EQ(body(host, 0), 0);
-  for (size_t i = 0; i < kids.pids.size(); ++i) EXPECT_EQ(reap(kids.pids[i], 30000), 0) << "rank " << i + 1;
-  kids.pids.clear();
-  expect_routes(host, "auto-forked", {"a", "a", "b", "b"});
+  test::run_forked_world(kWorld, store, body, [](PluginHost& host) {
+    expect_routes(host, "auto-forked", {"a", "a", "b", "b"});
+  });
 }
 
 }  // namespace

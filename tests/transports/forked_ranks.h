@@ -9,6 +9,7 @@
 
 #include <cstdio>
 #include <exception>
+#include <functional>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -53,6 +54,24 @@ inline void serve_store(PluginHost& host, const std::string& store_addr) {
   c.serve = true;
   c.auth_token = "tok";
   host.connect_store(c);
+}
+
+/// A whole world of processes: ranks 1..world-1 forked (forked_ranks), rank 0
+/// here over a host that serves the store; expects body to return 0 on every
+/// rank, each child reaped within 30 s. Then after(host), if given, while the
+/// store still serves (the children are gone by then).
+template <class F>
+void run_forked_world(int world, const std::string& store_addr, F body,
+                      const std::function<void(PluginHost&)>& after = nullptr) {
+  Children kids;
+  forked_ranks(world, store_addr, kids, body);
+  if (::testing::Test::HasFatalFailure()) return;
+  PluginHost host;
+  serve_store(host, store_addr);
+  EXPECT_EQ(body(host, 0), 0);
+  for (size_t i = 0; i < kids.pids.size(); ++i) EXPECT_EQ(reap(kids.pids[i], 30000), 0) << "rank " << i + 1;
+  kids.pids.clear();
+  if (after) after(host);
 }
 
 }  // namespace strata::test

@@ -29,115 +29,29 @@
 #include "frame.h"
 #include "strata/error.hpp"
 #include "forked_ranks.h"
-#include "test_support.h"
 #include "strata/plugin_host.hpp"
+#include "test_support.h"
+#include "transport_test_support.h"
 
 namespace strata {
 namespace {
 
 using test::Children;
 using test::forked_ranks;
+using test::pattern;
 using test::reap;
+using test::run_ranks;
+using test::unique_name;
 using test::unused_port;
 
 using Clock = std::chrono::steady_clock;
 namespace tcpw = transport::tcp;
 
-strata_buffer make_buf(void* data, uint64_t bytes) {
-  strata_buffer b{};
-  STRATA_INIT_HEADER(&b, strata_buffer);
-  b.data = data;
-  b.bytes = bytes;
-  b.device = DLDevice{kDLCPU, 0};
-  return b;
-}
-
-// One rank's transport instance and communicator, throwing on errors.
-class Rank {
+// One rank's "tcp" transport instance and communicator, throwing on errors.
+class Rank : public test::TransportRank {
  public:
-  Rank(PluginHost& host, const std::string& options) : inst_(host.create(STRATA_KIND_TRANSPORT, "tcp", options)) {
-    vt_ = inst_.vtable_as<strata_transport_vtable>();
-  }
-  ~Rank() {
-    if (comm_ != nullptr) vt_->comm_destroy(comm_);
-  }
-  void join(const std::string& name, int rank, int world, int64_t timeout_ms = 20000) {
-    strata_error e;
-    strata_error_init(&e);
-    detail::check_status(vt_->comm_create(handle(), name.c_str(), rank, world, timeout_ms, &comm_, &e), e,
-                         "comm_create");
-  }
-  strata_request_t isend(int peer, uint64_t tag, const void* data, uint64_t bytes) {
-    strata_buffer b = make_buf(const_cast<void*>(data), bytes);
-    strata_request_t r = nullptr;
-    strata_error e;
-    strata_error_init(&e);
-    detail::check_status(vt_->isend(comm_, peer, tag, &b, &r, &e), e, "isend");
-    return r;
-  }
-  strata_request_t irecv(int peer, uint64_t tag, void* data, uint64_t bytes) {
-    strata_buffer b = make_buf(data, bytes);
-    strata_request_t r = nullptr;
-    strata_error e;
-    strata_error_init(&e);
-    detail::check_status(vt_->irecv(comm_, peer, tag, &b, &r, &e), e, "irecv");
-    return r;
-  }
-  uint64_t wait(strata_request_t r, int64_t ms = 20000) {
-    uint64_t n = 0;
-    strata_error e;
-    strata_error_init(&e);
-    detail::check_status(vt_->wait(comm_, r, ms, &n, &e), e, "wait");
-    return n;
-  }
-  bool test(strata_request_t r, uint64_t* n) {
-    int32_t done = 0;
-    strata_error e;
-    strata_error_init(&e);
-    detail::check_status(vt_->test(comm_, r, &done, n, &e), e, "test");
-    return done != 0;
-  }
-  void cancel(strata_request_t r) { vt_->cancel(comm_, r); }
-  void abort(const char* why) { vt_->comm_abort(comm_, why); }
-  strata_transport_caps caps() {
-    strata_transport_caps c{};
-    STRATA_INIT_HEADER(&c, strata_transport_caps);
-    strata_error e;
-    strata_error_init(&e);
-    detail::check_status(vt_->get_caps(handle(), &c, &e), e, "get_caps");
-    return c;
-  }
-
- private:
-  strata_transport_t handle() const { return static_cast<strata_transport_t>(inst_.handle()); }
-  PluginInstance inst_;
-  const strata_transport_vtable* vt_ = nullptr;
-  strata_comm_t comm_ = nullptr;
+  Rank(PluginHost& host, const std::string& options) : TransportRank(host, "tcp", options) {}
 };
-
-// Run fn(rank) on `world` threads; rethrow the first failure.
-void run_ranks(int world, const std::function<void(int)>& fn) {
-  std::vector<std::thread> threads;
-  std::vector<std::exception_ptr> errors(world);
-  for (int r = 0; r < world; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        fn(r);
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
-}
-
-std::string unique_name(const char* base) {
-  static std::atomic<int> n{0};
-  return std::string(base) + "-" + std::to_string(n++);
-}
-
-uint8_t pattern(uint64_t i, uint64_t salt) { return static_cast<uint8_t>((i * 131 + salt * 7 + (i >> 11)) & 0xff); }
 
 TEST(TcpTest, OptionsAreValidatedAndCapsReported) {
   PluginHost host;
@@ -662,23 +576,13 @@ TEST(TcpTest, ForkedProcessesRingExchangeOverTheTcpStore) {
     r.wait(bs);
     return 0;
   };
-  Children kids;
-  forked_ranks(kWorld, store, kids, body);
-  PluginHost host;
-  StoreConfig c;
-  c.address = store;
-  c.serve = true;
-  c.auth_token = "tok";
-  host.connect_store(c);
-  EXPECT_EQ(body(host, 0), 0);
-  for (size_t i = 0; i < kids.pids.size(); ++i) EXPECT_EQ(reap(kids.pids[i], 30000), 0) << "rank " << i + 1;
-  kids.pids.clear();
+  test::run_forked_world(kWorld, store, body);
 }
 
 TEST(TcpTest, AKilledPeerProcessIsUnavailableNamingIt) {
   const std::string store = "127.0.0.1:" + std::to_string(unused_port());
-  Children kids;
-  forked_ranks(2, store, kids, [](PluginHost& host, int rank) -> int {
+  test::Children kids;
+  test::forked_ranks(2, store, kids, [](PluginHost& host, int rank) -> int {
     Rank r(host, R"({})");
     r.join("victim", rank, 2);
     uint64_t v = 0;
@@ -688,11 +592,7 @@ TEST(TcpTest, AKilledPeerProcessIsUnavailableNamingIt) {
     return 0;
   });
   PluginHost host;
-  StoreConfig c;
-  c.address = store;
-  c.serve = true;
-  c.auth_token = "tok";
-  host.connect_store(c);
+  test::serve_store(host, store);
   Rank r(host, R"({})");
   r.join("victim", 0, 2);
   uint64_t v = 5;

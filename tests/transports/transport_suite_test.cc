@@ -31,6 +31,7 @@
 #include "strata/plugin_host.hpp"
 #include "forked_ranks.h"
 #include "test_support.h"
+#include "transport_test_support.h"
 
 namespace strata {
 namespace {
@@ -39,9 +40,14 @@ using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
 using test::Children;
 using test::forked_ranks;
+using test::make_buf;
+using test::pattern;
 using test::reap;
+using test::run_ranks;
 using test::serve_store;
+using test::unique_name;
 using test::unused_port;
+using Rank = test::TransportRank;
 
 struct TransportCase {
   std::string label;    // test-name suffix (letters, digits, '_')
@@ -69,119 +75,9 @@ std::string with(const TransportCase& c, const json& extra) {
   return o.dump();
 }
 
-strata_buffer make_buf(void* data, uint64_t bytes, strata_mem_region_t mr = nullptr) {
-  strata_buffer b{};
-  STRATA_INIT_HEADER(&b, strata_buffer);
-  b.data = data;
-  b.bytes = bytes;
-  b.device = DLDevice{kDLCPU, 0};
-  b.mr = mr;
-  return b;
-}
-
-// One rank's transport instance and communicator, throwing on errors.
-class Rank {
- public:
-  Rank(PluginHost& host, const std::string& name, const std::string& options)
-      : inst_(host.create(STRATA_KIND_TRANSPORT, name, options)) {
-    vt_ = inst_.vtable_as<strata_transport_vtable>();
-  }
-  ~Rank() {
-    for (auto mr : regions_) vt_->mem_deregister(comm_, mr);
-    if (comm_ != nullptr) vt_->comm_destroy(comm_);
-  }
-  const strata_transport_vtable* vt() const { return vt_; }
-  strata_comm_t comm() const { return comm_; }
-  void join(const std::string& name, int rank, int world, int64_t timeout_ms = 20000) {
-    strata_error e;
-    strata_error_init(&e);
-    detail::check_status(vt_->comm_create(handle(), name.c_str(), rank, world, timeout_ms, &comm_, &e), e,
-                         "comm_create");
-  }
-  strata_mem_region_t reg(void* data, uint64_t bytes) {
-    strata_mem_region_t mr = nullptr;
-    strata_error e;
-    strata_error_init(&e);
-    detail::check_status(vt_->mem_register(comm_, data, bytes, DLDevice{kDLCPU, 0}, &mr, &e), e, "mem_register");
-    regions_.push_back(mr);
-    return mr;
-  }
-  strata_request_t isend(int peer, uint64_t tag, const void* data, uint64_t bytes, strata_mem_region_t mr = nullptr) {
-    strata_buffer b = make_buf(const_cast<void*>(data), bytes, mr);
-    strata_request_t r = nullptr;
-    strata_error e;
-    strata_error_init(&e);
-    detail::check_status(vt_->isend(comm_, peer, tag, &b, &r, &e), e, "isend");
-    return r;
-  }
-  strata_request_t irecv(int peer, uint64_t tag, void* data, uint64_t bytes, strata_mem_region_t mr = nullptr) {
-    strata_buffer b = make_buf(data, bytes, mr);
-    strata_request_t r = nullptr;
-    strata_error e;
-    strata_error_init(&e);
-    detail::check_status(vt_->irecv(comm_, peer, tag, &b, &r, &e), e, "irecv");
-    return r;
-  }
-  uint64_t wait(strata_request_t r, int64_t ms = 20000) {
-    uint64_t n = 0;
-    strata_error e;
-    strata_error_init(&e);
-    detail::check_status(vt_->wait(comm_, r, ms, &n, &e), e, "wait");
-    return n;
-  }
-  bool test(strata_request_t r, uint64_t* n) {
-    int32_t done = 0;
-    strata_error e;
-    strata_error_init(&e);
-    detail::check_status(vt_->test(comm_, r, &done, n, &e), e, "test");
-    return done != 0;
-  }
-  void cancel(strata_request_t r) { vt_->cancel(comm_, r); }
-  void abort(const char* why) { vt_->comm_abort(comm_, why); }
-  strata_transport_caps caps() {
-    strata_transport_caps c{};
-    STRATA_INIT_HEADER(&c, strata_transport_caps);
-    strata_error e;
-    strata_error_init(&e);
-    detail::check_status(vt_->get_caps(handle(), &c, &e), e, "get_caps");
-    return c;
-  }
-
- private:
-  strata_transport_t handle() const { return static_cast<strata_transport_t>(inst_.handle()); }
-  PluginInstance inst_;
-  const strata_transport_vtable* vt_ = nullptr;
-  strata_comm_t comm_ = nullptr;
-  std::vector<strata_mem_region_t> regions_;
-};
-
-// Run fn(rank) on `world` threads; rethrow the first failure.
-void run_ranks(int world, const std::function<void(int)>& fn) {
-  std::vector<std::thread> threads;
-  std::vector<std::exception_ptr> errors(world);
-  for (int r = 0; r < world; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        fn(r);
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
-}
-
-std::string unique_name(const char* base) {
-  static std::atomic<int> n{0};
-  return std::string(base) + "-" + std::to_string(::getpid()) + "-" + std::to_string(n++);
-}
-
 void append_to(void* user, const char* data, uint64_t len) {
   static_cast<std::string*>(user)->append(data, static_cast<size_t>(len));
 }
-
-uint8_t pattern(uint64_t i, uint64_t salt) { return static_cast<uint8_t>((i * 131 + salt * 7 + (i >> 11)) & 0xff); }
 
 class TransportSuite : public ::testing::TestWithParam<TransportCase> {
  protected:
@@ -648,13 +544,7 @@ TEST_P(TransportSuite, ForkedProcessesRingExchangeOverTheTcpStore) {
     r.wait(bs);
     return 0;
   };
-  Children kids;
-  forked_ranks(kWorld, store, kids, body);
-  PluginHost host;
-  serve_store(host, store);
-  EXPECT_EQ(body(host, 0), 0);
-  for (size_t i = 0; i < kids.pids.size(); ++i) EXPECT_EQ(reap(kids.pids[i], 30000), 0) << "rank " << i + 1;
-  kids.pids.clear();
+  test::run_forked_world(kWorld, store, body);
 }
 
 // Rank 1 (a child) exchanges one message with rank 0, then idles until the
@@ -668,55 +558,56 @@ int idle_peer(const TransportCase& c, PluginHost& host, int rank) {
   for (;;) ::pause();
 }
 
-TEST_P(TransportSuite, AKilledPeerProcessIsUnavailableNamingIt) {
+// Rank 0 here, rank 1 an idle_peer child; once they exchanged one message,
+// fault(r, child) does something to the child and checks what r reports.
+template <class Fault>
+void fault_idle_peer(const TransportCase& c, Fault fault) {
   const std::string store = "127.0.0.1:" + std::to_string(unused_port());
-  const TransportCase c = tc();
-  Children kids;
-  forked_ranks(2, store, kids, [c](PluginHost& host, int rank) { return idle_peer(c, host, rank); });
+  test::Children kids;
+  test::forked_ranks(2, store, kids, [c](PluginHost& host, int rank) { return idle_peer(c, host, rank); });
   PluginHost host;
-  serve_store(host, store);
+  test::serve_store(host, store);
   Rank r(host, c.name, c.options);
   r.join("victim", 0, 2);
   uint64_t v = 5;
   r.wait(r.isend(1, 1, &v, 8));
   r.wait(r.irecv(1, 1, &v, 8));
-  std::vector<uint8_t> big(1u << 20);
-  auto q = r.irecv(1, 2, big.data(), big.size());
-  ::kill(kids.pids[0], SIGKILL);
-  const auto t0 = Clock::now();
-  try {
-    r.wait(q, 10000);
-    ADD_FAILURE() << "receive from a killed peer succeeded";
-  } catch (const UnavailableError& e) {
-    EXPECT_NE(std::string(e.what()).find("rank 1 ("), std::string::npos) << e.what();
-  }
-  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(5));
-  EXPECT_THROW(r.wait(r.irecv(1, 3, &v, 8), 10000), UnavailableError);
+  fault(r, kids.pids[0]);
+}
+
+TEST_P(TransportSuite, AKilledPeerProcessIsUnavailableNamingIt) {
+  fault_idle_peer(tc(), [](Rank& r, pid_t child) {
+    uint64_t v = 5;
+    std::vector<uint8_t> big(1u << 20);
+    auto q = r.irecv(1, 2, big.data(), big.size());
+    ::kill(child, SIGKILL);
+    const auto t0 = Clock::now();
+    try {
+      r.wait(q, 10000);
+      ADD_FAILURE() << "receive from a killed peer succeeded";
+    } catch (const UnavailableError& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 1 ("), std::string::npos) << e.what();
+    }
+    EXPECT_LT(Clock::now() - t0, std::chrono::seconds(5));
+    EXPECT_THROW(r.wait(r.irecv(1, 3, &v, 8), 10000), UnavailableError);
+  });
 }
 
 TEST_P(TransportSuite, AStoppedPeerIsDeadlineExceededNamingIt) {
-  const std::string store = "127.0.0.1:" + std::to_string(unused_port());
-  const TransportCase c = tc();
-  Children kids;
-  forked_ranks(2, store, kids, [c](PluginHost& host, int rank) { return idle_peer(c, host, rank); });
-  PluginHost host;
-  serve_store(host, store);
-  Rank r(host, c.name, c.options);
-  r.join("victim", 0, 2);
-  uint64_t v = 5;
-  r.wait(r.isend(1, 1, &v, 8));
-  r.wait(r.irecv(1, 1, &v, 8));
-  ::kill(kids.pids[0], SIGSTOP);
-  auto q = r.irecv(1, 2, &v, 8);
-  const auto t0 = Clock::now();
-  try {
-    r.wait(q, 500);
-    ADD_FAILURE() << "receive from a stopped peer succeeded";
-  } catch (const DeadlineExceededError& e) {
-    EXPECT_NE(std::string(e.what()).find("rank 1 ("), std::string::npos) << e.what();
-  }
-  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(3));
-  r.cancel(q);
+  fault_idle_peer(tc(), [](Rank& r, pid_t child) {
+    uint64_t v = 5;
+    ::kill(child, SIGSTOP);
+    auto q = r.irecv(1, 2, &v, 8);
+    const auto t0 = Clock::now();
+    try {
+      r.wait(q, 500);
+      ADD_FAILURE() << "receive from a stopped peer succeeded";
+    } catch (const DeadlineExceededError& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 1 ("), std::string::npos) << e.what();
+    }
+    EXPECT_LT(Clock::now() - t0, std::chrono::seconds(3));
+    r.cancel(q);
+  });
 }
 
 #ifdef SUITE_HAVE_LIBFABRIC
