@@ -3,8 +3,9 @@
 //
 // Each process gets TF_CONFIG={"cluster": {"worker": [addr0, ...]}, "task":
 // {"type": "worker", "index": i}} (ports picked free on --host), the job's
-// STRATA_AUTH_TOKEN (random per job unless already set), STRATA_RANK=i and,
-// with --config, STRATA_CONFIG=<absolute path>. SLURM_PROCID is removed from
+// STRATA_AUTH_TOKEN (random per job unless already set), STRATA_RANK=i,
+// STRATA_TRACE_DIR=<absolute dir> and, with --config,
+// STRATA_CONFIG=<absolute path>. SLURM_PROCID is removed from
 // the children's environment, so that inside a Slurm allocation they resolve
 // their cluster from TF_CONFIG rather than as Slurm tasks. Every output line of a child
 // is copied whole, prefixed "[<rank>] ", to strata-run's stdout or stderr.
@@ -14,7 +15,19 @@
 // get SIGTERM, then SIGKILL after --grace seconds, and strata-run exits with
 // that child's code (128+signal for a signal). --timeout stops the job the
 // same way and exits 124. Children carry PR_SET_PDEATHSIG=SIGKILL, so none
-// survives strata-run itself being killed.
+// survives strata-run itself being killed. A child stopped by a signal
+// (SIGSTOP, SIGTSTP) still counts as running: it ignores SIGTERM until
+// continued, so it ends at the SIGKILL.
+//
+// Failure summary: the first child to exit non-zero is only the first to
+// notice; after a stall that is a healthy rank. So once every child is gone,
+// a failed job's summary gives the verdict the ranks agreed on, read from the
+// trace files (rank-<rank>.json, see hosts/strata-info/trace_file.h) the
+// ring writes into STRATA_TRACE_DIR when a collective fails, and names the
+// children that were stopped when the job failed. The trace directory is
+// --trace-dir, else $STRATA_TRACE_DIR, else ${TMPDIR:-/tmp}/strata-run-<pid>,
+// which strata-run creates and removes again unless a failed job left trace
+// files in it; a directory the user named is never removed.
 //
 // Single-threaded by design: PR_SET_PDEATHSIG is tied to the thread that
 // forked, and one poll() loop over the children's pipes and a signalfd keeps
@@ -26,6 +39,7 @@
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -36,6 +50,7 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -43,6 +58,8 @@
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
+
+#include "trace_file.h"
 
 extern char** environ;
 
@@ -165,6 +182,8 @@ struct Child {
   pid_t pid = -1;
   bool exited = false;
   int code = 0;  // exit code, or 128+signal
+  int stop_signal = 0;             // the signal it is stopped by, 0 while it runs
+  int stop_signal_at_failure = 0;  // stop_signal when the job began to stop
   Stream out, err;
 };
 
@@ -229,8 +248,81 @@ struct Options {
   double timeout_s = 0;
   double grace_s = 5;
   std::string host = "127.0.0.1";
+  std::string trace_dir;  // --trace-dir, empty when not given
   std::vector<std::string> command;
 };
+
+/// The directory the children write their failure traces into.
+struct TraceDir {
+  std::filesystem::path path;  // absolute
+  bool own = false;            // created by strata-run, so removed by it
+  // rank-*.json already there before the job (a user directory of an
+  // earlier job): identity and mtime, so that only this job's files count.
+  std::map<std::string, std::pair<ino_t, struct timespec>> before;
+};
+
+std::optional<std::pair<ino_t, struct timespec>> file_identity(const std::filesystem::path& p) {
+  struct stat st{};
+  if (::stat(p.c_str(), &st) != 0) return std::nullopt;
+  return std::make_pair(st.st_ino, st.st_mtim);
+}
+
+/// Resolve (and create) the trace directory: --trace-dir, else
+/// $STRATA_TRACE_DIR, else a fresh ${TMPDIR:-/tmp}/strata-run-<pid>.
+TraceDir make_trace_dir(const std::string& option) {
+  TraceDir td;
+  const char* env = std::getenv("STRATA_TRACE_DIR");
+  const bool from_option = !option.empty();
+  const std::string given = from_option ? option : (env != nullptr ? env : "");
+  std::error_code ec;
+  if (!given.empty()) {
+    const std::string origin = from_option ? "--trace-dir" : "STRATA_TRACE_DIR";
+    td.path = std::filesystem::absolute(given, ec).lexically_normal();
+    if (!ec) std::filesystem::create_directories(td.path, ec);
+    if (ec || !std::filesystem::is_directory(td.path) || ::access(td.path.c_str(), W_OK | X_OK) != 0)
+      throw RunError("cannot use the trace directory '" + given + "' (from " + origin + "): " +
+                     (ec ? ec.message() : "it is not a writable directory") +
+                     "; pass --trace-dir with a directory strata-run can create and write");
+    for (const auto& f : strata::trace::list_trace_files(td.path))
+      if (auto id = file_identity(f)) td.before[f.string()] = *id;
+    if (!td.before.empty())
+      std::cerr << "strata-run: the trace directory " << td.path.string() << " (" << origin << ") already holds "
+                << td.before.size()
+                << " rank-*.json file(s) of an earlier job; this job's summary ignores them, but strata-info trace "
+                   "reads every file there, so remove them or choose another directory"
+                << std::endl;
+    return td;
+  }
+  const char* tmp = std::getenv("TMPDIR");
+  const std::filesystem::path base =
+      std::filesystem::absolute(tmp != nullptr && tmp[0] != '\0' ? tmp : "/tmp", ec).lexically_normal();
+  // Never adopt an existing directory: its contents would be removed with ours.
+  const std::string stem = "strata-run-" + std::to_string(::getpid());
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    td.path = base / (attempt == 0 ? stem : stem + "-" + std::to_string(attempt));
+    if (::mkdir(td.path.c_str(), 0700) == 0) {
+      td.own = true;
+      return td;
+    }
+    if (errno != EEXIST) break;
+  }
+  throw RunError("cannot create a trace directory in " + base.string() + " (" + errno_text(errno) +
+                 "); set TMPDIR to a writable directory or pass --trace-dir DIR");
+}
+
+/// This job's trace files: those not in the directory before it started, or
+/// rewritten since.
+std::vector<std::filesystem::path> job_trace_files(const TraceDir& td) {
+  std::vector<std::filesystem::path> out;
+  for (const auto& f : strata::trace::list_trace_files(td.path)) {
+    auto it = td.before.find(f.string());
+    const auto now = file_identity(f);
+    if (it == td.before.end() || !now || now->first != it->second.first ||
+        now->second.tv_sec != it->second.second.tv_sec || now->second.tv_nsec != it->second.second.tv_nsec)
+      out.push_back(f);
+  }
+  return out;
+}
 
 class Launcher {
  public:
@@ -238,6 +330,21 @@ class Launcher {
 
   int run() {
     const std::vector<uint16_t> ports = pick_ports(opt_.host, opt_.n);
+    trace_ = make_trace_dir(opt_.trace_dir);
+    try {
+      launch(ports);
+    } catch (...) {
+      // The job never ran to an end, so its traces, if any, are kept for the user.
+      if (trace_.own && strata::trace::list_trace_files(trace_.path).empty()) remove_trace_dir();
+      throw;
+    }
+    summarize();
+    if (trace_.own && (exit_code_ == 0 || strata::trace::list_trace_files(trace_.path).empty())) remove_trace_dir();
+    return exit_code_;
+  }
+
+ private:
+  void launch(const std::vector<uint16_t>& ports) {
     nlohmann::json workers = nlohmann::json::array();
     for (uint16_t p : ports) workers.push_back(format_address(opt_.host, p));
     const char* preset = std::getenv("STRATA_AUTH_TOKEN");
@@ -260,18 +367,44 @@ class Launcher {
     children_.resize(static_cast<std::size_t>(opt_.n));
     for (int i = 0; i < opt_.n; ++i) {
       nlohmann::json tf = {{"cluster", {{"worker", workers}}}, {"task", {{"type", "worker"}, {"index", i}}}};
-      std::vector<std::pair<std::string, std::string>> env = {
-          {"TF_CONFIG", tf.dump()}, {"STRATA_AUTH_TOKEN", token}, {"STRATA_RANK", std::to_string(i)}};
+      std::vector<std::pair<std::string, std::string>> env = {{"TF_CONFIG", tf.dump()},
+                                                              {"STRATA_AUTH_TOKEN", token},
+                                                              {"STRATA_RANK", std::to_string(i)},
+                                                              {"STRATA_TRACE_DIR", trace_.path.string()}};
       if (!config_path.empty()) env.emplace_back("STRATA_CONFIG", config_path);
       spawn(children_[static_cast<std::size_t>(i)], i, env);
       if (stopping_) break;  // a spawn failed; stop the ones already running
     }
     loop();
     ::close(sfd_);
-    return exit_code_;
   }
 
- private:
+  void remove_trace_dir() {
+    std::error_code ec;
+    std::filesystem::remove_all(trace_.path, ec);
+    if (ec)
+      std::cerr << "strata-run: cannot remove the trace directory " << trace_.path.string() << ": " << ec.message()
+                << std::endl;
+  }
+
+  /// After every child is gone: what the ranks agreed caused the failure,
+  /// and which children were stopped, since the first exit only names the
+  /// rank that noticed first.
+  void summarize() {
+    if (exit_code_ == 0) return;
+    const auto files = job_trace_files(trace_);
+    const strata::trace::TraceSet set = strata::trace::read_trace_files(files);
+    for (const auto& w : set.warnings) std::cerr << "strata-run: " << w << std::endl;
+    for (const auto& line : strata::trace::verdict_lines(set.ranks)) std::cerr << "strata-run: " << line << std::endl;
+    for (const Child& c : children_)
+      if (c.stop_signal_at_failure != 0)
+        std::cerr << "strata-run: rank " << c.rank << " (pid " << c.pid << ") was stopped ("
+                  << signal_name(c.stop_signal_at_failure) << ") when the job failed" << std::endl;
+    if (!files.empty())
+      std::cerr << "strata-run: the last collectives of every rank: strata-info trace " << trace_.path.string()
+                << std::endl;
+  }
+
   void spawn(Child& c, int rank, const std::vector<std::pair<std::string, std::string>>& vars) {
     c.rank = rank;
     // Everything the child needs is built before fork: after it only
@@ -360,6 +493,9 @@ class Launcher {
   }
 
   void stop_all(int sig) {
+    if (!stopping_)
+      for (Child& c : children_)
+        if (c.pid > 0 && !c.exited) c.stop_signal_at_failure = c.stop_signal;
     stopping_ = true;
     signal_all(sig);
     kill_deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
@@ -370,9 +506,11 @@ class Launcher {
     c.exited = true;
     c.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     if (c.code == 0 || stopping_) return;
-    const std::string how = WIFEXITED(status) ? "exited with code " + std::to_string(c.code)
-                                              : "was killed by " + signal_name(WTERMSIG(status));
-    std::cerr << "strata-run: rank " << c.rank << " (pid " << c.pid << ") failed first: it " << how;
+    // Worded as an observation: after a stall the first to exit is the rank
+    // that noticed first, not the culprit; the summary at the end names that.
+    const std::string how = WIFEXITED(status) ? ", with code " + std::to_string(c.code)
+                                              : ": it was killed by " + signal_name(WTERMSIG(status));
+    std::cerr << "strata-run: rank " << c.rank << " (pid " << c.pid << ") exited first" << how;
     if (alive() > 0) std::cerr << "; stopping the other " << alive() << " running process(es)";
     std::cerr << std::endl;
     exit_code_ = c.code;
@@ -380,12 +518,32 @@ class Launcher {
   }
 
   void reap() {
+    // Stops and continues of every child are applied before any exit, so the
+    // stopped state recorded when the job begins to stop is current.
+    std::vector<std::pair<Child*, int>> exits;
     for (Child& c : children_) {
       if (c.pid <= 0 || c.exited) continue;
-      int status = 0;
-      pid_t r = ::waitpid(c.pid, &status, WNOHANG);
-      if (r == c.pid) on_exit(c, status);
+      for (;;) {
+        int status = 0;
+        const pid_t r = ::waitpid(c.pid, &status, WNOHANG | WUNTRACED | WCONTINUED);
+        if (r != c.pid) break;
+        if (WIFSTOPPED(status)) {
+          c.stop_signal = WSTOPSIG(status);
+          std::cerr << "strata-run: rank " << c.rank << " (pid " << c.pid << ") is stopped ("
+                    << signal_name(c.stop_signal) << "); it runs again after kill -CONT " << c.pid << std::endl;
+          continue;
+        }
+        if (WIFCONTINUED(status)) {
+          if (c.stop_signal != 0)
+            std::cerr << "strata-run: rank " << c.rank << " (pid " << c.pid << ") continued" << std::endl;
+          c.stop_signal = 0;
+          continue;
+        }
+        exits.emplace_back(&c, status);
+        break;
+      }
     }
+    for (auto& [c, status] : exits) on_exit(*c, status);
   }
 
   void on_signal(int sig) {
@@ -462,9 +620,16 @@ class Launcher {
         stop_all(SIGTERM);
       }
       if (kill_deadline_ && now >= *kill_deadline_) {
-        if (alive() > 0)
+        if (alive() > 0) {
+          std::vector<int> stopped;
+          for (const Child& c : children_)
+            if (c.pid > 0 && !c.exited && c.stop_signal != 0) stopped.push_back(c.rank);
           std::cerr << "strata-run: " << alive() << " process(es) still running " << opt_.grace_s
-                    << " s after SIGTERM; sending SIGKILL" << std::endl;
+                    << " s after SIGTERM"
+                    << (stopped.empty() ? "" : " (" + strata::trace::rank_list(stopped) +
+                                                   " stopped, so SIGTERM waits)")
+                    << "; sending SIGKILL" << std::endl;
+        }
         signal_all(SIGKILL);
         kill_deadline_.reset();
       }
@@ -472,6 +637,7 @@ class Launcher {
   }
 
   Options opt_;
+  TraceDir trace_;
   std::vector<Child> children_;
   sigset_t orig_mask_{};
   int sfd_ = -1;
@@ -486,12 +652,20 @@ int main(int argc, char** argv) {
   CLI::App app{
       "strata-run: start N local processes of PROGRAM as one multi-worker Strata job.\n\n"
       "Each process gets TF_CONFIG (a worker cluster on free ports of --host, task index = rank),\n"
-      "STRATA_AUTH_TOKEN (random per job unless already set), STRATA_RANK and, with --config,\n"
-      "STRATA_CONFIG; SLURM_PROCID is removed so that, inside a Slurm allocation, they resolve\n"
-      "their cluster from TF_CONFIG. Output lines are prefixed \"[<rank>] \". SIGINT/SIGTERM/SIGHUP are\n"
-      "forwarded.\n"
-      "When a process fails the others are stopped (SIGTERM, then SIGKILL after --grace) and\n"
-      "strata-run exits with its code (128+signal for a signal); --timeout exits 124.\n\n"
+      "STRATA_AUTH_TOKEN (random per job unless already set), STRATA_RANK, STRATA_TRACE_DIR and,\n"
+      "with --config, STRATA_CONFIG; SLURM_PROCID is removed so that, inside a Slurm allocation, they\n"
+      "resolve their cluster from TF_CONFIG. Output lines are prefixed \"[<rank>] \". SIGINT/SIGTERM/SIGHUP\n"
+      "are forwarded.\n"
+      "When a process fails the others are stopped (SIGTERM, then SIGKILL after --grace; a stopped\n"
+      "process ends at the SIGKILL) and strata-run exits with its code (128+signal for a signal);\n"
+      "--timeout exits 124.\n\n"
+      "The first process to exit is only the first to notice a failure. Every rank whose collective\n"
+      "fails writes STRATA_TRACE_DIR/rank-<rank>.json with the verdict the ranks agreed on; when the\n"
+      "job fails, strata-run prints that verdict (\"verdict (ranks 0, 1, 3 agree): rank 2 of 4 ...\"),\n"
+      "the processes that were stopped (SIGSTOP/SIGTSTP) at the time, and the command that shows every\n"
+      "rank's last collectives: strata-info trace DIR. The trace directory is --trace-dir, else\n"
+      "$STRATA_TRACE_DIR, else a new ${TMPDIR:-/tmp}/strata-run-<pid> that strata-run removes unless a\n"
+      "failed job left trace files in it (a directory you name is never removed).\n\n"
       "Example:\n"
       "  strata-run -n 4 --config job.json -- strata-train --steps 100\n"
       "  strata-run -n 2 --timeout 600 -- ./my_trainer --batch 64"};
@@ -504,6 +678,9 @@ int main(int argc, char** argv) {
   app.add_option("--grace", opt.grace_s, "seconds between SIGTERM and SIGKILL when stopping (default 5)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--host", opt.host, "address the processes listen on (default 127.0.0.1)");
+  app.add_option("--trace-dir", opt.trace_dir,
+                 "directory for the failure traces (rank-<rank>.json), passed as STRATA_TRACE_DIR; created if\n"
+                 "missing, never removed (default: $STRATA_TRACE_DIR, else a temporary one)");
   app.add_option("command", opt.command, "PROGRAM ARGS... (after --)")->required();
   app.positionals_at_end();
   CLI11_PARSE(app, argc, argv);
