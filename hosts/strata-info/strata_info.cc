@@ -9,6 +9,8 @@
 // JSON object (see cluster_command.h); it exits 1 when the resolver fails.
 // `strata-info transports` reports what each transport can use on this
 // machine and what "auto" chooses (see transports_command.h).
+// `strata-info trace DIR` shows a failed job's traces side by side (see
+// trace_command.h); it loads no plugin and exits 1 when DIR holds no trace.
 #include <cstdlib>
 #include <iomanip>
 #include <iostream>
@@ -19,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cluster_command.h"
+#include "trace_command.h"
 #include "transports_command.h"
 #include "strata/config.hpp"
 #include "strata/plugin_host.hpp"
@@ -82,7 +85,8 @@ int main(int argc, char** argv) {
       "  strata-info --config job.json\n"
       "  TF_CONFIG='{\"cluster\": {\"worker\": [\"h1:2222\", \"h2:2222\"]}, \"task\": {\"type\": \"worker\", \"index\": 1}}' \\\n"
       "    strata-info cluster\n"
-      "  strata-info transports --json"};
+      "  strata-info transports --json\n"
+      "  strata-info trace /tmp/strata-run-4242"};
   bool as_json = false;
   std::string config_file;
   std::vector<std::string> plugin_paths;
@@ -94,10 +98,20 @@ int main(int argc, char** argv) {
   CLI::App* cluster = add_cluster_command(app, cluster_args);
   TransportsArgs transports_args;
   CLI::App* transports = add_transports_command(app, transports_args);
+  TraceArgs trace_args;
+  CLI::App* trace = add_trace_command(app, trace_args);
   app.require_subcommand(0, 1);
   CLI11_PARSE(app, argc, argv);
 
   try {
+    if (trace->parsed()) {
+      const auto doc = read_trace(trace_args.dir, std::cerr);
+      if (trace_args.json)
+        std::cout << doc.dump(2) << std::endl;
+      else
+        print_trace(doc, std::cout);
+      return 0;
+    }
     strata::Config cfg = config_file.empty() ? strata::Config() : strata::Config::from_file(config_file);
     cluster_args.config_file_resolver = cfg.name("cluster_resolver");
     cfg.apply_env();
