@@ -3,20 +3,26 @@
 // as told.
 //
 //   run_probe --dir D [--sleep S] [--fail-rank R [--fail-code C | --fail-signal N] [--fail-after S]]
-//             [--ignore-term]
+//             [--ignore-term] [--trace-rank R]... [--verdict TEXT] [--stop-rank R]
 //
 // Writes D/pid.<rank> (its pid) at start and D/term.<rank> when it gets
 // SIGTERM (then exits 0, or keeps running with --ignore-term). Prints
-// "rank=", "tf_config=", "token=" and "config=" lines to stdout, one line to
-// stderr, and one line written in three pieces (to check whole-line output).
+// "rank=", "tf_config=", "token=", "config=", "trace_dir=" and
+// "trace_dir_exists=" lines to stdout, one line to stderr, and one line
+// written in three pieces (to check whole-line output). A --trace-rank
+// writes $STRATA_TRACE_DIR/rank-<rank>.json at start, as the ring does when
+// a collective fails, with the --verdict text; the --stop-rank stops itself
+// (SIGSTOP) after its output, as a frozen rank would.
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -53,7 +59,9 @@ void sleep_s(double s) {
 int main(int argc, char** argv) {
   std::string dir;
   double sleep = 0, fail_after = 0;
-  int fail_rank = -1, fail_code = 1, fail_signal = 0;
+  int fail_rank = -1, fail_code = 1, fail_signal = 0, stop_rank = -1;
+  std::set<int> trace_ranks;
+  std::string verdict;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -67,6 +75,9 @@ int main(int argc, char** argv) {
     else if (a == "--fail-signal") fail_signal = std::stoi(next());
     else if (a == "--fail-after") fail_after = std::stod(next());
     else if (a == "--ignore-term") g_ignore_term = 1;
+    else if (a == "--trace-rank") trace_ranks.insert(std::stoi(next()));
+    else if (a == "--verdict") verdict = next();
+    else if (a == "--stop-rank") stop_rank = std::stoi(next());
     else return 92;
   }
   const char* rank_env = std::getenv("STRATA_RANK");
@@ -86,7 +97,19 @@ int main(int argc, char** argv) {
   std::printf("tf_config=%s\n", env("TF_CONFIG").c_str());
   std::printf("token=%s\n", env("STRATA_AUTH_TOKEN").c_str());
   std::printf("config=%s\n", env("STRATA_CONFIG").c_str());
+  const std::string trace_dir = env("STRATA_TRACE_DIR");
+  struct stat st{};
+  std::printf("trace_dir=%s\n", trace_dir.c_str());
+  std::printf("trace_dir_exists=%d\n", ::stat(trace_dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode) ? 1 : 0);
   std::fflush(stdout);
+  if (trace_ranks.count(rank) != 0) {
+    // The fields the ring writes; the verdict is plain ASCII in the tests.
+    char head[256];
+    std::snprintf(head, sizeof head, "{\"rank\": %d, \"world_size\": 0, \"communicator\": \"probe\", \"pid\": %d, ", rank,
+                  static_cast<int>(::getpid()));
+    write_file(trace_dir + "/rank-" + std::to_string(rank) + ".json",
+               std::string(head) + "\"verdict\": \"" + verdict + "\", \"error\": \"probe failure\", \"collectives\": []}\n");
+  }
   for (const char* piece : {"chunked-a", "-b", "-c\n"}) {
     std::fputs(piece, stdout);
     std::fflush(stdout);
@@ -94,6 +117,7 @@ int main(int argc, char** argv) {
   }
   std::fprintf(stderr, "probe stderr rank=%d\n", rank);
   std::fflush(stderr);
+  if (rank == stop_rank) ::raise(SIGSTOP);
 
   if (rank == fail_rank) {
     sleep_s(fail_after);

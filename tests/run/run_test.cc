@@ -1,13 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 // strata-run end to end, with run_probe as the program: environment, output
-// prefixes, failure propagation, timeouts, signal forwarding and that no
-// child outlives the launcher on any path.
+// prefixes, failure propagation, timeouts, signal forwarding, the trace
+// directory and the failure summary, and that no child outlives the launcher
+// on any path.
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <regex>
@@ -184,7 +186,10 @@ TEST_F(RunTest, FailingRankStopsTheOthersAndItsCodeIsReturned) {
   EXPECT_EQ(r.exit_code, 7) << r.err;
   EXPECT_LT(std::chrono::steady_clock::now() - start, 30s);
   EXPECT_NE(r.err.find("strata-run: rank 1 (pid "), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("failed first: it exited with code 7"), std::string::npos) << r.err;
+  // An observation, not a blame: the first to exit may only have noticed first.
+  EXPECT_NE(r.err.find(") exited first, with code 7; stopping the other 2 running process(es)"), std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("failed first"), std::string::npos) << r.err;
   const auto ps = pids(3);
   ASSERT_EQ(ps.size(), 3u);
   EXPECT_TRUE(all_dead(ps, 5s));
@@ -199,7 +204,7 @@ TEST_F(RunTest, RankKilledByASignalExitsWith128PlusSignal) {
   ASSERT_FALSE(r.timed_out);
   EXPECT_EQ(r.exit_code, 128 + SIGUSR1) << r.err;
   EXPECT_NE(r.err.find("rank 0"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("killed by SIGUSR1"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("exited first: it was killed by SIGUSR1"), std::string::npos) << r.err;
   EXPECT_TRUE(all_dead(pids(2), 5s));
 }
 
@@ -246,6 +251,162 @@ TEST_F(RunTest, ChildrenDieWhenStrataRunIsKilled) {
   EXPECT_TRUE(all_dead(ps, 10s)) << "PR_SET_PDEATHSIG must kill every child";
 }
 
+/// Entries of a directory (names), empty when it does not exist.
+std::set<std::string> entries(const std::filesystem::path& dir) {
+  std::set<std::string> out;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    out.insert(it->path().filename().string());
+  return out;
+}
+
+std::size_t find_or_npos(const std::string& text, const std::string& what) { return text.find(what); }
+
+TEST_F(RunTest, SummaryGivesTheAgreedVerdictAndTheStoppedRankNotTheFirstExit) {
+  // Ranks 0 and 1 wrote the same verdict; rank 2 froze (SIGSTOP); rank 0
+  // exits first. The summary must name what the ranks agreed on and the
+  // stopped rank, and the stopped rank must still be reaped (at the SIGKILL).
+  const std::string traces = dir_.str() + "/traces";
+  const std::string verdict = "rank 2 of 3 is frozen (no heartbeat for 30 s) during all_reduce #4";
+  const auto start = std::chrono::steady_clock::now();
+  const test::ProcResult r = test::run_program(
+      run_args(3,
+               {"--sleep", "60", "--trace-rank", "0", "--trace-rank", "1", "--verdict", verdict, "--stop-rank", "2",
+                "--fail-rank", "0", "--fail-after", "2"},
+               {"--grace", "1", "--trace-dir", traces}),
+      {}, 60);
+  ASSERT_FALSE(r.timed_out) << r.err;
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 30s);
+  const auto ps = pids(3);
+  ASSERT_EQ(ps.size(), 3u) << r.err;
+  EXPECT_TRUE(all_dead(ps, 5s));
+  EXPECT_NE(r.err.find("strata-run: rank 2 (pid " + std::to_string(ps[2]) + ") is stopped (SIGSTOP)"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("strata-run: rank 0 (pid " + std::to_string(ps[0]) + ") exited first, with code 1"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("(rank 2 stopped, so SIGTERM waits); sending SIGKILL"), std::string::npos) << r.err;
+  const auto v = find_or_npos(r.err, "strata-run: verdict (ranks 0, 1 agree): " + verdict + "\n");
+  const auto stopped =
+      find_or_npos(r.err, "strata-run: rank 2 (pid " + std::to_string(ps[2]) + ") was stopped (SIGSTOP) when the job failed\n");
+  const auto hint = find_or_npos(r.err, "strata-run: the last collectives of every rank: strata-info trace " + traces + "\n");
+  ASSERT_NE(v, std::string::npos) << r.err;
+  ASSERT_NE(stopped, std::string::npos) << r.err;
+  ASSERT_NE(hint, std::string::npos) << r.err;
+  EXPECT_LT(v, stopped);
+  EXPECT_LT(stopped, hint);
+  EXPECT_EQ(entries(traces), (std::set<std::string>{"rank-0.json", "rank-1.json"})) << "a user directory is kept";
+}
+
+TEST_F(RunTest, TraceDirFromTheEnvironmentIsUsedAndAOneRankVerdictNamesThatRank) {
+  const std::string traces = dir_.str() + "/traces";
+  const test::ProcResult r = test::run_program(
+      run_args(2, {"--trace-rank", "1", "--verdict", "rank 0 of 2 died", "--fail-rank", "1", "--fail-after", "0.5",
+                   "--sleep", "60"},
+               {"--grace", "1"}),
+      {{"STRATA_TRACE_DIR", traces}}, 60);
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("strata-run: verdict (rank 1): rank 0 of 2 died\n"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("was stopped"), std::string::npos) << r.err;
+  EXPECT_TRUE(all_dead(pids(2), 5s));
+  // STRATA_TRACE_DIR from the environment is the user's: kept, and this job's
+  // file is in it.
+  EXPECT_EQ(entries(traces), std::set<std::string>{"rank-1.json"});
+}
+
+TEST_F(RunTest, DefaultTraceDirIsGivenToEveryChildAndRemovedAfterSuccess) {
+  const std::filesystem::path tmp = dir_.path() / "tmp";
+  std::filesystem::create_directories(tmp);
+  test::Subprocess run(run_args(3, {}), {{"STRATA_TRACE_DIR", std::nullopt}, {"TMPDIR", tmp.string()}});
+  const test::ProcResult r = run.wait(60);
+  ASSERT_FALSE(r.timed_out);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto out = split_by_rank(r.out);
+  const std::string expected = (tmp / ("strata-run-" + std::to_string(run.pid()))).string();
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_EQ(value_of(out.at(rank), "trace_dir"), expected) << rank;
+    EXPECT_EQ(value_of(out.at(rank), "trace_dir_exists"), "1") << rank;
+  }
+  EXPECT_TRUE(entries(tmp).empty()) << "the default trace directory is removed after a successful job";
+  EXPECT_EQ(r.err.find("verdict"), std::string::npos) << r.err;
+}
+
+TEST_F(RunTest, DefaultTraceDirIsKeptOnlyWhenAFailedJobLeftTraces) {
+  const std::filesystem::path tmp = dir_.path() / "tmp";
+  std::filesystem::create_directories(tmp);
+  const test::EnvEdits env = {{"STRATA_TRACE_DIR", std::nullopt}, {"TMPDIR", tmp.string()}};
+  {
+    // Failed, no trace: nothing to look at afterwards, so nothing is left.
+    const test::ProcResult r =
+        test::run_program(run_args(2, {"--fail-rank", "1", "--sleep", "60"}, {"--grace", "1"}), env, 60);
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_TRUE(entries(tmp).empty()) << r.err;
+    EXPECT_EQ(r.err.find("strata-info trace"), std::string::npos) << r.err;
+  }
+  {
+    test::Subprocess run(run_args(2, {"--trace-rank", "0", "--verdict", "rank 1 of 2 died", "--fail-rank", "0",
+                                      "--sleep", "60"},
+                                  {"--grace", "1"}),
+                         env);
+    const test::ProcResult r = run.wait(60);
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    const std::string kept = "strata-run-" + std::to_string(run.pid());
+    EXPECT_EQ(entries(tmp), std::set<std::string>{kept}) << r.err;
+    EXPECT_EQ(entries(tmp / kept), std::set<std::string>{"rank-0.json"});
+    EXPECT_NE(r.err.find("strata-info trace " + (tmp / kept).string()), std::string::npos) << r.err;
+    EXPECT_TRUE(all_dead(pids(2), 5s));
+  }
+}
+
+TEST_F(RunTest, UserTraceDirIsKeptWithItsFilesAndOldTracesAreNotReported) {
+  const std::filesystem::path traces = dir_.path() / "user-traces";
+  std::filesystem::create_directories(traces);
+  std::ofstream(traces / "notes.txt") << "not strata's";
+  std::ofstream(traces / "rank-5.json") << R"({"rank": 5, "verdict": "a verdict of an earlier job"})";
+  test::ProcResult r =
+      test::run_program(run_args(2, {}, {"--trace-dir", traces.string()}), {{"STRATA_TRACE_DIR", std::nullopt}}, 60);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const auto& [rank, lines] : split_by_rank(r.out)) EXPECT_EQ(value_of(lines, "trace_dir"), traces.string()) << rank;
+  EXPECT_EQ(entries(traces), (std::set<std::string>{"notes.txt", "rank-5.json"}));
+  EXPECT_NE(r.err.find("already holds 1 rank-*.json file(s) of an earlier job"), std::string::npos) << r.err;
+  // A failed job that wrote no trace of its own must not report the old one.
+  r = test::run_program(run_args(2, {"--fail-rank", "0", "--sleep", "60"}, {"--trace-dir", traces.string(), "--grace", "1"}),
+                        {}, 60);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(r.err.find("verdict ("), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("the last collectives of every rank"), std::string::npos) << r.err;
+  EXPECT_EQ(entries(traces), (std::set<std::string>{"notes.txt", "rank-5.json"}));
+  EXPECT_TRUE(all_dead(pids(2), 5s));
+}
+
+TEST_F(RunTest, AStoppedRankIsNamedEvenWithoutTraceFiles) {
+  const test::ProcResult r = test::run_program(
+      run_args(2, {"--stop-rank", "1", "--fail-rank", "0", "--fail-after", "2", "--sleep", "60"}, {"--grace", "1"}),
+      {{"STRATA_TRACE_DIR", std::nullopt}, {"TMPDIR", dir_.str()}}, 60);
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  const auto ps = pids(2);
+  ASSERT_EQ(ps.size(), 2u);
+  EXPECT_NE(r.err.find("strata-run: rank 1 (pid " + std::to_string(ps[1]) + ") was stopped (SIGSTOP) when the job failed"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("verdict"), std::string::npos) << r.err;
+  EXPECT_TRUE(all_dead(ps, 5s));
+}
+
+TEST_F(RunTest, UnusableTraceDirIsAnErrorNamingIt) {
+  const std::string file = dir_.str() + "/a-file";
+  std::ofstream(file) << "x";
+  const test::ProcResult r =
+      test::run_program({STRATA_RUN_BIN, "-n", "1", "--trace-dir", file + "/sub", "--", RUN_PROBE_BIN}, {}, 60);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("cannot use the trace directory '" + file + "/sub' (from --trace-dir)"), std::string::npos)
+      << r.err;
+}
+
 TEST_F(RunTest, MissingProgramFailsWith127) {
   const test::ProcResult r = test::run_program({STRATA_RUN_BIN, "-n", "2", "--", "/nonexistent/program"}, {}, 60);
   EXPECT_EQ(r.exit_code, 127) << r.err;
@@ -257,6 +418,8 @@ TEST_F(RunTest, UsageErrorsAndHelp) {
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_NE(r.out.find("Example"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("strata-run -n 4"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--trace-dir"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("strata-info trace DIR"), std::string::npos) << r.out;
   EXPECT_NE(test::run_program({STRATA_RUN_BIN, "--", RUN_PROBE_BIN}, {}).exit_code, 0);  // no -n
   EXPECT_NE(test::run_program({STRATA_RUN_BIN, "-n", "2"}, {}).exit_code, 0);            // no program
   EXPECT_NE(test::run_program({STRATA_RUN_BIN, "-n", "0", "--", RUN_PROBE_BIN}, {}).exit_code, 0);
