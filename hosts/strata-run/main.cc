@@ -679,8 +679,8 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--host", opt.host, "address the processes listen on (default 127.0.0.1)");
   app.add_option("--trace-dir", opt.trace_dir,
-                 "directory for the failure traces (rank-<rank>.json), passed as STRATA_TRACE_DIR; created if\n"
-                 "missing, never removed (default: $STRATA_TRACE_DIR, else a temporary one)");
+                 "directory for the failure traces (rank-<rank>.json), passed as STRATA_TRACE_DIR; created "
+                 "if missing, never removed (default: $STRATA_TRACE_DIR, else a temporary one)");
   app.add_option("command", opt.command, "PROGRAM ARGS... (after --)")->required();
   app.positionals_at_end();
   CLI11_PARSE(app, argc, argv);

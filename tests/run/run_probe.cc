@@ -12,7 +12,9 @@
 // written in three pieces (to check whole-line output). A --trace-rank
 // writes $STRATA_TRACE_DIR/rank-<rank>.json at start, as the ring does when
 // a collective fails, with the --verdict text; the --stop-rank stops itself
-// (SIGSTOP) after its output, as a frozen rank would.
+// (SIGSTOP) after its output, as a frozen rank would, and the --fail-rank
+// then waits (up to 30 s) until it is stopped before failing, so the order
+// of the two is certain however slow the machine.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -22,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <set>
 #include <string>
 #include <thread>
@@ -47,6 +50,25 @@ void write_file(const std::string& path, const std::string& text) {
   std::fputs(text.c_str(), f);
   std::fclose(f);
   std::rename(tmp.c_str(), path.c_str());
+}
+
+/// True once the process whose pid is in `pid_path` is stopped (state 'T').
+bool wait_stopped(const std::string& pid_path, double timeout_s) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (std::chrono::steady_clock::now() < end) {
+    std::ifstream pid_in(pid_path);
+    long pid = 0;
+    if (pid_in >> pid) {
+      std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+      std::string line;
+      if (std::getline(stat, line)) {
+        const auto close = line.rfind(')');
+        if (close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'T') return true;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
 }
 
 void sleep_s(double s) {
@@ -120,6 +142,7 @@ int main(int argc, char** argv) {
   if (rank == stop_rank) ::raise(SIGSTOP);
 
   if (rank == fail_rank) {
+    if (stop_rank >= 0 && !wait_stopped(dir + "/pid." + std::to_string(stop_rank), 30)) return 93;
     sleep_s(fail_after);
     if (fail_signal != 0) {
       ::signal(fail_signal, SIG_DFL);

@@ -241,7 +241,10 @@ TEST_F(RunTest, SigtermIsForwardedToEveryProcess) {
 }
 
 TEST_F(RunTest, ChildrenDieWhenStrataRunIsKilled) {
-  test::Subprocess run(run_args(3, {"--sleep", "60", "--ignore-term"}), {});
+  // A killed strata-run cannot remove its default trace directory: keep it in
+  // the test's own directory.
+  test::Subprocess run(run_args(3, {"--sleep", "60", "--ignore-term"}),
+                       {{"STRATA_TRACE_DIR", std::nullopt}, {"TMPDIR", dir_.str()}});
   ASSERT_TRUE(wait_for_pids(3, 30s)) << run.err();
   const auto ps = pids(3);
   for (pid_t p : ps) EXPECT_TRUE(test::process_alive(p));
@@ -272,7 +275,7 @@ TEST_F(RunTest, SummaryGivesTheAgreedVerdictAndTheStoppedRankNotTheFirstExit) {
   const test::ProcResult r = test::run_program(
       run_args(3,
                {"--sleep", "60", "--trace-rank", "0", "--trace-rank", "1", "--verdict", verdict, "--stop-rank", "2",
-                "--fail-rank", "0", "--fail-after", "2"},
+                "--fail-rank", "0", "--fail-after", "0.2"},
                {"--grace", "1", "--trace-dir", traces}),
       {}, 60);
   ASSERT_FALSE(r.timed_out) << r.err;
@@ -384,7 +387,7 @@ TEST_F(RunTest, UserTraceDirIsKeptWithItsFilesAndOldTracesAreNotReported) {
 
 TEST_F(RunTest, AStoppedRankIsNamedEvenWithoutTraceFiles) {
   const test::ProcResult r = test::run_program(
-      run_args(2, {"--stop-rank", "1", "--fail-rank", "0", "--fail-after", "2", "--sleep", "60"}, {"--grace", "1"}),
+      run_args(2, {"--stop-rank", "1", "--fail-rank", "0", "--fail-after", "0.2", "--sleep", "60"}, {"--grace", "1"}),
       {{"STRATA_TRACE_DIR", std::nullopt}, {"TMPDIR", dir_.str()}}, 60);
   ASSERT_FALSE(r.timed_out);
   EXPECT_EQ(r.exit_code, 1) << r.err;
