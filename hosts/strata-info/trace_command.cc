@@ -149,9 +149,9 @@ void print_trace(const ojson& doc, std::ostream& out) {
   out << "\n";
   if (doc["verdicts"].empty()) out << "No verdict: no rank reached one in time.\n";
   for (const auto& v : doc["verdicts"]) {
-    const auto who = v["ranks"].get<std::vector<int>>();
-    out << "Verdict (" << strata::trace::rank_list(who) << (who.size() > 1 ? " agree" : "")
-        << "): " << v["verdict"].get<std::string>() << "\n";
+    std::string line = strata::trace::verdict_line(v["verdict"].get<std::string>(), v["ranks"].get<std::vector<int>>());
+    line[0] = 'V';
+    out << line << "\n";
   }
 
   out << "\nRanks:\n";

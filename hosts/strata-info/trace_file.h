@@ -195,14 +195,17 @@ inline std::vector<std::pair<std::string, std::vector<int>>> group_verdicts(cons
   return out;
 }
 
-/// The verdict lines both programs print (without a program prefix):
-/// "verdict (ranks 0, 1, 3 agree): TEXT", "verdict (rank 0): TEXT" per
-/// group, then "no verdict from ranks 2, 4 (...)" for ranks that reached
-/// none.
+/// "verdict (ranks 0, 1, 3 agree): TEXT", or "verdict (rank 0): TEXT".
+inline std::string verdict_line(const std::string& text, const std::vector<int>& ranks) {
+  return "verdict (" + rank_list(ranks) + (ranks.size() > 1 ? " agree" : "") + "): " + text;
+}
+
+/// The verdict lines strata-run prints (without its prefix): one
+/// verdict_line() per group, then "no verdict from ranks 2, 4 (...)" for
+/// ranks that reached none.
 inline std::vector<std::string> verdict_lines(const std::vector<RankTrace>& ranks) {
   std::vector<std::string> out;
-  for (const auto& [text, who] : group_verdicts(ranks))
-    out.push_back("verdict (" + rank_list(who) + (who.size() > 1 ? " agree" : "") + "): " + text);
+  for (const auto& [text, who] : group_verdicts(ranks)) out.push_back(verdict_line(text, who));
   std::vector<int> none;
   for (const auto& r : ranks)
     if (r.verdict.empty()) none.push_back(r.rank);

@@ -263,8 +263,6 @@ std::set<std::string> entries(const std::filesystem::path& dir) {
   return out;
 }
 
-std::size_t find_or_npos(const std::string& text, const std::string& what) { return text.find(what); }
-
 TEST_F(RunTest, SummaryGivesTheAgreedVerdictAndTheStoppedRankNotTheFirstExit) {
   // Ranks 0 and 1 wrote the same verdict; rank 2 froze (SIGSTOP); rank 0
   // exits first. The summary must name what the ranks agreed on and the
@@ -291,10 +289,10 @@ TEST_F(RunTest, SummaryGivesTheAgreedVerdictAndTheStoppedRankNotTheFirstExit) {
             std::string::npos)
       << r.err;
   EXPECT_NE(r.err.find("(rank 2 stopped, so SIGTERM waits); sending SIGKILL"), std::string::npos) << r.err;
-  const auto v = find_or_npos(r.err, "strata-run: verdict (ranks 0, 1 agree): " + verdict + "\n");
+  const auto v = r.err.find("strata-run: verdict (ranks 0, 1 agree): " + verdict + "\n");
   const auto stopped =
-      find_or_npos(r.err, "strata-run: rank 2 (pid " + std::to_string(ps[2]) + ") was stopped (SIGSTOP) when the job failed\n");
-  const auto hint = find_or_npos(r.err, "strata-run: the last collectives of every rank: strata-info trace " + traces + "\n");
+      r.err.find("strata-run: rank 2 (pid " + std::to_string(ps[2]) + ") was stopped (SIGSTOP) when the job failed\n");
+  const auto hint = r.err.find("strata-run: the last collectives of every rank: strata-info trace " + traces + "\n");
   ASSERT_NE(v, std::string::npos) << r.err;
   ASSERT_NE(stopped, std::string::npos) << r.err;
   ASSERT_NE(hint, std::string::npos) << r.err;
