@@ -1083,7 +1083,10 @@ TEST(RingProcessChild, Run) {
       for (int i = 0; i <= k; ++i) ASSERT_EQ(load(kFloat32, out.bytes.data(), pos++), double(k));
   }
   if (crash < 0) return;
-  ASSERT_EQ(cdo.barrier().code, STRATA_OK);
+  {
+    const Status b = cdo.barrier();
+    ASSERT_EQ(b.code, STRATA_OK) << b.message;
+  }
   if (rank == crash) {
     if (stop) ::kill(::getpid(), SIGSTOP);  // silent from here on; the parent SIGKILLs it
     ::_exit(7);                             // dies without closing anything cleanly
@@ -1096,14 +1099,21 @@ TEST(RingProcessChild, Run) {
   EXPECT_NE(s.message.find("all_reduce #"), std::string::npos) << s.message;
   EXPECT_NE(s.message.find(culprit), std::string::npos) << "the error does not name " << culprit << ": "
                                                          << s.message;
+  // Every survivor's error starts with the same verdict naming the culprit
+  // (the culprit analysis), whichever neighbour it was waiting for.
   if (stop) {
-    // Only the deadline can tell a stopped peer from a slow one.
-    EXPECT_NE(s.message.find("did not complete within"), std::string::npos) << s.message;
+    // The collective deadline (shorter than the heartbeat one here) ends the
+    // wait; the diagnosis then finds the process stopped in /proc.
+    EXPECT_EQ(s.message.rfind(culprit + " of 3 is frozen (" + culprit + "'s process (pid ", 0), 0u) << s.message;
+    EXPECT_NE(s.message.find("is stopped (SIGSTOP"), std::string::npos) << s.message;
+    EXPECT_EQ(s.code, STRATA_ERR_DEADLINE_EXCEEDED) << s.message;
     EXPECT_GE(secs, timeout_s * 0.9) << s.message;
     EXPECT_LT(secs, timeout_s + 5.0) << s.message;
   } else {
     // A dead peer is noticed when its connection drops, far before timeout_s.
-    EXPECT_LT(secs, timeout_s / 4.0) << s.message;
+    EXPECT_EQ(s.message.rfind(culprit + " of 3 died (" + culprit + "'s process (pid ", 0), 0u) << s.message;
+    EXPECT_EQ(s.code, STRATA_ERR_UNAVAILABLE) << s.message;
+    EXPECT_LT(secs, kSanitized ? 5.0 : 1.0) << s.message;
   }
   std::cerr << "rank " << rank << " failed as expected after " << secs << " s (code " << s.code
             << "): " << s.message << "\n";

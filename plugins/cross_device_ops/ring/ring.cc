@@ -19,6 +19,18 @@
 //   "setup_timeout_s": deadline for every rank to join and the transport
 //                  communicator to be built (default /timeouts/rendezvous_s,
 //                  120); rank 0 logs the missing ranks every 5 s meanwhile
+//   "heartbeat_timeout_s": a rank whose heartbeat has not advanced for this
+//                  long while others wait for it is reported frozen
+//                  (default /timeouts/heartbeat_s, else 30)
+//   "heartbeat_interval_s": heartbeat period (default 1; at most a third of
+//                  heartbeat_timeout_s)
+//   "diagnosis_timeout_s": how long a rank whose collective failed gathers
+//                  the other ranks' evidence before it decides (default 5)
+//
+// Culprit analysis: a failed collective is diagnosed with every other rank
+// through the store (ring_comm.h, diagnosis.h); every rank's error starts
+// with the same verdict, and with STRATA_TRACE_DIR set each writes
+// rank-<r>.json with its last collectives (strata-info trace reads them).
 //
 // Semantics across processes (every process passes its num_replicas local
 // tensors; world_size * num_replicas replicas are in sync):
@@ -122,7 +134,8 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
     const nlohmann::json o = sdk::parse_options(options_json, kComponent);
     sdk::check_known_keys(o,
                           {"transport", "rank", "world_size", "communicator", "bytes_per_pack", "chunk_bytes",
-                           "direct_max_bytes", "timeout_s", "setup_timeout_s"},
+                           "direct_max_bytes", "timeout_s", "setup_timeout_s", "heartbeat_timeout_s",
+                           "heartbeat_interval_s", "diagnosis_timeout_s"},
                           kComponent);
     RingCommOptions co;
     co.world_size = sdk::get_option<int32_t>(o, "world_size", 1, kComponent);
@@ -143,6 +156,31 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
     const double timeout_s = sdk::collective_timeout_s(host_, o, kComponent);
     co.timeout_ms = static_cast<int64_t>(timeout_s * 1000.0);
     co.setup_timeout_ms = static_cast<int64_t>(sdk::rendezvous_timeout_s(host_, o, kComponent) * 1000.0);
+    {
+      double hb_timeout = 30;
+      if (auto t = host_ && host_.api()->get_config != nullptr ? host_.get_config("/timeouts/heartbeat_s")
+                                                                : std::optional<std::string>()) {
+        const nlohmann::json j = nlohmann::json::parse(*t, nullptr, false);
+        if (!j.is_number() || !(j.get<double>() > 0))
+          STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "/timeouts/heartbeat_s in the job config must be a number > 0 "
+                       "(seconds without heartbeat before a rank counts as frozen), got ", *t);
+        hb_timeout = j.get<double>();
+      }
+      hb_timeout = sdk::get_option<double>(o, "heartbeat_timeout_s", hb_timeout, kComponent);
+      const double hb_interval = sdk::get_option<double>(o, "heartbeat_interval_s", std::min(1.0, hb_timeout / 3),
+                                                         kComponent);
+      const double diag = sdk::get_option<double>(o, "diagnosis_timeout_s", 5.0, kComponent);
+      if (!(hb_timeout > 0) || !(hb_interval > 0) || hb_interval * 3 > hb_timeout + 1e-9)
+        STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "options 'heartbeat_interval_s' (", hb_interval,
+                     ") and 'heartbeat_timeout_s' (", hb_timeout, ") of ", kComponent,
+                     " must be > 0 with the interval at most a third of the timeout, e.g. 1 and 30");
+      if (!(diag > 0))
+        STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'diagnosis_timeout_s' of ", kComponent, " must be > 0, got ",
+                     diag);
+      co.heartbeat_timeout_ms = static_cast<int64_t>(hb_timeout * 1000.0);
+      co.heartbeat_interval_ms = std::max<int64_t>(10, static_cast<int64_t>(hb_interval * 1000.0));
+      co.diagnosis_timeout_ms = static_cast<int64_t>(diag * 1000.0);
+    }
     world_ = co.world_size;
     rank_ = co.rank;
     comm_options_ = co;

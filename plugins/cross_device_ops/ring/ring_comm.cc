@@ -24,7 +24,7 @@ constexpr uint64_t kDefaultChunkBytes = 1ull << 20;
 constexpr uint64_t kMaxStep = (1ull << 12) - 1;
 constexpr uint64_t kMaxChunks = 1ull << 20;
 // Longest single transport wait between checks of the host's abort flag.
-constexpr int64_t kWaitSliceMs = 250;
+constexpr int64_t kWaitSliceMs = 100;
 
 // The fingerprint at the start of every step-0 message. Peers are assumed to
 // share endianness (every supported platform is little-endian).
@@ -100,6 +100,7 @@ std::string describe(const CollectiveDesc& d) {
 // the cleanup when it fails (abort the communicator, cancel what is live).
 class RingComm::Op {
  public:
+  struct Req;
   Op(RingComm& c, const CollectiveDesc& d) : c_(c), d_(d), uncaught_(std::uncaught_exceptions()) {
     c.check_usable();
     seq_ = c.sequence_++;
@@ -114,13 +115,26 @@ class RingComm::Op {
     fp.rank = c.opt_.rank;
     fp.peer = d.op == STRATA_COLL_BROADCAST ? 0 : -1;
     c.host_.record_collective(fp);
+    c.failed_op_ = false;
+    c.recorder_.start(seq_, describe(d), d.count * ((uint64_t(d.dtype.bits) * d.dtype.lanes + 7) / 8));
   }
   Op(const Op&) = delete;
   Op& operator=(const Op&) = delete;
 
   ~Op() {
-    if (std::uncaught_exceptions() > uncaught_)
+    if (std::uncaught_exceptions() > uncaught_) {
+      c_.failed_op_ = true;
+      c_.failure_ = Failure{};
+      c_.failure_.seq = seq_;
+      c_.failure_.op = describe(d_);
+      c_.failure_.kind = kind_;
+      c_.failure_.peer = peer_;
+      c_.failure_.message = failure_;
+      c_.recorder_.finish(seq_, false, failure_);
       c_.abort(failure_.empty() ? "rank " + std::to_string(c_.opt_.rank) + " failed " + prefix() : failure_);
+    } else {
+      c_.recorder_.finish(seq_, true, "");
+    }
     for (Req& q : reqs_)
       if (q.live) c_.vt_->cancel(c_.comm_, q.req);
   }
@@ -175,15 +189,23 @@ class RingComm::Op {
     // the wait early; the request stays live across DEADLINE_EXCEEDED.
     const uint64_t start = c_.host_.now_ns();
     const uint64_t deadline = start + uint64_t(c_.opt_.timeout_ms) * 1000000ull;
+    struct Waiting {
+      Watcher* w;
+      explicit Waiting(Watcher* x) : w(x) { if (w) w->waiting(true); }
+      ~Waiting() { if (w) w->waiting(false); }
+    } waiting(c_.watcher_.get());
     for (;;) {
       strata_error_init(&err);
       const uint64_t now = c_.host_.now_ns();
       const int64_t left_ms = now >= deadline ? 0 : int64_t((deadline - now) / 1000000ull);
       s = c_.vt_->wait(c_.comm_, q.req, std::min<int64_t>(left_ms, kWaitSliceMs), &bytes, &err);
       if (s != STRATA_ERR_DEADLINE_EXCEEDED || left_ms <= kWaitSliceMs) break;
-      if (c_.host_.abort_requested())
+      if (c_.host_.abort_requested()) {
+        kind_ = "host_abort";
         raise(STRATA_ERR_ABORTED, prefix(), ": the job was asked to stop (host abort) while waiting for rank ",
               q.peer, " (", what(q), ")");
+      }
+      watch(q);
     }
     if (s != STRATA_ERR_DEADLINE_EXCEEDED) q.live = false;  // released by wait
     if (q.send) forget_send(i);
@@ -220,6 +242,40 @@ class RingComm::Op {
       if (reqs_[i].live) wait(i);
   }
 
+  /// Between wait slices: what the watcher thread found (another rank's
+  /// failure, a rank without heartbeat, a silent store) ends the wait.
+  void watch(const Req& q) {
+    Watcher* w = c_.watcher_.get();
+    if (w == nullptr) return;
+    const std::string inc = w->incident();
+    if (!inc.empty()) {
+      kind_ = "incident";
+      raise(STRATA_ERR_ABORTED, prefix(), ": stopped waiting for rank ", q.peer, " (", what(q),
+            ") because another rank reported a failure: ", inc);
+    }
+    int64_t silent_ms = 0;
+    const int32_t k = w->frozen_rank(&silent_ms);
+    if (k >= 0) {
+      kind_ = "frozen";
+      peer_ = k;
+      raise(STRATA_ERR_DEADLINE_EXCEEDED, prefix(), ": rank ", k, " sent no heartbeat for ", silent_ms / 1000,
+            " s (the heartbeat deadline is ", c_.opt_.heartbeat_timeout_ms / 1000.0,
+            " s, /timeouts/heartbeat_s) while this rank waited for rank ", q.peer, " (", what(q), ")");
+    }
+    const int64_t store_ms = w->store_silent_ms();
+    if (store_ms > c_.opt_.heartbeat_timeout_ms) {
+      kind_ = "store";
+      peer_ = 0;
+      raise(STRATA_ERR_DEADLINE_EXCEEDED, prefix(), ": the rendezvous store (served by rank 0) has not answered for ",
+            store_ms / 1000, " s while this rank waited for rank ", q.peer, " (", what(q), ")");
+    }
+  }
+
+  void set_cause(const char* kind, int32_t peer) {
+    kind_ = kind;
+    peer_ = peer;
+  }
+
   template <class... A>
   [[noreturn]] void raise(strata_status_t code, A&&... parts) {
     failure_ = ::strata::detail::str_cat(std::forward<A>(parts)...);
@@ -251,6 +307,12 @@ class RingComm::Op {
 
   [[noreturn]] void fail_request(const Req& q, strata_status_t s, const char* msg, int64_t waited_ms = 0) {
     const std::string peer = "rank " + std::to_string(q.peer);
+    // ABORTED from the transport is this rank's own abort (another thread
+    // destroyed the ops) unless the communicator is still intact.
+    set_cause(s == STRATA_ERR_DEADLINE_EXCEEDED ? "deadline"
+              : (s == STRATA_ERR_ABORTED && c_.broken_.load()) ? "error"
+                                                               : "lost",
+              q.peer);
     if (s == STRATA_ERR_DEADLINE_EXCEEDED) {
       // The transport's own text only covers the last wait slice, so it
       // would name a second, shorter duration for the same wait: leave it out.
@@ -271,6 +333,8 @@ class RingComm::Op {
   std::vector<Req> reqs_;
   std::deque<size_t> live_sends_;
   std::string failure_;
+  std::string kind_ = "error";
+  int32_t peer_ = -1;
 };
 
 // ------------------------------------------------------------- RingComm ---
@@ -316,9 +380,55 @@ RingComm::RingComm(sdk::Host host, const strata_transport_vtable* vt, strata_tra
       vt_->comm_create(transport_, opt_.name.c_str(), opt_.rank, opt_.world_size, create_ms, &comm_, &err),
       err, ::strata::detail::str_cat("ring: joining communicator '", opt_.name, "' as rank ", opt_.rank, " of ",
                                      opt_.world_size).c_str());
+  if (opt_.world_size > 1) {
+    DiagOptions d;
+    d.comm = opt_.name;
+    d.rank = opt_.rank;
+    d.world = opt_.world_size;
+    d.interval_ms = opt_.heartbeat_interval_ms;
+    d.frozen_ms = opt_.heartbeat_timeout_ms;
+    d.diagnose_ms = opt_.diagnosis_timeout_ms;
+    watcher_ = std::make_unique<Watcher>(host_, d, recorder_);
+  }
+}
+
+template <class F>
+auto RingComm::diagnosed(F&& body) -> decltype(body()) {
+  try {
+    return body();
+  } catch (const Error& e) {
+    fail_diagnosed(e);
+  }
+}
+
+void RingComm::fail_diagnosed(const Error& e) {
+  // Only failures that involve other ranks are diagnosed: a bad argument is
+  // reported by every rank alike, a stop request is the user's, and a
+  // communicator already broken was diagnosed when it broke.
+  const bool involves_others = failed_op_ && watcher_ != nullptr && failure_.kind != "host_abort" &&
+                               e.code() != STRATA_ERR_FAILED_PRECONDITION &&
+                               (e.code() != STRATA_ERR_INVALID_ARGUMENT || failure_.kind == "mismatch");
+  failed_op_ = false;
+  if (!involves_others || host_.abort_requested()) throw e;
+  Failure f = failure_;
+  f.code = e.code();
+  if (f.message.empty()) f.message = e.what();
+  DiagOptions d;
+  d.comm = opt_.name;
+  d.rank = opt_.rank;
+  d.world = opt_.world_size;
+  d.interval_ms = opt_.heartbeat_interval_ms;
+  d.frozen_ms = opt_.heartbeat_timeout_ms;
+  d.diagnose_ms = opt_.diagnosis_timeout_ms;
+  const Verdict v = diagnose(host_, d, watcher_.get(), f, recorder_);
+  write_trace_file(host_, d, f, v, recorder_);
+  std::string own = e.what();
+  if (const size_t at = own.rfind(" ["); at != std::string::npos && !own.empty() && own.back() == ']') own.resize(at);
+  ::strata::detail::throw_status(v.code, ::strata::detail::str_cat(v.text, " [rank ", opt_.rank, " saw: ", own, "]"));
 }
 
 RingComm::~RingComm() {
+  watcher_.reset();
   for (Buffer* b : {&work_, &stage_, &hdr_recv_, &hdr_send_, &gather_}) release(*b);
   if (comm_ != nullptr) vt_->comm_destroy(comm_);
 }
@@ -440,14 +550,17 @@ void RingComm::step0(Op& op, const std::vector<int32_t>& send_to, const std::vec
                             (h.sequence != mine.sequence ? " as #" + std::to_string(mine.sequence) : "");
       const std::string b = "rank " + std::to_string(p) + " called " + describe(theirs) +
                             (h.sequence != mine.sequence ? " as #" + std::to_string(h.sequence) : "");
+      op.set_cause("mismatch", p);
       op.raise(STRATA_ERR_INVALID_ARGUMENT, "collective mismatch at #", std::min(mine.sequence, h.sequence),
                " of communicator '", opt_.name, "': ", me_first ? a : b, ", ", me_first ? b : a,
                "; every process must issue the same collectives in the same order");
     }
-    if (h.chunk_bytes != mine.chunk_bytes || h.world_size != mine.world_size)
+    if (h.chunk_bytes != mine.chunk_bytes || h.world_size != mine.world_size) {
+      op.set_cause("mismatch", p);
       op.raise(STRATA_ERR_INVALID_ARGUMENT, op.prefix(), ": rank ", p, " uses chunk_bytes ", h.chunk_bytes,
                " and world_size ", h.world_size, " but rank ", opt_.rank, " uses ", mine.chunk_bytes, " and ",
                mine.world_size, "; give every process the same ring cross_device_ops options");
+    }
     if (h.payload_bytes != bytes - kHdr)
       op.raise(STRATA_ERR_DATA_LOSS, op.prefix(), ": rank ", p, " announced ", h.payload_bytes,
                " payload bytes but sent ", bytes - kHdr);
@@ -625,6 +738,10 @@ void RingComm::all_reduce(const CollectiveDesc& d, DLDataType wire, strata_reduc
 }
 
 void RingComm::all_reduce(const CollectiveDesc& d, DLDataType wire, strata_reduce_op rop, size_t count) {
+  diagnosed([&] { all_reduce_impl(d, wire, rop, count); });
+}
+
+void RingComm::all_reduce_impl(const CollectiveDesc& d, DLDataType wire, strata_reduce_op rop, size_t count) {
   Op op(*this, d);
   const size_t bytes = count * sdk::dtype_size(wire);
   if (work_.borrowed == nullptr) ensure(work_, bytes);
@@ -641,6 +758,10 @@ void RingComm::all_reduce(const CollectiveDesc& d, DLDataType wire, strata_reduc
 }
 
 void RingComm::reduce_scatter(const CollectiveDesc& d, DLDataType wire, strata_reduce_op rop, size_t count) {
+  diagnosed([&] { reduce_scatter_impl(d, wire, rop, count); });
+}
+
+void RingComm::reduce_scatter_impl(const CollectiveDesc& d, DLDataType wire, strata_reduce_op rop, size_t count) {
   Op op(*this, d);
   if (count % size_t(opt_.world_size) != 0)
     op.raise(STRATA_ERR_INVALID_ARGUMENT, op.prefix(), ": ", count, " elements do not split into ",
@@ -654,6 +775,10 @@ void RingComm::reduce_scatter(const CollectiveDesc& d, DLDataType wire, strata_r
 }
 
 void RingComm::broadcast(const CollectiveDesc& d, size_t bytes) {
+  diagnosed([&] { broadcast_impl(d, bytes); });
+}
+
+void RingComm::broadcast_impl(const CollectiveDesc& d, size_t bytes) {
   Op op(*this, d);
   ensure(work_, bytes);
   const int32_t n = opt_.world_size, r = opt_.rank;
@@ -698,6 +823,11 @@ void RingComm::broadcast(const CollectiveDesc& d, size_t bytes) {
 
 const void* RingComm::all_gather(const CollectiveDesc& d, size_t block_bytes, uint64_t axis_len,
                                  std::vector<uint64_t>& axis_lens) {
+  return diagnosed([&] { return all_gather_impl(d, block_bytes, axis_len, axis_lens); });
+}
+
+const void* RingComm::all_gather_impl(const CollectiveDesc& d, size_t block_bytes, uint64_t axis_len,
+                                      std::vector<uint64_t>& axis_lens) {
   Op op(*this, d);
   const int32_t n = opt_.world_size, r = opt_.rank;
   const size_t esize = sdk::dtype_size(d.dtype);
@@ -761,6 +891,10 @@ const void* RingComm::all_gather(const CollectiveDesc& d, size_t block_bytes, ui
 }
 
 void RingComm::barrier() {
+  diagnosed([&] { barrier_impl(); });
+}
+
+void RingComm::barrier_impl() {
   CollectiveDesc d;
   d.op = STRATA_COLL_BARRIER;
   d.dtype = DLDataType{kDLUInt, 8, 1};

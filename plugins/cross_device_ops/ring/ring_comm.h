@@ -21,6 +21,14 @@
 // waiting for their own deadline), cancels this rank's pending requests and
 // leaves the RingComm unusable: later calls fail with FAILED_PRECONDITION.
 //
+// Culprit analysis (diagnosis.h). Every collective is kept in a flight
+// recorder, a watcher thread publishes this rank's heartbeat, and a failed
+// collective is diagnosed with the other ranks through the store before it
+// throws: the error then starts with the verdict every rank agrees on
+// ("rank 2 of 4 died ...", "... is frozen ...", "... did not join ...",
+// "collective mismatch ...") followed by what this rank itself saw, and a
+// trace file is written when STRATA_TRACE_DIR is set.
+//
 // Threads. Not thread-safe: one collective at a time (the CrossDeviceOps
 // serialises calls). abort() may be called from any thread.
 #pragma once
@@ -28,6 +36,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -35,6 +44,7 @@
 #include "strata/c/strata.h"
 #include "strata/sdk/host.hpp"
 #include "strata/sdk/tensor.hpp"
+#include "diagnosis.h"
 
 namespace strata::plugins::ring {
 
@@ -61,6 +71,9 @@ struct RingCommOptions {
   int64_t setup_timeout_ms = 120000;  // the rendezvous: every rank joins, then the transport comm
   uint64_t chunk_bytes = 0;   // 0 = transport preference or 1 MiB
   uint64_t direct_max_bytes = 32768;
+  int64_t heartbeat_interval_ms = 1000;   // heartbeat period
+  int64_t heartbeat_timeout_ms = 30000;   // no heartbeat this long while others wait: frozen
+  int64_t diagnosis_timeout_ms = 5000;    // how long a failed rank gathers the others' evidence
 };
 
 class RingComm {
@@ -118,10 +131,22 @@ class RingComm {
   struct Pending;
   class Op;
 
+  void all_reduce_impl(const CollectiveDesc& d, DLDataType wire, strata_reduce_op op, size_t count);
+  void reduce_scatter_impl(const CollectiveDesc& d, DLDataType wire, strata_reduce_op op, size_t count);
+  void broadcast_impl(const CollectiveDesc& d, size_t bytes);
+  const void* all_gather_impl(const CollectiveDesc& d, size_t block_bytes, uint64_t axis_len,
+                              std::vector<uint64_t>& axis_lens);
+  void barrier_impl();
+
   void ensure(Buffer& b, size_t bytes);
   void release(Buffer& b) noexcept;
   strata_buffer buffer_of(const Buffer& b, size_t offset, size_t bytes) const;
   void check_usable() const;
+  // Runs one public collective; a failure is diagnosed with the other ranks
+  // and rethrown with the verdict (see the file comment).
+  template <class F>
+  auto diagnosed(F&& body) -> decltype(body());
+  [[noreturn]] void fail_diagnosed(const Error& e);
 
   // The pieces of one collective; `Op` carries the sequence and cleanup.
   void step0(Op& op, const std::vector<int32_t>& send_to, const std::vector<int32_t>& recv_from,
@@ -146,6 +171,11 @@ class RingComm {
   Buffer hdr_recv_;   // one step-0 slot per rank
   Buffer hdr_send_;   // the step-0 message this rank sends
   Buffer gather_;     // all_gather result
+
+  FlightRecorder recorder_;
+  std::unique_ptr<Watcher> watcher_;  // world_size > 1 only
+  bool failed_op_ = false;            // set by the Op that failed during the current call
+  Failure failure_;
 
   mutable std::mutex abort_mu_;
   std::atomic<bool> broken_{false};
