@@ -302,7 +302,12 @@ void Watcher::run() {
     // answers, so that its death can be told from its freezing later.
     if (opt_.rank != 0 && !peer(0).known && now >= next_info) {
       std::string v;
-      if (store_get(host_, prefix_ + "hb/0", 0, &v) == Got::kOk) remember(0, info_of(parse_or_null(v)));
+      Got g = Got::kDown;
+      timed([&] {
+        g = store_get(host_, prefix_ + "hb/0", 0, &v);
+        return g != Got::kDown;
+      });
+      if (g == Got::kOk) remember(0, info_of(parse_or_null(v)));
       next_info = now + opt_.interval_ms;
     }
   }
@@ -317,11 +322,20 @@ void Watcher::beat() {
     hb["op"] = last.op;
     hb["state"] = last.state;
   }
+  timed([&] { return store_set(host_, prefix_ + "hb/" + std::to_string(opt_.rank), hb.dump(), opt_.interval_ms); });
+}
+
+template <class F>
+bool Watcher::timed(F&& call) {
+  // The store's silence counts from the first call it left unanswered,
+  // whichever call that was.
   if (first_unanswered_ms_.load() == 0) first_unanswered_ms_.store(mono_ms());
-  if (store_set(host_, prefix_ + "hb/" + std::to_string(opt_.rank), hb.dump(), opt_.interval_ms)) {
+  const bool answered = call();
+  if (answered) {
     last_answer_ms_.store(mono_ms());
     first_unanswered_ms_.store(0);
   }
+  return answered;
 }
 
 bool Watcher::poll_incident() {
@@ -330,7 +344,12 @@ bool Watcher::poll_incident() {
     if (!incident_.empty()) return true;
   }
   std::string v;
-  if (store_get(host_, prefix_ + "incident", 0, &v) != Got::kOk) return false;
+  Got g = Got::kDown;
+  timed([&] {
+    g = store_get(host_, prefix_ + "incident", 0, &v);
+    return g != Got::kDown;
+  });
+  if (g != Got::kOk) return false;
   std::lock_guard<std::mutex> lock(mu_);
   incident_ = v.empty() ? "(no reason given)" : v;
   return true;
@@ -343,7 +362,11 @@ void Watcher::scan() {
   for (int32_t k = 0; k < opt_.world; ++k) {
     if (k == opt_.rank) continue;
     std::string v;
-    const Got g = store_get(host_, prefix_ + "hb/" + std::to_string(k), 0, &v);
+    Got g = Got::kDown;
+    timed([&] {
+      g = store_get(host_, prefix_ + "hb/" + std::to_string(k), 0, &v);
+      return g != Got::kDown;
+    });
     if (g == Got::kDown) return;
     int64_t value = -1;
     if (g == Got::kOk) {

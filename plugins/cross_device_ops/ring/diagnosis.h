@@ -140,6 +140,8 @@ class Watcher {
   void beat();
   void scan();
   bool poll_incident();
+  template <class F>
+  bool timed(F&& call);
 
   sdk::Host host_;
   DiagOptions opt_;
