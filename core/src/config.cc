@@ -181,7 +181,8 @@ void Config::apply_env() {
     part["name"] = v;
   }
   static const NameOverride timeouts[] = {{"STRATA_COLLECTIVE_TIMEOUT_S", "collective_s"},
-                                          {"STRATA_RENDEZVOUS_TIMEOUT_S", "rendezvous_s"}};
+                                          {"STRATA_RENDEZVOUS_TIMEOUT_S", "rendezvous_s"},
+                                          {"STRATA_HEARTBEAT_TIMEOUT_S", "heartbeat_s"}};
   for (const auto& o : timeouts) {
     const char* v = std::getenv(o.var);
     if (!v || !*v) continue;

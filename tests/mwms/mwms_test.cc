@@ -361,6 +361,82 @@ TEST_F(MwmsTest, UnderStrataRunMatchesOneDevice) {
     expect_matches(read_weights(out), ref, n == 2 ? "strata_run2" : "strata_run4");
   }
 }
+
+// The pid of strata-run's child that runs `rank` (its STRATA_RANK), or -1.
+pid_t rank_pid(pid_t launcher, int rank) {
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(e.path() / "stat");
+    std::string all((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    const size_t close = all.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(all.substr(close + 1));
+    std::string state;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    if (ppid != launcher) continue;
+    std::ifstream env(e.path() / "environ");
+    std::string vars((std::istreambuf_iterator<char>(env)), std::istreambuf_iterator<char>());
+    if (vars.find(std::string("STRATA_RANK=") + std::to_string(rank) + '\0') != std::string::npos)
+      return pid_t(std::stoi(name));
+  }
+  return -1;
+}
+
+// Issue 11: after a rank is stopped or killed mid-training, strata-run's
+// summary gives the verdict the survivors agreed on, naming that rank, not
+// the rank that happened to exit first.
+TEST_F(MwmsTest, StrataRunSummaryNamesTheStoppedOrKilledRank) {
+  const std::string cfg = write_config(R"({"timeouts": {"collective_s": 120, "heartbeat_s": 2, "rendezvous_s": 60}})");
+  for (const int sig : {SIGSTOP, SIGKILL}) {
+    const int victim = sig == SIGSTOP ? 2 : 1;
+    SCOPED_TRACE(sig == SIGSTOP ? "SIGSTOP" : "SIGKILL");
+    const fs::path traces = dir_ / (sig == SIGSTOP ? "traces-stop" : "traces-kill");
+    Cluster c(dir_);
+    c.start({STRATA_RUN_BIN, "-n", "4", "--timeout", "200", "--grace", "2", "--trace-dir", traces.string(), "--",
+             STRATA_TRAIN_BIN, "--config", cfg, "--strategy", "multi_worker_mirrored", "--steps", "100000000",
+             "--log-every", "20", "--global-batch", "96", "--features", "16", "--hidden", "32", "--classes", "4",
+             "--dataset-size", "4096"},
+            {{"TF_CONFIG", ""}, {"STRATA_AUTH_TOKEN", ""}, {"STRATA_CONFIG", ""}, {"LSAN_OPTIONS", lsan_options()}},
+            sig == SIGSTOP ? "run-stop" : "run-kill");
+    ASSERT_TRUE(c.wait_for_output(0, "step 40/", 120)) << c.all_output();
+    const pid_t pid = rank_pid(c.child(0).pid, victim);
+    ASSERT_GT(pid, 0) << "no child of strata-run runs rank " << victim;
+    const auto t0 = Clock::now();
+    ::kill(pid, sig);
+    ASSERT_TRUE(c.wait_all(60)) << c.all_output();
+    const double took = std::chrono::duration<double>(Clock::now() - t0).count();
+    const std::string out = c.output(0);
+    EXPECT_NE(c.child(0).status, 0) << out;
+    const std::string who = "rank " + std::to_string(victim) + " of 4";
+    if (sig == SIGKILL) {
+      // A death by signal is the first exit and names itself; strata-run then
+      // stops the survivors, usually before they finish their diagnosis.
+      EXPECT_NE(out.find("strata-run: rank 1 (pid " + std::to_string(pid) + ") exited first: it was killed by SIGKILL"),
+                std::string::npos)
+          << out;
+      const size_t v = out.find("strata-run: verdict");
+      if (v != std::string::npos) EXPECT_NE(out.find(" agree): rank 1 of 4 died", v), std::string::npos) << out;
+      EXPECT_LT(took, 20) << out;
+      continue;
+    }
+    // The first survivor to exit makes strata-run stop the others, so a late
+    // one may be gone before its trace is written: one verdict line, from
+    // one or more survivors, naming the stopped rank.
+    const size_t at = out.find("strata-run: verdict (rank");
+    ASSERT_NE(at, std::string::npos) << out;
+    const std::string line = out.substr(at, out.find('\n', at) - at);
+    EXPECT_NE(line.find("): " + who + " is frozen"), std::string::npos) << out;
+    EXPECT_EQ(out.find("strata-run: verdict", at + 1), std::string::npos) << "survivors disagree:\n" << out;
+    if (sig == SIGSTOP)
+      EXPECT_NE(out.find("strata-run: rank 2 (pid " + std::to_string(pid) + ") was stopped"), std::string::npos) << out;
+    EXPECT_NE(out.find("strata-info trace " + traces.string()), std::string::npos) << out;
+    EXPECT_FALSE(fs::exists(traces / ("rank-" + std::to_string(victim) + ".json"))) << out;
+    // Heartbeat deadline (2 s) plus the grace; a dead rank is seen at once.
+    EXPECT_LT(took, sig == SIGSTOP ? 30 : 20) << out;
+  }
+}
 #endif
 
 // Every cross-worker operation of the C++ API, checked against values

@@ -576,7 +576,6 @@ bool verdict_from(const std::string& s, Verdict* v) {
 
 Verdict diagnose(const sdk::Host& host, const DiagOptions& opt, Watcher* watcher, const Failure& f,
                  const FlightRecorder& recorder) {
-  (void)recorder;
   const std::string P = diag_prefix(opt.comm);
   const int64_t start = mono_ms();
   const int64_t deadline = start + opt.diagnose_ms;
@@ -606,6 +605,7 @@ Verdict diagnose(const sdk::Host& host, const DiagOptions& opt, Watcher* watcher
       const Got g = store_get(host, P + "verdict", 0, &vs);
       Verdict adopted;
       if (g == Got::kOk && verdict_from(vs, &adopted)) {
+        write_trace_file(host, opt, f, adopted, recorder);
         acknowledge(host, opt, P, adopted, deadline);
         return adopted;
       }
@@ -667,12 +667,17 @@ Verdict diagnose(const sdk::Host& host, const DiagOptions& opt, Watcher* watcher
   if (e.store_down && !e.obs.count(0)) {
     PeerInfo chief = watcher != nullptr ? watcher->peer(0) : PeerInfo{};
     if (opt.rank == 0) chief = me;
-    return decide_without_store(opt, f, chief);
+    const Verdict alone = decide_without_store(opt, f, chief);
+    write_trace_file(host, opt, f, alone, recorder);
+    return alone;
   }
   for (int32_t k : unresolved)
     if (!e.lost.count(k)) e.silent.insert(k);
   Verdict v = decide(e);
-  if (e.store_down) return v;
+  if (e.store_down) {
+    write_trace_file(host, opt, f, v, recorder);
+    return v;
+  }
   int64_t claim = 0;
   if (store_add(host, P + "claim", 1, 2000, &claim)) {
     if (claim == 1) {
@@ -683,6 +688,7 @@ Verdict diagnose(const sdk::Host& host, const DiagOptions& opt, Watcher* watcher
       if (store_get(host, P + "verdict", 5000, &vs) == Got::kOk && verdict_from(vs, &adopted)) v = adopted;
     }
   }
+  write_trace_file(host, opt, f, v, recorder);
   acknowledge(host, opt, P, v, deadline);
   return v;
 }

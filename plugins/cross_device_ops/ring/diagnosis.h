@@ -185,7 +185,9 @@ struct Verdict {
   std::vector<int32_t> culprits;
 };
 
-/// Gather the evidence and agree on a verdict (see the file comment). Blocks
+/// Gather the evidence and agree on a verdict (see the file comment), and
+/// write the trace file as soon as it is known (before rank 0 waits for the
+/// others to read it: a launcher may stop the job any moment now). Blocks
 /// for at most about opt.diagnose_ms plus one store call.
 Verdict diagnose(const sdk::Host& host, const DiagOptions& opt, Watcher* watcher, const Failure& f,
                  const FlightRecorder& recorder);

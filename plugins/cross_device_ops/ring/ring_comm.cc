@@ -420,8 +420,7 @@ void RingComm::fail_diagnosed(const Error& e) {
   d.interval_ms = opt_.heartbeat_interval_ms;
   d.frozen_ms = opt_.heartbeat_timeout_ms;
   d.diagnose_ms = opt_.diagnosis_timeout_ms;
-  const Verdict v = diagnose(host_, d, watcher_.get(), f, recorder_);
-  write_trace_file(host_, d, f, v, recorder_);
+  const Verdict v = diagnose(host_, d, watcher_.get(), f, recorder_);  // also writes the trace file
   std::string own = e.what();
   if (const size_t at = own.rfind(" ["); at != std::string::npos && !own.empty() && own.back() == ']') own.resize(at);
   ::strata::detail::throw_status(v.code, ::strata::detail::str_cat(v.text, " [rank ", opt_.rank, " saw: ", own, "]"));
