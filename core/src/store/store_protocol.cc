@@ -44,6 +44,81 @@ std::string server_proof(const std::string& token, const std::string& server_non
   return hmac(token, "server", server_nonce, client_nonce);
 }
 
+HelloVerdict decode_challenge(const char* body, size_t size, Challenge* out) {
+  Reader r(body, size);
+  const uint32_t magic = r.u32();
+  const uint32_t version = r.u32();
+  if (!r.ok() || magic != kChallengeMagic) return HelloVerdict::kMalformed;
+  out->version = version;
+  if (version != kProtocolVersion) return HelloVerdict::kVersionMismatch;
+  std::string nonce = r.str(kNonceBytes);
+  if (!r.ok() || !r.at_end() || nonce.size() != kNonceBytes) return HelloVerdict::kMalformed;
+  out->server_nonce = std::move(nonce);
+  return HelloVerdict::kOk;
+}
+
+std::string encode_challenge(const std::string& server_nonce) {
+  Writer w;
+  w.u32(kChallengeMagic).u32(kProtocolVersion).str(server_nonce);
+  return std::move(w.finish());
+}
+
+HelloVerdict decode_hello(const char* body, size_t size, Hello* out) {
+  Reader r(body, size);
+  const uint8_t op = r.u8();
+  const uint32_t magic = r.u32();
+  const uint32_t version = r.u32();
+  if (!r.ok() || op != static_cast<uint8_t>(Op::kHello) || magic != kHelloMagic) return HelloVerdict::kMalformed;
+  out->version = version;
+  // Another version's HELLO may lay out the rest differently: answer it
+  // with the version mismatch rather than calling it malformed.
+  if (version != kProtocolVersion) return HelloVerdict::kVersionMismatch;
+  std::string nonce = r.str(kNonceBytes);
+  std::string proof = r.str(kProofBytes);
+  if (!r.ok() || !r.at_end() || nonce.size() != kNonceBytes || proof.size() != kProofBytes)
+    return HelloVerdict::kMalformed;
+  out->client_nonce = std::move(nonce);
+  out->client_proof = std::move(proof);
+  return HelloVerdict::kOk;
+}
+
+std::string encode_hello(const Hello& hello) {
+  Writer w;
+  w.u8(static_cast<uint8_t>(Op::kHello)).u32(kHelloMagic).u32(hello.version).str(hello.client_nonce).str(
+      hello.client_proof);
+  return std::move(w.finish());
+}
+
+HelloVerdict check_hello(const Hello& hello, const std::string& token, const std::string& server_nonce) {
+  if (hello.version != kProtocolVersion) return HelloVerdict::kVersionMismatch;
+  if (hello.client_nonce.size() != kNonceBytes) return HelloVerdict::kMalformed;
+  if (token.empty()) return HelloVerdict::kOk;
+  return constant_time_equal(hello.client_proof, client_proof(token, server_nonce, hello.client_nonce))
+             ? HelloVerdict::kOk
+             : HelloVerdict::kWrongToken;
+}
+
+HelloVerdict decode_hello_answer(const char* body, size_t size, HelloAnswer* out) {
+  Reader r(body, size);
+  const int32_t status = r.i32();
+  const int64_t number = r.i64();  // unused by HELLO: always 0, so one encoding per answer
+  std::string data = r.str(kMaxHelloAnswerBytes);
+  if (!r.ok() || !r.at_end() || number != 0) return HelloVerdict::kMalformed;
+  out->status = status;
+  out->data = std::move(data);
+  return HelloVerdict::kOk;
+}
+
+HelloVerdict check_hello_answer(const HelloAnswer& answer, const std::string& token,
+                                const std::string& server_nonce, const std::string& client_nonce) {
+  if (answer.status != STRATA_OK) return HelloVerdict::kRefused;
+  if (token.empty()) return HelloVerdict::kOk;
+  if (answer.data.empty()) return HelloVerdict::kNoServerToken;
+  return constant_time_equal(answer.data, server_proof(token, server_nonce, client_nonce))
+             ? HelloVerdict::kOk
+             : HelloVerdict::kBadServerProof;
+}
+
 bool constant_time_equal(const std::string& a, const std::string& b) {
   // Touch max(len) bytes whatever the inputs so timing reveals only lengths.
   const size_t n = a.size() > b.size() ? a.size() : b.size();

@@ -127,6 +127,61 @@ std::string random_bytes(size_t n);
 std::string client_proof(const std::string& token, const std::string& server_nonce, const std::string& client_nonce);
 std::string server_proof(const std::string& token, const std::string& server_nonce, const std::string& client_nonce);
 
+/// The handshake as pure functions, shared by store_server.cc and
+/// tcp_store_client.cc and fuzzed by tests/store/store_hello_fuzz.cc. A
+/// decoder takes a frame body (without its length prefix) and is total: any
+/// bytes give a verdict, never an exception or a read past the end; `out` is
+/// filled only as far as the verdict says. The checks compare proofs in
+/// constant time and throw only when OpenSSL itself fails (INTERNAL).
+enum class HelloVerdict {
+  kOk,
+  kMalformed,        ///< truncated, oversized, wrong magic or trailing bytes
+  kVersionMismatch,  ///< well-formed up to the version, which is not ours (`version` is set)
+  kWrongToken,       ///< server: the client's proof is not HMAC(token, this challenge)
+  kRefused,          ///< client: the server answered HELLO with a non-OK status
+  kNoServerToken,    ///< client: the server accepted without a proof (it has no token), we have one
+  kBadServerProof,   ///< client: the server's proof is not HMAC(token, this exchange)
+};
+
+/// The server's first frame.
+struct Challenge {
+  uint32_t version = 0;
+  std::string server_nonce;
+};
+/// kOk (version and nonce set), kVersionMismatch (version set) or kMalformed.
+HelloVerdict decode_challenge(const char* body, size_t size, Challenge* out);
+/// The whole challenge frame (length prefix included).
+std::string encode_challenge(const std::string& server_nonce);
+
+/// The client's first request.
+struct Hello {
+  uint32_t version = 0;
+  std::string client_nonce;
+  std::string client_proof;
+};
+/// `body` starts with the op byte. kOk, kVersionMismatch (only `version` is
+/// set: the rest may be another protocol's) or kMalformed.
+HelloVerdict decode_hello(const char* body, size_t size, Hello* out);
+/// The whole HELLO frame for `hello` as it is (the proof is not computed).
+std::string encode_hello(const Hello& hello);
+/// Server: kOk when `token` is empty or the proof matches this connection's
+/// `server_nonce`, else kWrongToken. `hello` comes from decode_hello == kOk.
+HelloVerdict check_hello(const Hello& hello, const std::string& token, const std::string& server_nonce);
+
+/// The server's answer to HELLO (a response: status, number, data).
+struct HelloAnswer {
+  int32_t status = 0;
+  std::string data;  ///< server_proof when status is OK, else the error message
+};
+/// kOk or kMalformed (the response's number must be 0).
+HelloVerdict decode_hello_answer(const char* body, size_t size, HelloAnswer* out);
+/// Client: kRefused for a non-OK status; with a token, kNoServerToken or
+/// kBadServerProof unless `data` is the server's proof; else kOk.
+HelloVerdict check_hello_answer(const HelloAnswer& answer, const std::string& token,
+                                const std::string& server_nonce, const std::string& client_nonce);
+/// Largest HELLO answer body a client reads (an error message).
+constexpr uint32_t kMaxHelloAnswerBytes = 65536;
+
 /// Compare two secrets in time independent of where they differ.
 bool constant_time_equal(const std::string& a, const std::string& b);
 

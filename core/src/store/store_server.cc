@@ -88,9 +88,7 @@ class Session : public std::enable_shared_from_this<Session> {
   /// Send the challenge and arm the HELLO deadline, then read requests.
   void start() {
     nonce_ = random_bytes(kNonceBytes);
-    Writer w;
-    w.u32(kChallengeMagic).u32(kProtocolVersion).str(nonce_);
-    out_ = std::move(w.finish());
+    out_ = encode_challenge(nonce_);
     auto self = shared_from_this();
     hello_timer_ = std::make_unique<asio::steady_timer>(server_->io);
     hello_timer_->expires_after(std::chrono::milliseconds(kHelloTimeoutMs));
@@ -164,22 +162,19 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!hello_done_ && op != Op::kHello) return reject("the first request was not HELLO");
     switch (op) {
       case Op::kHello: {
-        const uint32_t magic = r.u32();
-        const uint32_t version = r.u32();
-        if (!r.ok() || magic != kHelloMagic || hello_done_) return reject("malformed HELLO");
-        if (version != kProtocolVersion) {
-          server_->note_refused(peer_, "protocol version " + std::to_string(version));
+        if (hello_done_) return reject("a second HELLO");
+        Hello hello;
+        const HelloVerdict v = decode_hello(body_.data(), body_.size(), &hello);
+        if (v == HelloVerdict::kVersionMismatch) {
+          server_->note_refused(peer_, "protocol version " + std::to_string(hello.version));
           return answer_and_close(response(STRATA_ERR_ABI_MISMATCH, 0,
                                            "the rendezvous store speaks protocol version " +
                                                std::to_string(kProtocolVersion) + " but this process speaks " +
-                                               std::to_string(version) +
+                                               std::to_string(hello.version) +
                                                "; run the same Strata version in every process"));
         }
-        const std::string client_nonce = r.str(kNonceBytes);
-        const std::string proof = r.str(kProofBytes);
-        if (!r.ok() || !r.at_end() || client_nonce.size() != kNonceBytes) return reject("malformed HELLO");
-        if (!server_->token.empty() &&
-            !constant_time_equal(proof, client_proof(server_->token, nonce_, client_nonce))) {
+        if (v != HelloVerdict::kOk) return reject("malformed HELLO");
+        if (check_hello(hello, server_->token, nonce_) != HelloVerdict::kOk) {
           server_->note_refused(peer_, "wrong auth token");
           // Answer, then drop: the client reports PERMISSION_DENIED.
           return answer_and_close(response(STRATA_ERR_PERMISSION_DENIED, 0, "wrong auth token"));
@@ -188,7 +183,7 @@ class Session : public std::enable_shared_from_this<Session> {
         if (hello_timer_) hello_timer_->cancel();
         return respond(response(STRATA_OK, 0,
                                 server_->token.empty() ? std::string()
-                                                       : server_proof(server_->token, nonce_, client_nonce)));
+                                                       : server_proof(server_->token, nonce_, hello.client_nonce)));
       }
       case Op::kSet: {
         std::string key = r.str(kMaxKeyBytes);

@@ -189,22 +189,20 @@ int TcpStoreClient::open_connection(int64_t deadline_ms, strata_error* err, stra
           r = recv_all(fd, body.data(), n, wake_fd_, challenge_deadline);
         }
         if (r == IoResult::kOk) {
-          Reader ch(body.data(), body.size());
-          const uint32_t magic = ch.u32();
-          const uint32_t version = ch.u32();
-          server_nonce = ch.str(kNonceBytes);
-          if (!ch.ok() || magic != kChallengeMagic || server_nonce.size() != kNonceBytes) {
-            r = IoResult::kError;
-          } else if (version != kProtocolVersion) {
+          Challenge ch;
+          const HelloVerdict v = decode_challenge(body.data(), body.size(), &ch);
+          if (v == HelloVerdict::kVersionMismatch) {
             ::close(fd);
             freeaddrinfo(res);
             *st = detail::set_error(err, STRATA_ERR_ABI_MISMATCH,
                                     "the rendezvous store at " + address_ + " speaks protocol version " +
-                                        std::to_string(version) + " but this process speaks " +
+                                        std::to_string(ch.version) + " but this process speaks " +
                                         std::to_string(kProtocolVersion) +
                                         "; run the same Strata version in every process");
             return -1;
           }
+          if (v != HelloVerdict::kOk) r = IoResult::kError;
+          server_nonce = std::move(ch.server_nonce);
         }
         if (r != IoResult::kOk) {
           refused = false;
@@ -216,21 +214,19 @@ int TcpStoreClient::open_connection(int64_t deadline_ms, strata_error* err, stra
           continue;
         }
         // HELLO: refusals here are final (a wrong token does not get better).
-        const std::string client_nonce = random_bytes(kNonceBytes);
-        Writer w;
-        w.u8(static_cast<uint8_t>(Op::kHello))
-            .u32(kHelloMagic)
-            .u32(kProtocolVersion)
-            .str(client_nonce)
-            .str(client_proof(token_, server_nonce, client_nonce));
-        const std::string& frame = w.finish();
+        Hello hello;
+        hello.version = kProtocolVersion;
+        hello.client_nonce = random_bytes(kNonceBytes);
+        hello.client_proof = client_proof(token_, server_nonce, hello.client_nonce);
+        const std::string& client_nonce = hello.client_nonce;
+        const std::string frame = encode_hello(hello);
         r = send_all(fd, frame.data(), frame.size(), wake_fd_, deadline_ms);
         if (r == IoResult::kOk) r = recv_all(fd, hdr, 4, wake_fd_, deadline_ms);
         n = 0;
         body.clear();
         if (r == IoResult::kOk) {
           std::memcpy(&n, hdr, 4);
-          if (n > 65536) r = IoResult::kError;
+          if (n > kMaxHelloAnswerBytes + 16) r = IoResult::kError;
         }
         if (r == IoResult::kOk) {
           body.resize(n);
@@ -243,39 +239,33 @@ int TcpStoreClient::open_connection(int64_t deadline_ms, strata_error* err, stra
           ::close(fd);
           continue;
         }
-        Reader rd(body.data(), body.size());
-        const int32_t status = rd.i32();
-        rd.i64();
-        const std::string msg = rd.str(65536);
-        if (status == STRATA_ERR_PERMISSION_DENIED) {
+        HelloAnswer answer;
+        const bool decoded = decode_hello_answer(body.data(), body.size(), &answer) == HelloVerdict::kOk;
+        const HelloVerdict v =
+            decoded ? check_hello_answer(answer, token_, server_nonce, client_nonce) : HelloVerdict::kMalformed;
+        if (v != HelloVerdict::kOk) {
           ::close(fd);
           freeaddrinfo(res);
-          *st = detail::set_error(
-              err, STRATA_ERR_PERMISSION_DENIED,
-              "the rendezvous store at " + address_ +
-                  " refused this process: STRATA_AUTH_TOKEN differs from the chief's; start every "
-                  "process with the same token (strata-run does this)");
-          return -1;
-        }
-        if (rd.ok() && status == STRATA_OK && !token_.empty() &&
-            !constant_time_equal(msg, server_proof(token_, server_nonce, client_nonce))) {
-          ::close(fd);
-          freeaddrinfo(res);
-          *st = detail::set_error(
-              err, STRATA_ERR_PERMISSION_DENIED,
-              "the rendezvous store at " + address_ +
-                  (msg.empty() ? std::string(" runs without STRATA_AUTH_TOKEN but this process has one")
-                               : std::string(" could not prove it knows this process's STRATA_AUTH_TOKEN")) +
-                  "; start every process with the same token (strata-run does this), and check that the "
-                  "address is the chief's");
-          return -1;
-        }
-        if (!rd.ok() || status != STRATA_OK) {
-          ::close(fd);
-          freeaddrinfo(res);
-          *st = detail::set_error(err, rd.ok() ? status : STRATA_ERR_DATA_LOSS,
-                                  "the rendezvous store at " + address_ + " rejected HELLO: " +
-                                      (rd.ok() ? msg : std::string("malformed answer")));
+          if (v == HelloVerdict::kRefused && answer.status == STRATA_ERR_PERMISSION_DENIED) {
+            *st = detail::set_error(
+                err, STRATA_ERR_PERMISSION_DENIED,
+                "the rendezvous store at " + address_ +
+                    " refused this process: STRATA_AUTH_TOKEN differs from the chief's; start every "
+                    "process with the same token (strata-run does this)");
+          } else if (v == HelloVerdict::kNoServerToken || v == HelloVerdict::kBadServerProof) {
+            *st = detail::set_error(
+                err, STRATA_ERR_PERMISSION_DENIED,
+                "the rendezvous store at " + address_ +
+                    (v == HelloVerdict::kNoServerToken
+                         ? std::string(" runs without STRATA_AUTH_TOKEN but this process has one")
+                         : std::string(" could not prove it knows this process's STRATA_AUTH_TOKEN")) +
+                    "; start every process with the same token (strata-run does this), and check that the "
+                    "address is the chief's");
+          } else {
+            *st = detail::set_error(err, decoded ? answer.status : STRATA_ERR_DATA_LOSS,
+                                    "the rendezvous store at " + address_ + " rejected HELLO: " +
+                                        (decoded ? answer.data : std::string("malformed answer")));
+          }
           return -1;
         }
         freeaddrinfo(res);
