@@ -80,14 +80,31 @@ void validate(const Json& doc, const std::string& origin) {
                          d.dump());
       }
     } else if (key == "rendezvous") {
-      // The multi-process key-value store: {"address": "host:port", "auth_token": "..."}.
+      // The multi-process key-value store: {"address": "host:port", "auth_token": "...",
+      // "tls": {"cert": "server.pem", "key": "server.key", "ca": "ca.pem"}}.
       if (!value.is_object())
         STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, origin,
                      ": /rendezvous must be an object like {\"auth_token\": \"secret\"}, got ", value.type_name());
       for (const auto& [field, v] : value.items()) {
-        if (field != "address" && field != "auth_token")
+        if (field != "address" && field != "auth_token" && field != "tls")
           STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, origin, ": unknown key /rendezvous/", field,
-                       "; /rendezvous may contain only \"address\" and \"auth_token\"");
+                       "; /rendezvous may contain only \"address\", \"auth_token\" and \"tls\"");
+        if (field == "tls") {
+          if (!v.is_object())
+            STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, origin,
+                         ": /rendezvous/tls must be an object like {\"cert\": \"server.pem\", \"key\": "
+                         "\"server.key\", \"ca\": \"ca.pem\"}, got ",
+                         v.type_name());
+          for (const auto& [tf, tv] : v.items()) {
+            if (tf != "cert" && tf != "key" && tf != "ca")
+              STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, origin, ": unknown key /rendezvous/tls/", tf,
+                           "; /rendezvous/tls may contain only \"cert\", \"key\" and \"ca\" (PEM file paths)");
+            if (!tv.is_string() || tv.get<std::string>().empty())
+              STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, origin, ": /rendezvous/tls/", tf,
+                           " must be a non-empty file path string, got ", tv.dump());
+          }
+          continue;
+        }
         if (!v.is_string())
           STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, origin, ": /rendezvous/", field, " must be a string, got ",
                        v.type_name());

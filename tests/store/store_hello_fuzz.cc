@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // libFuzzer target for the rendezvous store's authentication handshake: the
 // same bytes go to every decoder the server and the client run before a
-// connection is trusted (decode_challenge, decode_hello, decode_hello_answer
+// connection is trusted (decode_challenge with the TLS preamble, decode_hello, decode_hello_answer
 // and their checks, store_protocol.h). Each must give a verdict without
 // crashing or reading past the input; whatever decodes must re-encode to the
 // same bytes (one encoding per message, so nothing is accepted that the
@@ -91,6 +91,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     case HelloVerdict::kVersionMismatch:
       check(ch.version != kProtocolVersion);
+      break;
+    case HelloVerdict::kTlsRequired:
+      check(size == 8);
+      if (ch.version == kProtocolVersion) check(body_of(encode_tls_preamble()) == in);
       break;
     case HelloVerdict::kMalformed:
       break;

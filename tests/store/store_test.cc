@@ -25,8 +25,12 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <openssl/ec.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+#include <openssl/x509v3.h>
 #include <sys/resource.h>
 
 #include "strata/error.hpp"
@@ -671,6 +675,286 @@ TEST(StoreTest, AThousandHostileConnectionsNeitherExhaustNorBlockTheStore) {
   for (int fd : fds) dropped += closed_by_peer(fd, 5) ? 1 : 0;
   EXPECT_GE(dropped, conns - 64 - 1) << "idle unauthenticated connections were kept without bound";
   for (int fd : fds) ::close(fd);
+}
+
+// ---- TLS (store_tls.h) ----
+
+// Certificates made with OpenSSL's C API (no openssl CLI): a CA, a server
+// and a client certificate it signed, and a second CA that signed nothing
+// here. Written once per process into a temp dir.
+struct TlsFiles {
+  std::string dir, ca, other_ca, server_cert, server_key, client_cert, client_key;
+};
+
+EVP_PKEY* new_key() { return EVP_EC_gen("P-256"); }
+
+X509* new_cert(EVP_PKEY* key, const std::string& cn, X509* issuer, EVP_PKEY* issuer_key, bool is_ca, long serial) {
+  X509* x = X509_new();
+  X509_set_version(x, 2);
+  ASN1_INTEGER_set(X509_get_serialNumber(x), serial);
+  X509_gmtime_adj(X509_getm_notBefore(x), -3600);
+  X509_gmtime_adj(X509_getm_notAfter(x), 3600L * 24);
+  X509_set_pubkey(x, key);
+  X509_NAME* name = X509_get_subject_name(x);
+  X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC, reinterpret_cast<const unsigned char*>(cn.c_str()), -1, -1, 0);
+  X509_set_issuer_name(x, issuer != nullptr ? X509_get_subject_name(issuer) : name);
+  X509V3_CTX ctx;
+  X509V3_set_ctx_nodb(&ctx);
+  X509V3_set_ctx(&ctx, issuer != nullptr ? issuer : x, x, nullptr, nullptr, 0);
+  const auto add = [&](int nid, const char* value) {
+    X509_EXTENSION* ext = X509V3_EXT_conf_nid(nullptr, &ctx, nid, value);
+    X509_add_ext(x, ext, -1);
+    X509_EXTENSION_free(ext);
+  };
+  add(NID_basic_constraints, is_ca ? "critical,CA:TRUE" : "critical,CA:FALSE");
+  add(NID_key_usage, is_ca ? "critical,keyCertSign,cRLSign" : "critical,digitalSignature");
+  if (!is_ca) add(NID_subject_alt_name, "IP:127.0.0.1,DNS:localhost");
+  X509_sign(x, issuer_key != nullptr ? issuer_key : key, EVP_sha256());
+  return x;
+}
+
+void write_pem(const std::string& path, X509* cert, EVP_PKEY* key) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  ASSERT_NE(f, nullptr) << path;
+  if (cert != nullptr) PEM_write_X509(f, cert);
+  if (key != nullptr) PEM_write_PrivateKey(f, key, nullptr, nullptr, 0, nullptr, nullptr);
+  std::fclose(f);
+}
+
+const TlsFiles& tls_files() {
+  static const TlsFiles files = [] {
+    TlsFiles t;
+    char tmpl[] = "/tmp/strata_store_tls_XXXXXX";
+    t.dir = ::mkdtemp(tmpl);
+    t.ca = t.dir + "/ca.pem";
+    t.other_ca = t.dir + "/other-ca.pem";
+    t.server_cert = t.dir + "/server.pem";
+    t.server_key = t.dir + "/server.key";
+    t.client_cert = t.dir + "/client.pem";
+    t.client_key = t.dir + "/client.key";
+    EVP_PKEY* ca_key = new_key();
+    X509* ca = new_cert(ca_key, "strata test CA", nullptr, nullptr, true, 1);
+    EVP_PKEY* other_key = new_key();
+    X509* other = new_cert(other_key, "strata test CA", nullptr, nullptr, true, 1);  // same name, other key
+    EVP_PKEY* server_key = new_key();
+    X509* server = new_cert(server_key, "strata store", ca, ca_key, false, 2);
+    EVP_PKEY* client_key = new_key();
+    X509* client = new_cert(client_key, "strata worker", ca, ca_key, false, 3);
+    write_pem(t.ca, ca, nullptr);
+    write_pem(t.other_ca, other, nullptr);
+    write_pem(t.server_cert, server, nullptr);
+    write_pem(t.server_key, nullptr, server_key);
+    write_pem(t.client_cert, client, nullptr);
+    write_pem(t.client_key, nullptr, client_key);
+    for (X509* x : {ca, other, server, client}) X509_free(x);
+    for (EVP_PKEY* k : {ca_key, other_key, server_key, client_key}) EVP_PKEY_free(k);
+    return t;
+  }();
+  return files;
+}
+
+std::string tls_config(const std::string& cert, const std::string& key, const std::string& ca) {
+  std::string j = "{\"rendezvous\": {\"tls\": {";
+  std::string sep;
+  if (!cert.empty()) j += sep + "\"cert\": \"" + cert + "\"", sep = ", ";
+  if (!key.empty()) j += sep + "\"key\": \"" + key + "\"", sep = ", ";
+  if (!ca.empty()) j += sep + "\"ca\": \"" + ca + "\"";
+  return j + "}}}";
+}
+
+// A chief serving TLS with the server certificate. With "ca" set it
+// requires client certificates (mutual TLS), and its own client (the chief
+// connects to its store too) presents the server certificate.
+void serve_tls(PluginHost& server, const std::string& token = "tok") {
+  const TlsFiles& t = tls_files();
+  server.set_config(tls_config(t.server_cert, t.server_key, t.ca));
+  server.connect_store(serve_cfg(token));
+}
+
+// connect_store's error, and how long it took.
+template <class E>
+std::string connect_error(PluginHost& client, const StoreConfig& cfg, double* seconds) {
+  const auto t0 = Clock::now();
+  try {
+    client.connect_store(cfg);
+  } catch (const E& e) {
+    *seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    std::printf("[ store ] refused after %.3f s: %s\n", *seconds, e.what());
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "unexpected error type: " << e.what();
+    return "";
+  }
+  ADD_FAILURE() << "connect_store succeeded";
+  return "";
+}
+
+TEST(StoreTest, TlsClientAndServerSetGetWait) {
+  const TlsFiles& t = tls_files();
+  PluginHost server;
+  serve_tls(server);
+  PluginHost client;
+  client.set_config(tls_config(t.client_cert, t.client_key, t.ca));
+  client.connect_store(client_cfg(server.store_address(), "tok"));
+  Store a{server.host_api()};
+  Store b{client.host_api()};
+  std::thread setter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    a.set("later", "x");
+  });
+  EXPECT_EQ(b.get("later"), "x");  // parked GET woken over TLS
+  setter.join();
+  b.set("k", std::string(1 << 20, 'v'));  // larger than a TLS record
+  EXPECT_EQ(a.get("k").size(), 1u << 20);
+  EXPECT_EQ(b.add("n", 2), 2);
+  a.set("w", "1");
+  b.wait({"k", "w", "n"});
+  // On the wire: the clear preamble, and the challenge only inside TLS.
+  const int fd = raw_connect(port_of(server.store_address()));
+  ASSERT_GE(fd, 0);
+  char pre[12];
+  ASSERT_TRUE(read_exact(fd, pre, 12, 3000));
+  EXPECT_EQ(std::string(pre, 12), u32le(8) + u32le(0x4c545253) + u32le(2));
+  ::close(fd);
+}
+
+TEST(StoreTest, TlsWithTheWrongCaFailsVerification) {
+  const TlsFiles& t = tls_files();
+  PluginHost server;
+  serve_tls(server);
+  PluginHost client;
+  client.set_config(tls_config(t.client_cert, t.client_key, t.other_ca));
+  double s = 0;
+  const std::string msg = connect_error<PermissionDeniedError>(client, client_cfg(server.store_address(), "tok"), &s);
+  EXPECT_NE(msg.find("does not verify against the CA '" + t.other_ca + "'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("OpenSSL: "), std::string::npos) << msg;
+  EXPECT_NE(msg.find("certificate verify failed"), std::string::npos) << msg;
+  EXPECT_LT(s, 3.0) << msg;
+}
+
+TEST(StoreTest, PlainClientToTlsServerFailsFast) {
+  PluginHost server;
+  serve_tls(server);
+  PluginHost client;
+  double s = 0;
+  const std::string msg =
+      connect_error<FailedPreconditionError>(client, client_cfg(server.store_address(), "tok", 10), &s);
+  EXPECT_NE(msg.find("the rendezvous store at " + server.store_address() + " speaks TLS"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("/rendezvous/tls"), std::string::npos) << msg;
+  EXPECT_LT(s, 2.0) << msg;
+}
+
+TEST(StoreTest, TlsClientToPlainServerFailsFast) {
+  const TlsFiles& t = tls_files();
+  PluginHost server;
+  server.connect_store(serve_cfg("tok"));
+  PluginHost client;
+  client.set_config(tls_config(t.client_cert, t.client_key, t.ca));
+  double s = 0;
+  const std::string msg =
+      connect_error<FailedPreconditionError>(client, client_cfg(server.store_address(), "tok", 10), &s);
+  EXPECT_NE(msg.find("the rendezvous store at " + server.store_address() + " does not speak TLS"), std::string::npos)
+      << msg;
+  EXPECT_LT(s, 2.0) << msg;
+}
+
+TEST(StoreTest, TlsMissingFilesNameThePath) {
+  const TlsFiles& t = tls_files();
+  const std::string missing = t.dir + "/no-such.key";
+  {
+    PluginHost server;
+    server.set_config(tls_config(t.server_cert, missing, t.ca));
+    try {
+      server.connect_store(serve_cfg());
+      FAIL() << "served TLS without a key";
+    } catch (const NotFoundError& e) {
+      EXPECT_NE(std::string(e.what()).find("private key file '" + missing + "'"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("No such file"), std::string::npos) << e.what();
+    }
+  }
+  {
+    // The env var overrides the config, on a client too.
+    PluginHost server;
+    serve_tls(server);
+    PluginHost client;
+    client.set_config(tls_config(t.client_cert, t.client_key, t.ca));
+    const std::string missing_ca = t.dir + "/no-such-ca.pem";
+    ::setenv("STRATA_TLS_CA", missing_ca.c_str(), 1);
+    try {
+      client.connect_store(client_cfg(server.store_address(), "tok"));
+      ADD_FAILURE() << "connected without a CA file";
+    } catch (const NotFoundError& e) {
+      EXPECT_NE(std::string(e.what()).find("'" + missing_ca + "'"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("STRATA_TLS_CA"), std::string::npos) << e.what();
+    }
+    ::unsetenv("STRATA_TLS_CA");
+  }
+  {
+    // A chief needs its own certificate and key.
+    PluginHost server;
+    server.set_config(tls_config("", "", t.ca));
+    EXPECT_THROW(server.connect_store(serve_cfg()), InvalidArgumentError);
+  }
+}
+
+TEST(StoreTest, MutualTlsRefusesAClientWithoutCertificate) {
+  const TlsFiles& t = tls_files();
+  PluginHost server;
+  serve_tls(server);
+  PluginHost client;
+  client.set_config(tls_config("", "", t.ca));
+  double s = 0;
+  const std::string msg = connect_error<PermissionDeniedError>(client, client_cfg(server.store_address(), "tok"), &s);
+  EXPECT_NE(msg.find("refused the TLS connection (OpenSSL: "), std::string::npos) << msg;
+  EXPECT_NE(msg.find("client certificate"), std::string::npos) << msg;
+  EXPECT_LT(s, 3.0) << msg;
+  // The chief records the refusal for rendezvous errors.
+  EXPECT_NE(Store{server.host_api()}.get("strata/store/refused").find("TLS handshake failed"), std::string::npos);
+}
+
+TEST(StoreTest, TlsHandshakesCountAgainstTheUnauthenticatedCap) {
+  const TlsFiles& t = tls_files();
+  PluginHost server;
+  serve_tls(server);
+  const uint16_t port = port_of(server.store_address());
+  // 200 connections that read the preamble and never start TLS.
+  std::vector<int> fds;
+  for (int i = 0; i < 200; ++i) {
+    const int fd = raw_connect(port);
+    ASSERT_GE(fd, 0);
+    fds.push_back(fd);
+  }
+  const auto t0 = Clock::now();
+  PluginHost client;
+  client.set_config(tls_config(t.client_cert, t.client_key, t.ca));
+  client.connect_store(client_cfg(server.store_address(), "tok"));
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::printf("[ store ] a TLS client behind 200 idle connections got in after %.3f s\n", s);
+  EXPECT_LT(s, 5.0);
+  int dropped = 0;
+  for (int fd : fds) dropped += closed_by_peer(fd, 5) ? 1 : 0;
+  EXPECT_GE(dropped, 200 - 64 - 1) << "idle TLS connections were kept without bound";
+  for (int fd : fds) ::close(fd);
+}
+
+TEST(StoreTest, TlsConfigKeysAreValidated) {
+  PluginHost h;
+  try {
+    h.set_config(R"({"rendezvous": {"tls": {"cert": "a.pem", "certificate": "b.pem"}}})");
+    FAIL() << "unknown key accepted";
+  } catch (const InvalidArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find("/rendezvous/tls may contain only \"cert\", \"key\" and \"ca\""),
+              std::string::npos)
+        << e.what();
+  }
+  try {
+    h.set_config(R"({"rendezvous": {"ssl": {}}})");
+    FAIL() << "unknown key accepted";
+  } catch (const InvalidArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find("\"address\", \"auth_token\" and \"tls\""), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(h.set_config(R"({"rendezvous": {"tls": "ca.pem"}})"), InvalidArgumentError);
+  EXPECT_NO_THROW(h.set_config(R"({"rendezvous": {"tls": {"cert": "a", "key": "b", "ca": "c"}}})"));
 }
 
 }  // namespace

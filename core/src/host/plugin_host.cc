@@ -1048,14 +1048,30 @@ void PluginHost::connect_store(const StoreConfig& cfg) {
     if (impl_->shared->config.contains(jp) && impl_->shared->config[jp].is_string())
       token = impl_->shared->config[jp].get<std::string>();
   }
+  // TLS: each of env STRATA_TLS_CERT/KEY/CA overrides config /rendezvous/tls/{cert,key,ca}.
+  store::TlsConfig tls;
+  {
+    std::lock_guard<std::mutex> clock(impl_->shared->config_mu);
+    const auto& config = impl_->shared->config;
+    const auto pick = [&config](const char* env, const char* field) {
+      if (const char* v = std::getenv(env); v != nullptr && *v != '\0') return std::string(v);
+      const auto jp = nlohmann::json::json_pointer(std::string("/rendezvous/tls/") + field);
+      if (config.contains(jp) && config[jp].is_string()) return config[jp].get<std::string>();
+      return std::string();
+    };
+    tls.cert = pick("STRATA_TLS_CERT", "cert");
+    tls.key = pick("STRATA_TLS_KEY", "key");
+    tls.ca = pick("STRATA_TLS_CA", "ca");
+  }
   std::unique_ptr<store::StoreServer> server;
   std::string address = cfg.address;
   if (cfg.serve) {
-    server = std::make_unique<store::StoreServer>(host, port, token);
+    server = std::make_unique<store::StoreServer>(host, port, token, tls);
     address = store::join_host_port(host, server->port());
   }
   const auto timeout_ms = static_cast<int64_t>(cfg.timeout_s * 1000.0);
-  auto client = std::make_shared<store::TcpStoreClient>(address, token, timeout_ms, &impl_->shared->abort);
+  auto client =
+      std::make_shared<store::TcpStoreClient>(address, token, timeout_ms, &impl_->shared->abort, tls);
   if (!impl_->shared->set_remote_store(client))
     STRATA_THROW(STRATA_ERR_FAILED_PRECONDITION, "connect_store: a rendezvous store is already "
                  "connected; call connect_store once per process");
@@ -1070,7 +1086,8 @@ void PluginHost::connect_store(const StoreConfig& cfg) {
   }
   impl_->store_server = std::move(server);
   impl_->store_address = address;
-  logger("host")->info("connected to the rendezvous store at {}{}", address, cfg.serve ? " (serving)" : "");
+  logger("host")->info("connected to the rendezvous store at {}{}{}", address, tls.enabled() ? " over TLS" : "",
+                       cfg.serve ? " (serving)" : "");
 }
 
 std::string PluginHost::store_address() const {

@@ -48,6 +48,10 @@ HelloVerdict decode_challenge(const char* body, size_t size, Challenge* out) {
   Reader r(body, size);
   const uint32_t magic = r.u32();
   const uint32_t version = r.u32();
+  if (r.ok() && r.at_end() && magic == kTlsPreambleMagic) {
+    out->version = version;
+    return HelloVerdict::kTlsRequired;
+  }
   if (!r.ok() || magic != kChallengeMagic) return HelloVerdict::kMalformed;
   out->version = version;
   if (version != kProtocolVersion) return HelloVerdict::kVersionMismatch;
@@ -60,6 +64,12 @@ HelloVerdict decode_challenge(const char* body, size_t size, Challenge* out) {
 std::string encode_challenge(const std::string& server_nonce) {
   Writer w;
   w.u32(kChallengeMagic).u32(kProtocolVersion).str(server_nonce);
+  return std::move(w.finish());
+}
+
+std::string encode_tls_preamble() {
+  Writer w;
+  w.u32(kTlsPreambleMagic).u32(kProtocolVersion);
   return std::move(w.finish());
 }
 

@@ -6,6 +6,10 @@
 //              HELLO succeeds, <= kMaxHelloFrameBytes)
 //   challenge = u32 magic, u32 version, str server_nonce (the server's first
 //              frame, sent on accept, before anything is read)
+//   preamble = u32 magic "SRTL", u32 version (only from a store with TLS:
+//              its first frame, in the clear; then the client's TLS
+//              handshake, and the challenge and all else inside TLS; see
+//              store_tls.h)
 //   request  = u8 op, fields:
 //     HELLO  u32 magic, u32 version, str client_nonce, str client_proof
 //            (always the first request; the answer's data is server_proof)
@@ -46,6 +50,7 @@ namespace strata::store {
 constexpr uint32_t kHelloMagic = 0x53545253;  // "SRTS"
 constexpr uint32_t kProtocolVersion = 2;
 constexpr uint32_t kChallengeMagic = 0x43545253;  // "SRTC"
+constexpr uint32_t kTlsPreambleMagic = 0x4c545253;  // "SRTL"
 constexpr size_t kNonceBytes = 32;
 constexpr size_t kProofBytes = 32;
 constexpr uint32_t kMaxHelloFrameBytes = 256;
@@ -141,6 +146,7 @@ enum class HelloVerdict {
   kRefused,          ///< client: the server answered HELLO with a non-OK status
   kNoServerToken,    ///< client: the server accepted without a proof (it has no token), we have one
   kBadServerProof,   ///< client: the server's proof is not HMAC(token, this exchange)
+  kTlsRequired,      ///< client: the server's first frame is the TLS preamble (`version` is set)
 };
 
 /// The server's first frame.
@@ -148,10 +154,13 @@ struct Challenge {
   uint32_t version = 0;
   std::string server_nonce;
 };
-/// kOk (version and nonce set), kVersionMismatch (version set) or kMalformed.
+/// kOk (version and nonce set), kVersionMismatch (version set), kTlsRequired
+/// (version set) or kMalformed.
 HelloVerdict decode_challenge(const char* body, size_t size, Challenge* out);
 /// The whole challenge frame (length prefix included).
 std::string encode_challenge(const std::string& server_nonce);
+/// The whole TLS preamble frame.
+std::string encode_tls_preamble();
 
 /// The client's first request.
 struct Hello {

@@ -5,11 +5,13 @@
 #include <chrono>
 #include <cstdlib>
 #include <list>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include <boost/asio.hpp>
+#include <boost/asio/ssl.hpp>
 
 #include "log.h"
 #include "store/store_protocol.h"
@@ -39,6 +41,8 @@ struct Waiter {
 }  // namespace
 
 struct StoreServer::Impl {
+  // Declared first so that it outlives the sessions still queued in io.
+  std::unique_ptr<asio::ssl::context> tls;  // null: plain TCP
   asio::io_context io;
   tcp::acceptor acceptor{io};
   std::string token;
@@ -84,30 +88,40 @@ class Session : public std::enable_shared_from_this<Session> {
     boost::system::error_code ec;
     auto ep = socket_.remote_endpoint(ec);
     peer_ = ec ? std::string("<unknown>") : join_host_port(ep.address().to_string(), ep.port());
+    if (server_->tls) tls_.emplace(std::move(socket_), *server_->tls);
   }
-  /// Send the challenge and arm the HELLO deadline, then read requests.
+  /// Arm the HELLO deadline (it covers the TLS handshake too), send the
+  /// challenge (with TLS: the preamble, the handshake, then the challenge
+  /// inside TLS), then read requests.
   void start() {
     nonce_ = random_bytes(kNonceBytes);
-    out_ = encode_challenge(nonce_);
     auto self = shared_from_this();
     hello_timer_ = std::make_unique<asio::steady_timer>(server_->io);
     hello_timer_->expires_after(std::chrono::milliseconds(kHelloTimeoutMs));
     hello_timer_->async_wait([self](boost::system::error_code ec) {
-      if (ec || self->hello_done_ || !self->socket_.is_open()) return;
-      self->reject("no valid HELLO within " + std::to_string(kHelloTimeoutMs / 1000) + " s");
+      if (ec || self->hello_done_ || !self->is_open()) return;
+      self->reject(std::string("no valid ") + (self->tls_ && !self->tls_done_ ? "TLS handshake" : "HELLO") +
+                   " within " + std::to_string(kHelloTimeoutMs / 1000) + " s");
     });
-    asio::async_write(socket_, asio::buffer(out_), [self](boost::system::error_code ec, size_t) {
+    if (!tls_) return respond(encode_challenge(nonce_));
+    out_ = encode_tls_preamble();
+    asio::async_write(tls_->next_layer(), asio::buffer(out_), [self](boost::system::error_code ec, size_t) {
       if (ec) return self->close();
-      self->read_header();
+      self->tls_->async_handshake(asio::ssl::stream_base::server, [self](boost::system::error_code ec2) {
+        if (!self->is_open()) return;
+        if (ec2) return self->reject("TLS handshake failed: " + tls_reason(ec2));
+        self->tls_done_ = true;
+        self->respond(encode_challenge(self->nonce_));
+      });
     });
   }
   void close() {
     boost::system::error_code ec;
-    socket_.close(ec);
+    lowest().close(ec);
     if (hello_timer_) hello_timer_->cancel();
   }
   bool authenticated() const { return hello_done_; }
-  bool is_open() const { return socket_.is_open(); }
+  bool is_open() const { return tls_ ? tls_->next_layer().is_open() : socket_.is_open(); }
   /// Drop a connection that never authenticated, to make room for a new one.
   void evict() { reject("dropped for a newer connection: more than " + std::to_string(kMaxUnauthenticated) +
                         " connections were waiting to authenticate"); }
@@ -115,32 +129,69 @@ class Session : public std::enable_shared_from_this<Session> {
   void respond(std::string bytes) {
     out_ = std::move(bytes);
     auto self = shared_from_this();
-    asio::async_write(socket_, asio::buffer(out_), [self](boost::system::error_code ec, size_t) {
-      if (ec) return self->close();
-      self->read_header();
+    with_stream([&](auto& stream) {
+      asio::async_write(stream, asio::buffer(out_), [self](boost::system::error_code ec, size_t) {
+        if (ec) return self->close();
+        self->read_header();
+      });
     });
   }
   const std::string& peer() const { return peer_; }
 
  private:
+  // Run `f` on the stream requests travel on: the TLS stream or the socket.
+  template <class F>
+  void with_stream(F&& f) {
+    if (tls_) {
+      f(*tls_);
+    } else {
+      f(socket_);
+    }
+  }
+  tcp::socket& lowest() { return tls_ ? tls_->next_layer() : socket_; }
+
+  static std::string tls_reason(const boost::system::error_code& ec) {
+    std::string why = ec.message();
+    if (ec.category() == asio::error::get_ssl_category()) {
+      // The library's reason is the useful part (e.g. "peer did not return a
+      // certificate", "tlsv1 alert unknown ca").
+      const std::string more = openssl_errors();
+      if (!more.empty() && more.find(why) == std::string::npos) why += " (" + more + ")";
+    }
+    return why;
+  }
+
   void read_header() {
     auto self = shared_from_this();
-    asio::async_read(socket_, asio::buffer(len_buf_), [self](boost::system::error_code ec, size_t) {
-      if (ec) return self->close();
-      uint32_t n = 0;
-      std::memcpy(&n, self->len_buf_.data(), 4);
-      // Until HELLO passes, only a HELLO-sized frame: a stranger's length
-      // prefix must not make the chief allocate anything sizeable.
-      const uint32_t max = self->hello_done_ ? kMaxFrameBytes : kMaxHelloFrameBytes;
-      if (n == 0 || n > max)
-        return self->reject("frame length " + std::to_string(n) + " is outside 1.." + std::to_string(max) +
-                            " bytes" + (self->hello_done_ ? "" : " (before authentication)"));
-      self->body_.resize(n);
-      asio::async_read(self->socket_, asio::buffer(self->body_),
-                       [self](boost::system::error_code ec2, size_t) {
-                         if (ec2) return self->close();
-                         self->handle();
-                       });
+    with_stream([&](auto& stream) {
+      asio::async_read(stream, asio::buffer(len_buf_), [self](boost::system::error_code ec, size_t) {
+        self->on_header(ec);
+      });
+    });
+  }
+
+  void on_header(boost::system::error_code ec) {
+    if (ec) return close();
+    uint32_t n = 0;
+    std::memcpy(&n, len_buf_.data(), 4);
+    // A TLS record (handshake 0x16, version 3.x) where a frame length
+    // belongs: a client set up for TLS, which this store does not speak.
+    if (!hello_done_ && !tls_ && len_buf_[0] == 0x16 && len_buf_[1] == 0x03)
+      return reject("the client started a TLS handshake but this store does not speak TLS; set the same "
+                    "/rendezvous/tls on the chief as on the workers, or remove it everywhere");
+    // Until HELLO passes, only a HELLO-sized frame: a stranger's length
+    // prefix must not make the chief allocate anything sizeable.
+    const uint32_t max = hello_done_ ? kMaxFrameBytes : kMaxHelloFrameBytes;
+    if (n == 0 || n > max)
+      return reject("frame length " + std::to_string(n) + " is outside 1.." + std::to_string(max) + " bytes" +
+                    (hello_done_ ? "" : " (before authentication)"));
+    body_.resize(n);
+    auto self = shared_from_this();
+    with_stream([&](auto& stream) {
+      asio::async_read(stream, asio::buffer(body_), [self](boost::system::error_code ec2, size_t) {
+        if (ec2) return self->close();
+        self->handle();
+      });
     });
   }
 
@@ -249,10 +300,14 @@ class Session : public std::enable_shared_from_this<Session> {
   void answer_and_close(std::string bytes) {
     out_ = std::move(bytes);
     auto self = shared_from_this();
-    asio::async_write(socket_, asio::buffer(out_), [self](boost::system::error_code, size_t) { self->close(); });
+    with_stream([&](auto& stream) {
+      asio::async_write(stream, asio::buffer(out_), [self](boost::system::error_code, size_t) { self->close(); });
+    });
   }
 
-  tcp::socket socket_;
+  tcp::socket socket_;  // moved into tls_ when the store speaks TLS
+  std::optional<asio::ssl::stream<tcp::socket>> tls_;
+  bool tls_done_ = false;
   StoreServer::Impl* server_;
   std::string peer_;
   std::string nonce_;
@@ -351,9 +406,13 @@ void StoreServer::Impl::accept() {
   });
 }
 
-StoreServer::StoreServer(const std::string& host, uint16_t port, std::string auth_token)
+StoreServer::StoreServer(const std::string& host, uint16_t port, std::string auth_token, const TlsConfig& tls)
     : impl_(std::make_unique<Impl>()) {
   impl_->token = std::move(auth_token);
+  if (tls.enabled()) {
+    impl_->tls = std::make_unique<asio::ssl::context>(asio::ssl::context::tls_server);
+    configure_server_tls(impl_->tls->native_handle(), tls);
+  }
   impl_->data[kRefusedKey] = "";
   boost::system::error_code ec;
   asio::ip::address addr;
@@ -396,8 +455,8 @@ StoreServer::StoreServer(const std::string& host, uint16_t port, std::string aut
       detail::logger("store")->error("rendezvous store server stopped: {}", e.what());
     }
   });
-  detail::logger("store")->info("rendezvous store serving on {}",
-                                join_host_port(addr.to_string(), impl_->port));
+  detail::logger("store")->info("rendezvous store serving on {}{}", join_host_port(addr.to_string(), impl_->port),
+                                impl_->tls ? " (TLS)" : "");
 }
 
 StoreServer::~StoreServer() {

@@ -7,6 +7,9 @@
 // PERMISSION_DENIED and the refusal is logged. A connection that sends
 // anything malformed (bad length, unknown op, truncated fields, a request
 // before HELLO) is logged and closed; the server keeps serving the others.
+// With TLS (store_tls.h) every accepted connection gets the plain preamble,
+// then a TLS handshake that must finish within the HELLO deadline and counts
+// as unauthenticated; a failed handshake is logged like a refused HELLO.
 //
 // Ownership and threads: the constructor binds and starts the thread; the
 // destructor stops it and closes every connection (clients then see
@@ -17,6 +20,8 @@
 #include <memory>
 #include <string>
 
+#include "store/store_tls.h"
+
 namespace strata::store {
 
 class StoreServer {
@@ -25,7 +30,9 @@ class StoreServer {
   /// "" = every interface) on `port` (0 = ephemeral) and start serving.
   /// Throws AlreadyExistsError when the port is taken, UnavailableError for
   /// other bind failures, InvalidArgumentError for an unresolvable host.
-  StoreServer(const std::string& host, uint16_t port, std::string auth_token);
+  /// With tls.enabled(), serve TLS only; throws as configure_server_tls
+  /// (store_tls.h) when the files are missing or invalid.
+  StoreServer(const std::string& host, uint16_t port, std::string auth_token, const TlsConfig& tls = {});
   ~StoreServer();
   StoreServer(const StoreServer&) = delete;
   StoreServer& operator=(const StoreServer&) = delete;

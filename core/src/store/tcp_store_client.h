@@ -9,6 +9,11 @@
 // request's own timeout plus a grace period for the server's answer), and
 // notify_all (after an abort request) wakes blocked calls through an
 // eventfd: they fail with ABORTED and their connection is discarded.
+// With TLS (store_tls.h) each connection runs OpenSSL over the same
+// non-blocking socket, its handshake bounded by the HELLO deadline; a store
+// that does not speak what this client expects (TLS or plain), a server
+// certificate that does not verify and a refused client certificate are
+// final errors, reported at once.
 //
 // Thread-safety: every method is thread-safe.
 #pragma once
@@ -20,6 +25,7 @@
 #include <vector>
 
 #include "store/store_backend.h"
+#include "store/store_tls.h"
 
 namespace strata::store {
 
@@ -29,8 +35,11 @@ class TcpStoreClient : public detail::StoreBackend {
   /// passes (the server may start later), and authenticate with `token`.
   /// Throws DeadlineExceededError naming the address, PermissionDeniedError
   /// when the server refuses the token, InvalidArgumentError for a bad address.
+  /// With tls.enabled(), speak TLS only (FailedPreconditionError when the
+  /// store does not, PermissionDeniedError when a certificate is refused;
+  /// file errors as make_client_tls in store_tls.h).
   TcpStoreClient(std::string address, std::string token, int64_t connect_timeout_ms,
-                 const std::atomic<bool>* abort_flag);
+                 const std::atomic<bool>* abort_flag, const TlsConfig& tls = {});
   ~TcpStoreClient() override;
   TcpStoreClient(const TcpStoreClient&) = delete;
   TcpStoreClient& operator=(const TcpStoreClient&) = delete;
@@ -47,6 +56,14 @@ class TcpStoreClient : public detail::StoreBackend {
 
   const std::string& address() const { return address_; }
 
+  /// One connection: the socket and, with TLS, its OpenSSL session (used by
+  /// one thread at a time, like the socket).
+  struct Conn {
+    int fd = -1;
+    ssl_st* ssl = nullptr;
+    std::string tls_error;  ///< OpenSSL's reason for the last failed TLS call
+  };
+
  private:
   struct Response {
     int32_t status = 0;
@@ -54,8 +71,12 @@ class TcpStoreClient : public detail::StoreBackend {
     std::string data;
   };
   // Open and authenticate one connection, retrying refused connects until
-  // `deadline_ms` (now_ms() clock). Returns the fd or fills `err`.
-  int open_connection(int64_t deadline_ms, strata_error* err, strata_status_t* st);
+  // `deadline_ms` (now_ms() clock). Returns false and fills `err` on failure.
+  bool open_connection(int64_t deadline_ms, Conn* conn, strata_error* err, strata_status_t* st);
+  // The TLS (if on) and HELLO handshakes on a connected socket. 0: done;
+  // 1: worth retrying (`last_error` says why); -1: final (`err` filled).
+  int handshake(Conn* c, int64_t deadline_ms, std::string* last_error, strata_error* err, strata_status_t* st);
+  static void close_conn(Conn* c);
   // One request/response on a pooled connection; `what` names the call.
   strata_status_t call(const std::string& frame, int64_t timeout_ms, const std::string& what,
                        Response* resp, strata_error* err);
@@ -67,8 +88,10 @@ class TcpStoreClient : public detail::StoreBackend {
   std::string token_;
   const std::atomic<bool>* abort_;
   int wake_fd_ = -1;  // eventfd, readable once notify_all ran with the abort flag set
+  TlsConfig tls_;
+  ssl_ctx_st* tls_ctx_ = nullptr;  // null: plain TCP
   std::mutex mu_;
-  std::vector<int> idle_;
+  std::vector<Conn> idle_;
 };
 
 }  // namespace strata::store
