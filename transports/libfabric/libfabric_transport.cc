@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "strata/sdk/options.hpp"
+#include "wire.h"
 
 namespace strata::transport::libfabric {
 
@@ -46,7 +47,6 @@ namespace {
 
 constexpr uint32_t kApiVersion = FI_VERSION(1, 10);
 constexpr uint64_t kEagerBytes = 4096;  // payloads up to this ride in the control message
-constexpr uint32_t kCtrlMagic = 0x5354464c;  // "STFL"
 constexpr uint64_t kKeyMagic = 0x53544d52454b4559ull;
 constexpr int kCtrlRecvSlots = 64;
 constexpr int kSendSlotsPerSlab = 64;
@@ -71,30 +71,10 @@ constexpr auto kFailGrace = std::chrono::seconds(1);
 // How long a same-process peer may be closed before its goodbye or its last
 // messages arrive; then it is treated as closed without them.
 constexpr auto kGoneGrace = std::chrono::seconds(2);
+// Control messages dropped for a wrong key (or malformed) are logged at
+// most this often, with the count so far.
+constexpr auto kForgedWarnPeriod = std::chrono::seconds(10);
 
-// Control message. Host byte order: every rank of a communicator runs the
-// same build on the same architecture (libfabric's own wire formats assume
-// the same).
-struct CtrlHeader {
-  uint32_t magic;
-  uint32_t src;        // sender rank
-  uint64_t ctrl_seq;   // number of this message from src to this rank
-  uint64_t tag;        // user tag
-  uint64_t total;      // payload bytes
-  uint64_t first_seq;  // data sequence of the first data message
-  uint64_t nchunks;    // data messages (0: payload follows this header)
-  uint64_t chunk;      // bytes per data message but the last
-  uint64_t kind;       // kMsg, or a notice (payload: the reason)
-};
-// Notices travel in the control sequence, after every message sent before.
-constexpr uint64_t kMsg = 0;
-constexpr uint64_t kBye = 1;    // the sender destroyed its communicator
-constexpr uint64_t kAbort = 2;  // the sender aborted its communicator
-// Clear to send: the receiver matched the split message whose control
-// sequence is in `tag` and posted receives for its data. A split message's
-// data waits for this, so it never lands unexpected in the receiver's
-// queues, whatever order the receiver takes messages in.
-constexpr uint64_t kCts = 3;
 constexpr size_t kSlotBytes = sizeof(CtrlHeader) + kEagerBytes;
 
 struct ExportedKey {
@@ -283,6 +263,7 @@ struct Op {
   uint64_t wire_tag = 0;
   uint64_t remote_addr = 0, rkey = 0;
   SendSlot slot;  // kCtrlSend
+  uint64_t got = 0;  // kCtrlRecv: bytes the completion reported
   size_t* count = nullptr;  // a counter of live ops of this kind, if any
   Op() = default;
   Op(const Op&) = delete;
@@ -500,10 +481,10 @@ class LfComm : public sdk::CommBase {
         return str_cat("iwrite to ", peer_name(r.peer), " (", r.bytes, " bytes)");
     }
   }
-  uint64_t ctrl_tag() const { return 1ull << (tag_bits_ - 1); }
-  uint64_t data_tag(int src, uint64_t seq) const {
-    return (static_cast<uint64_t>(src) << seq_bits_) | (seq & ((1ull << seq_bits_) - 1));
-  }
+  uint64_t ctrl_tag() const { return ctrl_wire_tag(tag_bits_); }
+  uint64_t data_tag(int src, uint64_t seq) const { return data_wire_tag(src, seq, tag_bits_, seq_bits_, tag_mask_); }
+  void sign(CtrlHeader* h, int dst) const { std::memcpy(h->auth, send_keys_[dst].data(), kAuthBytes); }
+  void drop_ctrl_locked(const std::string& what);
   void check_peer(int32_t peer, const char* op) const;
   void check_host(const strata_buffer& buf, const char* op) const;
   Request* lookup_locked(strata_request_t h) const;
@@ -532,6 +513,7 @@ class LfComm : public sdk::CommBase {
   void post_failed_locked(Op* op, int ret);
   void on_completion_locked(Op* op, int err, const std::string& errtext);
   void on_ctrl_locked(Op* op);
+  void derive_keys(const std::string& secret);
   void deliver_locked(int p, InMsg&& m);
   void match_locked(Request* r, InMsg&& m);
   void drain_locked(int p, const InMsg& m);
@@ -559,6 +541,13 @@ class LfComm : public sdk::CommBase {
   fid_cq* cq_ = nullptr;
   fid_ep* ep_ = nullptr;
   int tag_bits_ = 64, seq_bits_ = 32;
+  // Authentication (wire.h): the key of each pair (this rank -> p) that our
+  // control messages carry, of (p -> this rank) that theirs must carry, and
+  // the random bits mixed into data wire tags. Fixed after setup.
+  std::vector<AuthKey> send_keys_, recv_keys_;
+  uint64_t tag_mask_ = 0;
+  uint64_t dropped_ = 0;  // control messages dropped as forged or malformed
+  Clock::time_point next_drop_warn_{};
   uint64_t max_chunk_ = 1ull << 30;
   uint64_t next_key_ = 1;
   bool virt_addr_ = false, prov_key_ = false, mr_endpoint_ = false;
@@ -861,6 +850,7 @@ void LfComm::send_notice_locked(int p, uint64_t kind, const std::string& reason,
   h.tag = ref;
   h.kind = kind;
   h.total = std::min<uint64_t>(reason.size(), kEagerBytes);
+  sign(&h, p);
   auto* op = new Op();
   op->kind = OpKind::kCtrlSend;
   op->peer = p;
@@ -992,7 +982,9 @@ void LfComm::progress_locked() {
     if (n > 0) {
       for (ssize_t i = 0; i < n; ++i) {
         Op* op = static_cast<Op*>(entries[i].op_context);
-        if (op != nullptr) on_completion_locked(op, 0, "");
+        if (op == nullptr) continue;
+        op->got = entries[i].len;
+        on_completion_locked(op, 0, "");
       }
       continue;
     }
@@ -1075,6 +1067,8 @@ void LfComm::on_completion_locked(Op* op, int err, const std::string& errtext) {
     case OpKind::kCtrlRecv:
       if (err == 0) {
         on_ctrl_locked(op);
+      } else if (err == FI_ETRUNC && !closing_) {
+        drop_ctrl_locked(str_cat("a control message longer than ", kSlotBytes, " bytes (truncated)"));
       } else if (err != FI_ECANCELED && !closing_) {
         host_.warn(who(), ": a control receive failed (", errtext, "); posting it again");
       }
@@ -1112,16 +1106,27 @@ void LfComm::on_completion_locked(Op* op, int err, const std::string& errtext) {
   }
 }
 
+// Anyone who learns this endpoint's address can post to the control tag:
+// nothing in a control message is acted on (matched, or taken as a notice)
+// before its length, its fields and its key check out. A message that fails
+// is dropped without touching the rank it names, so a forged goodbye or
+// abort cannot close a real peer.
 void LfComm::on_ctrl_locked(Op* op) {
   CtrlHeader h;
+  if (op->got < sizeof h) {
+    // The slot still holds an earlier message's bytes past op->got.
+    return drop_ctrl_locked(str_cat("a control message of ", op->got, " bytes (shorter than its ", sizeof h,
+                                    "-byte header)"));
+  }
   std::memcpy(&h, op->buf, sizeof h);
   if (h.magic != kCtrlMagic || h.src >= static_cast<uint32_t>(world_) || static_cast<int>(h.src) == rank_ ||
-      (h.nchunks == 0 && h.total > kEagerBytes)) {
-    host_.warn(who(), ": dropped a malformed control message (magic ", h.magic, ", source ", h.src,
-               "); is another job using this endpoint?");
-    return;
-  }
+      (h.nchunks == 0 && h.total > kEagerBytes) || op->got != sizeof h + (h.nchunks == 0 ? h.total : 0))
+    return drop_ctrl_locked(str_cat("a malformed control message (magic ", h.magic, ", source ", h.src, ", ",
+                                    op->got, " bytes)"));
   const int p = static_cast<int>(h.src);
+  if (recv_keys_.size() != peers_.size() || !same_key(h.auth, recv_keys_[p].data()))
+    return drop_ctrl_locked(str_cat("a control message that claims to be from ", peer_name(p),
+                                    " but is not signed with this communicator's key"));
   Peer& peer = peers_[p];
   if (peer.failed && peer.fail_code != STRATA_ERR_ABORTED) return;
   InMsg m;
@@ -1147,6 +1152,17 @@ void LfComm::on_ctrl_locked(Op* op) {
     deliver_locked(p, std::move(next));
     peer.recv_ctrl_next++;
   }
+}
+
+void LfComm::drop_ctrl_locked(const std::string& what) {
+  ++dropped_;
+  const auto now = Clock::now();
+  if (now < next_drop_warn_) return;
+  next_drop_warn_ = now + kForgedWarnPeriod;
+  host_.warn(who(), ": dropped ", what, " (", dropped_,
+             " dropped so far; a stranger, or a process of another job or an earlier run that knows this endpoint's "
+             "address); the claimed peer is not affected. Further drops are logged at most every ",
+             std::chrono::duration_cast<std::chrono::seconds>(kForgedWarnPeriod).count(), " s");
 }
 
 void LfComm::deliver_locked(int p, InMsg&& m) {
@@ -1255,6 +1271,7 @@ strata_request_t LfComm::isend(int32_t peer, uint64_t tag, const strata_buffer& 
   h.nchunks = eager ? 0 : (buf.bytes + max_chunk_ - 1) / max_chunk_;
   h.first_seq = p.send_data_seq;
   p.send_data_seq += h.nchunks;
+  sign(&h, peer);
   auto* ctrl = new Op();
   ctrl->kind = OpKind::kCtrlSend;
   ctrl->req = r;
@@ -1545,6 +1562,14 @@ void LfComm::setup(int64_t timeout_ms) {
   size_t addrlen = sizeof addr;
   check(fi_getname(&ep_->fid, addr, &addrlen), "fi_getname");
   me_ = self_proc();
+  // The communicator's secret (wire.h), from rank 0 through the store.
+  const std::string secret_key = str_cat(name_, "/lf/secret");
+  std::string secret;
+  if (rank_ == 0) {
+    if (!random_secret(&secret))
+      STRATA_THROW(STRATA_ERR_INTERNAL, who(), ": the system random generator failed (OpenSSL RAND_bytes)");
+    host_.store_set(secret_key, secret, left_ms());
+  }
   const std::string key = str_cat(name_, "/lf/addr/");
   const std::string pkey = str_cat(name_, "/lf/proc/");
   host_.store_set(pkey + std::to_string(rank_), str_cat(me_.boot_id, " ", me_.pid, " ", me_.start), left_ms());
@@ -1605,7 +1630,34 @@ void LfComm::setup(int64_t timeout_ms) {
                  " (keys '", key, "<rank>') within ", timeout_ms,
                  " ms; check that every rank creates this communicator with the same name and world size");
   }
+  if (rank_ != 0) {
+    try {
+      secret = host_.store_get(secret_key, left_ms());
+    } catch (const Error& e) {
+      if (e.code() != STRATA_ERR_DEADLINE_EXCEEDED) throw;
+      STRATA_THROW(STRATA_ERR_DEADLINE_EXCEEDED, who(), ": rank 0 never published the communicator's secret (key '",
+                   secret_key, "') within ", timeout_ms, " ms; check that rank 0 creates this communicator");
+    }
+    if (secret.size() != kSecretBytes)
+      STRATA_THROW(STRATA_ERR_DATA_LOSS, who(), ": the communicator's secret under '", secret_key, "' is ",
+                   secret.size(), " bytes, not ", kSecretBytes, "; was the store reused by another job?");
+  }
+  derive_keys(secret);
   setup_done_ = true;
+}
+
+void LfComm::derive_keys(const std::string& secret) {
+  std::vector<AuthKey> send(peers_.size()), recv(peers_.size());
+  bool ok = data_tag_mask(secret, name_, &tag_mask_);
+  for (int p = 0; p < world_ && ok; ++p) {
+    if (p == rank_) continue;
+    ok = pair_key(secret, name_, static_cast<uint32_t>(rank_), static_cast<uint32_t>(p), &send[p]) &&
+         pair_key(secret, name_, static_cast<uint32_t>(p), static_cast<uint32_t>(rank_), &recv[p]);
+  }
+  if (!ok) STRATA_THROW(STRATA_ERR_INTERNAL, who(), ": deriving the communicator's keys failed (OpenSSL HMAC-SHA256)");
+  std::lock_guard<std::mutex> lock(mu_);
+  send_keys_ = std::move(send);
+  recv_keys_ = std::move(recv);
 }
 
 LfComm::~LfComm() {

@@ -35,10 +35,10 @@
 // "<name>/lf/addr/<rank>" and the process identity (boot id, pid, start
 // time) under "<name>/lf/proc/<rank>", reads every other rank's within the
 // deadline and inserts them into the AV. A message is a small control
-// message (sender rank, user tag, size, per-pair sequence number; payloads
-// up to 4 KiB ride along) plus, for larger payloads, data messages sent
-// straight from the user's buffer with a wire tag unique to (sender, data
-// sequence). The receiver matches control messages to receives per (peer,
+// message (sender rank, user tag, size, per-pair sequence number, the
+// pair's key; payloads up to 4 KiB ride along) plus, for larger payloads,
+// data messages sent straight from the user's buffer with a wire tag unique
+// to (sender, data sequence). The receiver matches control messages to receives per (peer,
 // user tag) in posting order, in the sender's order whatever order the
 // provider delivers them in, then posts the data receive straight into the
 // user's buffer. User tags never touch the provider's tag bits, so all 64
@@ -46,6 +46,32 @@
 // mem_tag_format reserves. Messages larger than max_message_bytes travel as
 // several data messages. A receive smaller than its message fails with
 // INVALID_ARGUMENT; the message is drained.
+//
+// Authentication (the same guarantee as the tcp transport's handshake).
+// Endpoints are connectionless: any process that learns an address (from
+// the store, or by scanning shm regions or ports) can post to it. So rank 0
+// draws a random 32-byte secret per communicator (OpenSSL RAND_bytes) and
+// publishes it through the host store under "<name>/lf/secret"; every rank
+// reads it within comm_create's deadline and derives, once, a 16-byte key
+// per ordered pair, HMAC-SHA256(secret, "strata-lf-1" | name | src | dst)
+// truncated (transports/libfabric/wire.h). Every control message (messages,
+// clear-to-send, goodbye and abort notices) carries its pair's key; the
+// receiver checks its length and fields and then the key (constant time)
+// before acting on it. A message that fails is dropped, counted and logged
+// as a warning (at most every 10 s, naming the rank it claimed and "not
+// signed with this communicator's key"); the rank it claims to be from is
+// never failed or closed by it. Data messages carry wire tags mixed with 63
+// (tag_bits - 1) random bits derived from the secret, so data sent under a
+// guessed tag stays unmatched in the provider instead of landing in a
+// posted receive. What this protects: only holders of the store's token
+// (through the secret) can join a communicator's traffic, inject or
+// reorder messages, or close a peer. What it does not: content is neither
+// encrypted nor MACed per message, so an on-path observer of a real network
+// (or a process that can read this host's shm regions) can read payloads,
+// the pair keys and the wire tags and then forge; RMA writes are checked
+// only by the provider's memory keys; and a stranger can still use up the
+// provider's queues (unmatched messages, a flood of forged ones), which
+// slows or stalls a communicator but never delivers forged data.
 //
 // Memory. Every operation gets its own fi_context2 (FI_CONTEXT/FI_CONTEXT2
 // providers). Caps report STRATA_TRANSPORT_CAP_REQUIRES_MR when the provider
