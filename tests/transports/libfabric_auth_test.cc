@@ -140,7 +140,8 @@ std::string store_get(PluginHost& host, const std::string& key, int64_t ms) {
 
 std::vector<uint8_t> unhex(const std::string& s) {
   std::vector<uint8_t> out;
-  for (size_t i = 0; i + 1 < s.size(); i += 2) out.push_back(static_cast<uint8_t>(std::stoi(s.substr(i, 2), nullptr, 16)));
+  for (size_t i = 0; i + 1 < s.size(); i += 2)
+    out.push_back(static_cast<uint8_t>(std::stoi(s.substr(i, 2), nullptr, 16)));
   return out;
 }
 
@@ -176,7 +177,8 @@ class Stranger {
     check(fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV), "fi_ep_bind cq");
     check(fi_ep_bind(ep_, &av_->fid, 0), "fi_ep_bind av");
     check(fi_enable(ep_), "fi_enable");
-    if (fi_av_insert(av_, victim.data(), 1, &victim_, 0, nullptr) != 1) throw std::runtime_error("stranger: fi_av_insert");
+    if (fi_av_insert(av_, victim.data(), 1, &victim_, 0, nullptr) != 1)
+      throw std::runtime_error("stranger: fi_av_insert");
   }
   ~Stranger() {
     for (fid_t f : {ep_ ? &ep_->fid : nullptr, av_ ? &av_->fid : nullptr, cq_ ? &cq_->fid : nullptr,

@@ -38,12 +38,12 @@
 // message (sender rank, user tag, size, per-pair sequence number, the
 // pair's key; payloads up to 4 KiB ride along) plus, for larger payloads,
 // data messages sent straight from the user's buffer with a wire tag unique
-// to (sender, data sequence). The receiver matches control messages to receives per (peer,
-// user tag) in posting order, in the sender's order whatever order the
-// provider delivers them in, then posts the data receive straight into the
-// user's buffer. User tags never touch the provider's tag bits, so all 64
-// bits are usable and two different tags never match each other, whatever
-// mem_tag_format reserves. Messages larger than max_message_bytes travel as
+// to (sender, data sequence). The receiver matches control messages to
+// receives per (peer, user tag) in posting order, in the sender's order
+// whatever order the provider delivers them in, then posts the data receive
+// straight into the user's buffer. User tags never touch the provider's tag
+// bits, so all 64 bits are usable and two different tags never match each
+// other, whatever mem_tag_format reserves. Messages larger than max_message_bytes travel as
 // several data messages. A receive smaller than its message fails with
 // INVALID_ARGUMENT; the message is drained.
 //
