@@ -525,21 +525,24 @@ Verdict decide_without_store(const DiagOptions& opt, const Failure& f, const Pee
   Verdict v;
   v.culprits = {0};
   const std::string who = str_cat("rank 0 of ", opt.world, where(chief), ", which serves the rendezvous store,");
-  const std::string during = str_cat("#", f.seq, " ", f.op);
+  // No sequence number or operation here: without the store the ranks cannot
+  // agree on one (a ring's ranks fail one collective apart), and each rank's
+  // own operation follows in its "[rank N saw: ...]" part.
+  (void)f;
   if (s == ProcState::kDead) {
-    v.text = str_cat(who, " died (its process is gone); the other ranks failed in ", during, " because of it");
+    v.text = str_cat(who, " died (its process is gone); the other ranks failed because of it");
     v.code = STRATA_ERR_UNAVAILABLE;
   } else if (s == ProcState::kStopped) {
     v.text = str_cat(who, " is frozen (its process is stopped: SIGSTOP, Ctrl-Z or a debugger); the other ranks "
-                     "waited in ", during, " for it");
+                     "waited for it");
     v.code = STRATA_ERR_DEADLINE_EXCEEDED;
   } else if (s == ProcState::kRunning) {
     v.text = str_cat(who, " is running but its store stopped answering (overloaded, or blocked in a call that "
-                     "never returns); the other ranks failed in ", during);
+                     "never returns); the other ranks failed because of it");
     v.code = STRATA_ERR_DEADLINE_EXCEEDED;
   } else {
     v.text = str_cat(who, " stopped answering: it died, froze, or its host became unreachable; the other ranks "
-                     "failed in ", during);
+                     "failed because of it");
     v.code = STRATA_ERR_UNAVAILABLE;
   }
   return v;
@@ -590,6 +593,13 @@ Verdict diagnose(const sdk::Host& host, const DiagOptions& opt, Watcher* watcher
   if (f.kind == "frozen" && f.peer >= 0) e.frozen_reported.insert(f.peer);
 
   e.store_down = f.kind == "store" || (watcher != nullptr && watcher->store_silent_ms() > 2000);
+  // The store lives in rank 0's process: when that process is known gone or
+  // stopped on this host, asking the store would only wait for its client's
+  // reconnect or answer deadline (seconds) to learn the same.
+  if (!e.store_down && opt.rank != 0 && watcher != nullptr) {
+    const ProcState chief = local_state(watcher->peer(0));
+    e.store_down = chief == ProcState::kDead || chief == ProcState::kStopped;
+  }
   if (!e.store_down) {
     e.store_down = !store_set(host, P + "obs/" + std::to_string(opt.rank), mine.dump(), 2000);
     std::string x;
