@@ -180,6 +180,7 @@ int main(int argc, char** argv) {
                "  strata-bench allgather -n 3 --sizes 4K,1M --json\n"
                "  strata-bench pingpong --transport libfabric --option 'provider=\"shm\"' -n 2 --sizes 64:4M\n"
                "  strata-bench allreduce --transport auto -n 4 --sizes 4K:64M\n"
+               "  strata-bench rendezvous -n 64\n"
                "  strata-bench input --size-mb 1024 --record-bytes 4096 --json\n"};
   app.require_subcommand(1);
   app.fallthrough();  // --json and --repeats may follow the subcommand
@@ -212,11 +213,21 @@ int main(int argc, char** argv) {
       "pingpong", "Point-to-point latency and bandwidth between 2 processes over one transport (osu_latency and "
                   "fi_pingpong style: one-way time = round trip / 2)");
   std::string pingpong_sizes = "64:4M";
+  auto* rendezvous = app.add_subcommand(
+      "rendezvous", "What joining a job costs with N processes: the authenticated store handshake and the "
+                    "communicator setup (rendezvous gate, signed transport handshakes), slowest rank, median");
 
   strata::bench::MultiProcOptions mp;
   std::string transport;
   CLI::Option* allreduce_ranks = nullptr;
-  for (CLI::App* sub : {allreduce, broadcast, allgather, pingpong}) {
+  for (CLI::App* sub : {allreduce, broadcast, allgather, pingpong, rendezvous}) {
+    if (sub == rendezvous) {
+      sub->add_option("--transport", transport, "Transport of the communicators (tcp by default, shm, auto, ...)");
+      sub->add_option("-n,--ranks", mp.ranks, "Processes to start")->capture_default_str()->check(CLI::Range(2, 256));
+      sub->add_option("--option", mp.transport_option_pairs, "Transport option KEY=JSON (repeatable)");
+      sub->add_option("--timeout", mp.timeout_s, "Deadline in seconds of the rendezvous")->capture_default_str();
+      continue;
+    }
     if (sub == pingpong)
       sub->add_option("--sizes", pingpong_sizes, "Message sizes: a doubling range 64:4M or a list 0,64,4K")
           ->capture_default_str();
@@ -277,12 +288,13 @@ int main(int argc, char** argv) {
     }
     if (dispatch->parsed()) return run_dispatch(split_csv(strategies), iters, repeats, json);
     if (!allreduce->parsed() || !transport.empty() || allreduce_ranks->count() > 0) {
-      mp.op = allreduce->parsed()   ? "allreduce"
-              : broadcast->parsed() ? "broadcast"
-              : pingpong->parsed()  ? "pingpong"
-                                    : "allgather";
+      mp.op = allreduce->parsed()    ? "allreduce"
+              : broadcast->parsed()  ? "broadcast"
+              : pingpong->parsed()   ? "pingpong"
+              : rendezvous->parsed() ? "rendezvous"
+                                     : "allgather";
       mp.transport = transport.empty() ? "tcp" : transport;
-      mp.sizes = strata::bench::parse_sizes(pingpong->parsed() ? pingpong_sizes : sizes);
+      if (!rendezvous->parsed()) mp.sizes = strata::bench::parse_sizes(pingpong->parsed() ? pingpong_sizes : sizes);
       mp.json = json;
       mp.trials = repeats_opt->count() > 0 ? repeats : 7;
       if (worker_rank >= 0) return strata::bench::run_worker(mp, worker_rank);

@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -77,15 +79,15 @@ nlohmann::json transport_options(const MultiProcOptions& o) {
 
 void validate(const MultiProcOptions& o) {
   const bool pingpong = o.op == "pingpong";
-  if (o.op != "allreduce" && o.op != "broadcast" && o.op != "allgather" && !pingpong)
+  if (o.op != "allreduce" && o.op != "broadcast" && o.op != "allgather" && !pingpong && o.op != "rendezvous")
     STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "unknown benchmark '", o.op,
-                 "': use allreduce, broadcast, allgather or pingpong");
+                 "': use allreduce, broadcast, allgather, pingpong or rendezvous");
   if (pingpong && o.ranks != 2)
     STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "-n ", o.ranks, ": pingpong runs between exactly 2 processes; pass -n 2");
   if (o.ranks < 2 || o.ranks > 256)
     STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "-n ", o.ranks, ": the multi-process bench needs 2..256 processes");
   const DTypeInfo& d = dtype_info(o.dtype);
-  if (o.sizes.empty()) STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "--sizes is empty: pass e.g. --sizes 4K:64M");
+  if (o.sizes.empty() && o.op != "rendezvous") STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "--sizes is empty: pass e.g. --sizes 4K:64M");
   const std::uint64_t min_bytes = pingpong ? 0 : d.size * (o.op == "allgather" ? std::uint64_t(o.ranks) : 1);
   for (std::uint64_t s : o.sizes)
     if (s < min_bytes)
@@ -268,12 +270,12 @@ DLTensor tensor_1d(void* data, std::int64_t* shape, DLDataType dtype) {
 // The ring CrossDeviceOps with one local replica, called through its vtable.
 class Ring {
  public:
-  Ring(const MultiProcOptions& o, int rank) {
+  Ring(const MultiProcOptions& o, int rank, const std::string& communicator = "strata-bench") {
     nlohmann::json opts = nlohmann::json::parse(o.ring_options);
     opts["transport"] = {{"name", o.transport}, {"options", transport_options(o)}};
     opts["rank"] = rank;
     opts["world_size"] = o.ranks;
-    opts["communicator"] = "strata-bench";
+    opts["communicator"] = communicator;
     if (!opts.contains("timeout_s")) opts["timeout_s"] = o.timeout_s;
     inst_ = PluginHost::global().create(STRATA_KIND_CROSS_DEVICE_OPS, "ring", opts.dump());
     vt_ = inst_.vtable_as<strata_cross_device_ops_vtable>();
@@ -522,6 +524,75 @@ int pingpong_body(const MultiProcOptions& o, int rank) {
   return 0;
 }
 
+// One HMAC-SHA256 over a handshake-sized message (the store's and the tcp
+// transport's proofs), median of 2001 timed calls in this process.
+double hmac_sha256_us() {
+  const std::string key(32, 'k'), msg(96, 'm');
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  std::vector<double> t(2001);
+  for (double& x : t) {
+    const auto t0 = Clock::now();
+    HMAC(EVP_sha256(), key.data(), int(key.size()), reinterpret_cast<const unsigned char*>(msg.data()), msg.size(), out,
+         &len);
+    x = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+  }
+  std::nth_element(t.begin(), t.begin() + 1000, t.end());
+  return t[1000];
+}
+
+// strata-bench rendezvous: what joining a job costs. Each rank times its
+// connect_store (the authenticated store handshake: challenge, HELLO with
+// its HMAC proof, the server's proof) once, then builds --repeats ring
+// communicators in a row (rendezvous gate, address exchange, the transport's
+// signed handshakes) and times each; every figure is the slowest rank's.
+int rendezvous_body(const MultiProcOptions& o, int rank, double store_s) {
+  std::vector<double> setup(std::size_t(o.trials));
+  double store_max = 0;
+  for (int t = 0; t < o.trials; ++t) {
+    const auto t0 = Clock::now();
+    Ring ring(o, rank, str_cat("strata-bench-rendezvous-", t));
+    ring.barrier();  // ready: every rank's communicator is built
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    setup[std::size_t(t)] = ring.max_across_ranks(dt);
+    if (t == 0) store_max = ring.max_across_ranks(store_s);
+    ring.barrier();
+  }
+  if (rank != 0) return 0;
+  std::sort(setup.begin(), setup.end());
+  const double med = setup[setup.size() / 2];
+  const double hmac_us = hmac_sha256_us();
+  // Per rank: 2 HMACs for the store (its proof and the check of the
+  // server's) plus, per transport connection, 2 (the tcp ring connects each
+  // rank to its 2 neighbours: 4 per rank).
+  const int hmacs_per_rank = 2 + 4;
+  if (o.json) {
+    std::printf("%s\n", nlohmann::json{{"results",
+                                        {{{"op", "rendezvous"},
+                                          {"transport", o.transport},
+                                          {"ranks", o.ranks},
+                                          {"trials", o.trials},
+                                          {"connect_store_max_ms", store_max * 1e3},
+                                          {"communicator_setup_ms", med * 1e3},
+                                          {"communicator_setup_min_ms", setup.front() * 1e3},
+                                          {"communicator_setup_max_ms", setup.back() * 1e3},
+                                          {"hmac_sha256_us", hmac_us},
+                                          {"hmacs_per_rank", hmacs_per_rank}}}}}
+                                 .dump(2)
+                                 .c_str());
+  } else {
+    std::printf("# rendezvous, ranks=%d, transport=%s, trials=%d (slowest rank of each)\n", o.ranks,
+                o.transport.c_str(), o.trials);
+    std::printf("connect_store (authenticated store handshake, once per process): %.2f ms\n", store_max * 1e3);
+    std::printf("communicator setup (gate + addresses + signed transport handshakes): median %.2f ms (min %.2f, max %.2f)\n",
+                med * 1e3, setup.front() * 1e3, setup.back() * 1e3);
+    std::printf("HMAC-SHA256 of a handshake: %.2f us; %d per rank = %.1f us of each rank's setup\n", hmac_us,
+                hmacs_per_rank, hmac_us * hmacs_per_rank);
+  }
+  std::fflush(stdout);
+  return 0;
+}
+
 int worker_body(const MultiProcOptions& o, int rank) {
   const char* store = std::getenv(kStoreEnv);
   if (store == nullptr || *store == '\0')
@@ -531,7 +602,9 @@ int worker_body(const MultiProcOptions& o, int rank) {
   cfg.address = store;
   cfg.serve = rank == 0;
   cfg.timeout_s = o.timeout_s;
+  const auto store_t0 = Clock::now();
   PluginHost::global().connect_store(cfg);
+  const double store_s = std::chrono::duration<double>(Clock::now() - store_t0).count();
   if (rank == 0) {
     const char* fd_text = std::getenv(kReportFdEnv);
     if (fd_text == nullptr) STRATA_THROW(STRATA_ERR_FAILED_PRECONDITION, "rank 0 has no report pipe (", kReportFdEnv, ")");
@@ -543,6 +616,7 @@ int worker_body(const MultiProcOptions& o, int rank) {
     ::close(fd);
   }
   if (o.op == "pingpong") return pingpong_body(o, rank);
+  if (o.op == "rendezvous") return rendezvous_body(o, rank, store_s);
   Ring ring(o, rank);
   const DTypeInfo& d = dtype_info(o.dtype);
   const int n = o.ranks;

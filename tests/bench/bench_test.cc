@@ -309,6 +309,28 @@ TEST(BenchTest, PingPongBadUsageSaysWhatToDo) {
   }
 }
 
+TEST(BenchTest, RendezvousReportsTheCostOfJoiningAJob) {
+  // 4 processes build 3 communicators in a row; each figure is the slowest
+  // rank's, so it can only be positive, and the median lies between min and max.
+  const nlohmann::json j = run_json({"rendezvous", "-n", "4", "--repeats", "3", "--json"});
+  ASSERT_TRUE(j.contains("results"));
+  ASSERT_EQ(j["results"].size(), 1u);
+  const auto& r = j["results"][0];
+  SCOPED_TRACE(r.dump());
+  EXPECT_EQ(r.at("op"), "rendezvous");
+  EXPECT_EQ(r.at("ranks"), 4);
+  EXPECT_EQ(r.at("trials"), 3);
+  EXPECT_GT(r.at("connect_store_max_ms").get<double>(), 0.0);
+  const double med = r.at("communicator_setup_ms").get<double>();
+  EXPECT_GT(med, 0.0);
+  EXPECT_LE(r.at("communicator_setup_min_ms").get<double>(), med);
+  EXPECT_GE(r.at("communicator_setup_max_ms").get<double>(), med);
+  EXPECT_GT(r.at("hmac_sha256_us").get<double>(), 0.0);
+  Bench bad({"rendezvous", "-n", "1"});
+  EXPECT_NE(bad.wait(std::chrono::seconds(30)), 0);
+  EXPECT_NE(bad.err().find("--ranks: Value 1 not in range 2 to 256"), std::string::npos) << bad.err();
+}
+
 TEST(BenchTest, InProcessModesStillWork) {
   const nlohmann::json j =
       run_json({"allreduce", "--replicas", "2", "--sizes", "4K", "--repeats", "1", "--json"});
