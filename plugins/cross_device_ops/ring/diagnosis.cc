@@ -132,8 +132,10 @@ std::string doing(const json& hb) {
   const std::string op = hb.value("op", std::string("a collective"));
   const std::string state = hb.value("state", std::string());
   const std::string seq = "#" + std::to_string(hb.value("seq", uint64_t(0)));
-  if (state == "started") return str_cat("it was in ", seq, " ", op);
-  return str_cat("its last collective was ", seq, " ", op, " (", state, ")");
+  // A heartbeat is up to one interval old: say what it showed, not where the
+  // rank is now (a fast loop may have moved on several collectives since).
+  if (state == "started") return str_cat("its last heartbeat showed it in ", seq, " ", op);
+  return str_cat("its last heartbeat showed ", seq, " ", op, " ", state);
 }
 
 }  // namespace
