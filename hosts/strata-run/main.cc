@@ -12,7 +12,9 @@
 //
 // Lifetime: SIGINT/SIGTERM/SIGHUP are forwarded to every child (a second
 // one kills them). When a child exits non-zero or by a signal, the others
-// get SIGTERM, then SIGKILL after --grace seconds, and strata-run exits with
+// get kSettle (5 s) to fail by themselves, so that they diagnose the fault
+// and write their verdict, then SIGTERM, then SIGKILL after --grace
+// seconds, and strata-run exits with
 // that child's code (128+signal for a signal). --timeout stops the job the
 // same way and exits 124. Children carry PR_SET_PDEATHSIG=SIGKILL, so none
 // survives strata-run itself being killed. A child stopped by a signal
@@ -69,6 +71,9 @@ using Clock = std::chrono::steady_clock;
 
 constexpr std::size_t kMaxLine = 64 * 1024;  // longer lines are split, so memory stays bounded
 constexpr auto kDrainAfterExit = std::chrono::seconds(2);
+// How long the other processes may take to report a failure themselves
+// (diagnose it and exit) before strata-run stops them.
+constexpr auto kSettle = std::chrono::seconds(5);
 
 struct RunError : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -505,7 +510,7 @@ class Launcher {
   void on_exit(Child& c, int status) {
     c.exited = true;
     c.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    if (c.code == 0 || stopping_) return;
+    if (c.code == 0 || stopping_ || settle_deadline_) return;
     // Worded as an observation: after a stall the first to exit is the rank
     // that noticed first, not the culprit; the summary at the end names that.
     const std::string how = WIFEXITED(status) ? ", with code " + std::to_string(c.code)
@@ -514,7 +519,14 @@ class Launcher {
     if (alive() > 0) std::cerr << "; stopping the other " << alive() << " running process(es)";
     std::cerr << std::endl;
     exit_code_ = c.code;
-    stop_all(SIGTERM);
+    // The others usually fail within a second too, once they have agreed on
+    // the culprit (a dead peer is named within 1 s); a SIGTERM now would cut
+    // that short and leave no verdict. They get kSettle to exit by
+    // themselves, then are stopped.
+    if (alive() == 0) return;
+    for (Child& o : children_)
+      if (o.pid > 0 && !o.exited) o.stop_signal_at_failure = o.stop_signal;
+    settle_deadline_ = Clock::now() + kSettle;
   }
 
   void reap() {
@@ -592,6 +604,7 @@ class Launcher {
       auto next = Clock::now() + std::chrono::seconds(1);
       if (timeout && !stopping_) next = std::min(next, *timeout);
       if (kill_deadline_) next = std::min(next, *kill_deadline_);
+      if (settle_deadline_ && !stopping_) next = std::min(next, *settle_deadline_);
       if (drain_deadline) next = std::min(next, *drain_deadline);
       const auto wait_ms = std::max<int64_t>(
           0, std::chrono::duration_cast<std::chrono::milliseconds>(next - Clock::now()).count() + 1);
@@ -619,6 +632,13 @@ class Launcher {
         exit_code_ = 124;
         stop_all(SIGTERM);
       }
+      if (settle_deadline_ && !stopping_ && (now >= *settle_deadline_ || alive() == 0)) {
+        // (stop_signal_at_failure was taken when the first one failed.)
+        stopping_ = true;
+        signal_all(SIGTERM);
+        kill_deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                            std::chrono::duration<double>(opt_.grace_s));
+      }
       if (kill_deadline_ && now >= *kill_deadline_) {
         if (alive() > 0) {
           std::vector<int> stopped;
@@ -644,6 +664,7 @@ class Launcher {
   bool stopping_ = false;
   int exit_code_ = 0;
   std::optional<Clock::time_point> kill_deadline_;
+  std::optional<Clock::time_point> settle_deadline_;  // set when the first process failed
 };
 
 }  // namespace
@@ -656,8 +677,8 @@ int main(int argc, char** argv) {
       "with --config, STRATA_CONFIG; SLURM_PROCID is removed so that, inside a Slurm allocation, they\n"
       "resolve their cluster from TF_CONFIG. Output lines are prefixed \"[<rank>] \". SIGINT/SIGTERM/SIGHUP\n"
       "are forwarded.\n"
-      "When a process fails the others are stopped (SIGTERM, then SIGKILL after --grace; a stopped\n"
-      "process ends at the SIGKILL) and strata-run exits with its code (128+signal for a signal);\n"
+      "When a process fails the others get 5 s to report it themselves (the culprit verdict), then\n"
+      "are stopped (SIGTERM, then SIGKILL after --grace; a stopped process ends at the SIGKILL) and strata-run exits with its code (128+signal for a signal);\n"
       "--timeout exits 124.\n\n"
       "The first process to exit is only the first to notice a failure. Every rank whose collective\n"
       "fails writes STRATA_TRACE_DIR/rank-<rank>.json with the verdict the ranks agreed on; when the\n"
