@@ -381,15 +381,19 @@ RingComm::RingComm(sdk::Host host, const strata_transport_vtable* vt, strata_tra
       err, ::strata::detail::str_cat("ring: joining communicator '", opt_.name, "' as rank ", opt_.rank, " of ",
                                      opt_.world_size).c_str());
   if (opt_.world_size > 1) {
-    DiagOptions d;
-    d.comm = opt_.name;
-    d.rank = opt_.rank;
-    d.world = opt_.world_size;
-    d.interval_ms = opt_.heartbeat_interval_ms;
-    d.frozen_ms = opt_.heartbeat_timeout_ms;
-    d.diagnose_ms = opt_.diagnosis_timeout_ms;
-    watcher_ = std::make_unique<Watcher>(host_, d, recorder_);
+    watcher_ = std::make_unique<Watcher>(host_, diag_options(), recorder_);
   }
+}
+
+DiagOptions RingComm::diag_options() const {
+  DiagOptions d;
+  d.comm = opt_.name;
+  d.rank = opt_.rank;
+  d.world = opt_.world_size;
+  d.interval_ms = opt_.heartbeat_interval_ms;
+  d.frozen_ms = opt_.heartbeat_timeout_ms;
+  d.diagnose_ms = opt_.diagnosis_timeout_ms;
+  return d;
 }
 
 template <class F>
@@ -413,14 +417,7 @@ void RingComm::fail_diagnosed(const Error& e) {
   Failure f = failure_;
   f.code = e.code();
   if (f.message.empty()) f.message = e.what();
-  DiagOptions d;
-  d.comm = opt_.name;
-  d.rank = opt_.rank;
-  d.world = opt_.world_size;
-  d.interval_ms = opt_.heartbeat_interval_ms;
-  d.frozen_ms = opt_.heartbeat_timeout_ms;
-  d.diagnose_ms = opt_.diagnosis_timeout_ms;
-  const Verdict v = diagnose(host_, d, watcher_.get(), f, recorder_);  // also writes the trace file
+  const Verdict v = diagnose(host_, diag_options(), watcher_.get(), f, recorder_);  // also writes the trace file
   std::string own = e.what();
   if (const size_t at = own.rfind(" ["); at != std::string::npos && !own.empty() && own.back() == ']') own.resize(at);
   ::strata::detail::throw_status(v.code, ::strata::detail::str_cat(v.text, " [rank ", opt_.rank, " saw: ", own, "]"));

@@ -147,6 +147,7 @@ class RingComm {
   template <class F>
   auto diagnosed(F&& body) -> decltype(body());
   [[noreturn]] void fail_diagnosed(const Error& e);
+  DiagOptions diag_options() const;
 
   // The pieces of one collective; `Op` carries the sequence and cleanup.
   void step0(Op& op, const std::vector<int32_t>& send_to, const std::vector<int32_t>& recv_from,
