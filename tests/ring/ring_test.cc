@@ -857,6 +857,36 @@ TEST_P(RingTest, DestroyedRankFailsOthersFast) {
   }
 }
 
+// Issue 11: a rank that is alive (its heartbeat advances) but has not
+// entered the collective when the others' deadline passes is named as a
+// straggler, with what its heartbeat shows, not as dead or frozen.
+TEST_P(RingTest, AStragglerIsNamedWithWhatItIsDoing) {
+  if (transport() != "tcp") GTEST_SKIP() << "the verdict does not depend on the transport; tcp covers it";
+  const int n = 3;
+  std::vector<Status> st(n);
+  run_world(transport(), n,
+            {{"timeout_s", 1.5}, {"heartbeat_timeout_s", 20}, {"heartbeat_interval_s", 0.25},
+             {"diagnosis_timeout_s", 4}},
+            [&](int rank, Cdo& cdo) {
+              st[size_t(rank)] = ar_float(cdo, kFloat32, 1000);  // #0, together
+              if (rank == 2) std::this_thread::sleep_for(std::chrono::seconds(kSanitized ? 8 : 5));
+              const Status s = ar_float(cdo, kFloat32, 1000);    // #1: rank 2 is late
+              if (rank != 2) st[size_t(rank)] = s;
+            });
+  EXPECT_EQ(st[2].code, STRATA_OK) << st[2].message;
+  for (int k : {0, 1}) {
+    const std::string& m = st[size_t(k)].message;
+    EXPECT_EQ(st[size_t(k)].code, STRATA_ERR_DEADLINE_EXCEEDED) << m;
+    EXPECT_EQ(m.rfind("rank 2 of 3 did not join #1 all_reduce(SUM, float32 x 1000) in time: a straggler", 0), 0u) << m;
+    EXPECT_NE(m.find("is alive and its last heartbeat showed #0 all_reduce(SUM, float32 x 1000) completed"),
+              std::string::npos)
+        << m;
+  }
+  EXPECT_EQ(st[0].message.substr(0, st[0].message.find(" [rank ")),
+            st[1].message.substr(0, st[1].message.find(" [rank ")))
+      << "the survivors' verdicts differ";
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, RingTest, ::testing::ValuesIn(transports()),
                          [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
 
