@@ -1665,32 +1665,44 @@ LfComm::~LfComm() {
     std::lock_guard<std::mutex> lock(mu_);
     // After a failed setup, nothing was exchanged worth finishing: close
     // without driving the provider (its state may be what failed).
+    // A failed or cancelled request whose data operation the provider never
+    // handed back has been reported to its caller, who may have freed the
+    // buffer since (the ring does, when a collective fails): driving the
+    // provider now could make it read or write that freed memory. Then the
+    // endpoint is closed without progress: no goodbyes (peers of a failed
+    // communicator were sent its abort notices already), nothing drained.
+    const bool stale = std::any_of(ops_.begin(), ops_.end(), [](const Op* op) {
+      return op->posted && op->req == nullptr &&
+             (op->kind == OpKind::kDataSend || op->kind == OpKind::kDataRecv || op->kind == OpKind::kWrite);
+    });
     if (ep_ != nullptr && setup_done_) {
-      apply_abort_locked();
-      // Let our sends reach their peers first (bounded), then cancel the rest.
-      const auto until = Clock::now() + std::chrono::milliseconds(500);
-      auto sending = [&] {
-        for (Op* op : ops_)
-          if ((op->kind == OpKind::kCtrlSend || op->kind == OpKind::kDataSend || op->kind == OpKind::kWrite) &&
-              op->req != nullptr)
-            return true;
-        return false;
-      };
-      progress_locked();  // peers' goodbyes that already arrived: no reply to them
-      while (sending() && Clock::now() < until) progress_locked();
-      // Say goodbye so that peers waiting on this rank fail at once instead
-      // of at their deadline (threads of one process have no liveness check).
-      // (An aborted communicator has sent its abort notices instead.)
-      for (int p = 0; p < world_; ++p)
-        if (p != rank_ && !peers_[p].failed && !peers_[p].closed && peers_[p].addr != FI_ADDR_UNSPEC)
-          send_notice_locked(p, kBye, "destroyed");
-      auto saying = [&] {
-        for (Op* op : ops_)
-          if (op->kind == OpKind::kCtrlSend && op->req == nullptr) return true;
-        return false;
-      };
-      const auto bye_until = Clock::now() + std::chrono::milliseconds(200);
-      while (saying() && Clock::now() < bye_until) progress_locked();
+      if (!stale) {
+        apply_abort_locked();
+        // Let our sends reach their peers first (bounded), then cancel the rest.
+        const auto until = Clock::now() + std::chrono::milliseconds(500);
+        auto sending = [&] {
+          for (Op* op : ops_)
+            if ((op->kind == OpKind::kCtrlSend || op->kind == OpKind::kDataSend || op->kind == OpKind::kWrite) &&
+                op->req != nullptr)
+              return true;
+          return false;
+        };
+        progress_locked();  // peers' goodbyes that already arrived: no reply to them
+        while (sending() && Clock::now() < until) progress_locked();
+        // Say goodbye so that peers waiting on this rank fail at once instead
+        // of at their deadline (threads of one process have no liveness check).
+        // (An aborted communicator has sent its abort notices instead.)
+        for (int p = 0; p < world_; ++p)
+          if (p != rank_ && !peers_[p].failed && !peers_[p].closed && peers_[p].addr != FI_ADDR_UNSPEC)
+            send_notice_locked(p, kBye, "destroyed");
+        auto saying = [&] {
+          for (Op* op : ops_)
+            if (op->kind == OpKind::kCtrlSend && op->req == nullptr) return true;
+          return false;
+        };
+        const auto bye_until = Clock::now() + std::chrono::milliseconds(200);
+        while (saying() && Clock::now() < bye_until) progress_locked();
+      }
       closing_ = true;
       for (auto& backlog : backlog_) {
         for (Op* op : backlog) {
@@ -1701,7 +1713,7 @@ LfComm::~LfComm() {
       }
       for (Op* op : ops_)
         if (op->posted) fi_cancel(&ep_->fid, &op->ctx);
-      const auto drain_until = Clock::now() + std::chrono::milliseconds(200);
+      const auto drain_until = Clock::now() + std::chrono::milliseconds(stale ? 0 : 200);
       while (!ops_.empty() && Clock::now() < drain_until) {
         const size_t before = ops_.size();
         progress_locked();
