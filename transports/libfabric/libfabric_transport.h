@@ -113,7 +113,11 @@
 // Limits. A failed or cancelled receive whose data the provider had already
 // started to place is cancelled (fi_cancel) but not waited for, except by
 // cancel(), which waits up to 1 s; release such buffers only after the
-// communicator is destroyed.
+// communicator is destroyed, or at least drive no other request of it
+// before destroying it: a communicator that still holds such an operation
+// is closed without driving the provider again (no goodbyes, no drain), so
+// that destroying it never touches a buffer its caller has freed since (the
+// ring frees nothing itself, but its caller may, once a collective fails).
 #pragma once
 
 #include <memory>
