@@ -581,6 +581,7 @@ class LfComm : public sdk::CommBase {
   std::unordered_set<Region*> regions_;
   Clock::time_point next_liveness_{};
   bool closing_ = false;
+  bool destroying_ = false;  // the destructor runs: post no new receives
   bool setup_done_ = false;  // setup() returned: peers know this endpoint
   size_t data_recvs_ = 0;  // kDataRecv ops alive (posted or backlogged)
   bool starved_ = false;   // a matched receive waits for room under kMaxDataRecvs
@@ -1215,6 +1216,11 @@ void LfComm::match_locked(Request* r, InMsg&& m) {
 // one of them: providers do not all complete a truncated rendezvous
 // transfer at the sender, so the receive must take the whole message.
 void LfComm::drain_locked(int p, const InMsg& m) {
+  // A communicator being destroyed takes no more data: its peers fail or
+  // close at its goodbye or abort notice anyway, and receives posted while
+  // the provider tears down connections have crashed tcp;ofi_rxm (SIGSEGV
+  // inside fi_trecv, seen under ThreadSanitizer in RingTest.AbortPropagatesFast).
+  if (destroying_) return;
   const uint64_t need = std::min(m.chunk, m.total);
   if (need > drain_bytes_) {
     Slab s;
@@ -1663,6 +1669,7 @@ void LfComm::derive_keys(const std::string& secret) {
 LfComm::~LfComm() {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    destroying_ = true;
     // After a failed setup, nothing was exchanged worth finishing: close
     // without driving the provider (its state may be what failed).
     // A failed or cancelled request whose data operation the provider never
