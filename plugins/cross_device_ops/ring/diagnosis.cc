@@ -523,7 +523,15 @@ Verdict decide(const Evidence& e) {
 // what it cached while the store answered, in words that do not depend on
 // which rank decides.
 Verdict decide_without_store(const DiagOptions& opt, const Failure& f, const PeerInfo& chief) {
-  const ProcState s = local_state(chief);
+  ProcState s = local_state(chief);
+  // A process that is exiting closes its sockets before /proc shows it gone,
+  // so a store that just went away with its process still "running" is
+  // watched a little longer before it is called unresponsive (seen once in
+  // 220 fault-matrix runs: one survivor said "running", the others "died").
+  for (int i = 0; i < 50 && s == ProcState::kRunning; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    s = local_state(chief);
+  }
   Verdict v;
   v.culprits = {0};
   const std::string who = str_cat("rank 0 of ", opt.world, where(chief), ", which serves the rendezvous store,");
