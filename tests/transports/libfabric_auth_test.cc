@@ -40,6 +40,7 @@ namespace strata {
 namespace {
 
 namespace lf = transport::libfabric;
+using test::store_get;
 using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
 using test::pattern;
@@ -128,15 +129,6 @@ TEST(LibfabricAuthTest, PairKeysDifferPerPairAndPerCommunicator) {
 
 // ------------------------------------------------------------- stranger ---
 
-std::string store_get(PluginHost& host, const std::string& key, int64_t ms) {
-  const strata_host_api* api = host.host_api();
-  std::string out;
-  strata_error err;
-  strata_error_init(&err);
-  auto append = [](void* ctx, const char* data, uint64_t n) { static_cast<std::string*>(ctx)->append(data, n); };
-  detail::check_status(api->store_get(api, key.c_str(), append, &out, ms, &err), err, "store_get");
-  return out;
-}
 
 std::vector<uint8_t> unhex(const std::string& s) {
   std::vector<uint8_t> out;
@@ -296,7 +288,7 @@ class LibfabricAuth : public ::testing::TestWithParam<ProviderCase> {
     std::unique_ptr<Stranger> s;
     std::thread stranger([&] {
       try {
-        const std::string addr = store_get(host, name + "/lf/addr/0", 20000);
+        const std::string addr = store_get(host.host_api(), name + "/lf/addr/0", 20000);
         s = std::make_unique<Stranger>(GetParam().provider, unhex(addr));
         forge(*s);
       } catch (const std::exception& e) {

@@ -42,6 +42,7 @@ using test::pattern;
 using test::reap;
 using test::run_ranks;
 using test::unique_name;
+using test::store_get;
 using test::unused_port;
 
 using Clock = std::chrono::steady_clock;
@@ -396,14 +397,6 @@ std::string hs_mac(const std::string& secret, const std::string& role, const uin
   return std::string(reinterpret_cast<const char*>(out), len);
 }
 
-std::string store_get(const strata_host_api* api, const std::string& key, int64_t ms) {
-  std::string out;
-  strata_error err;
-  strata_error_init(&err);
-  auto append = [](void* ctx, const char* data, uint64_t n) { static_cast<std::string*>(ctx)->append(data, n); };
-  detail::check_status(api->store_get(api, key.c_str(), append, &out, ms, &err), err, "store_get");
-  return out;
-}
 
 void store_set(const strata_host_api* api, const std::string& key, const std::string& v) {
   strata_error err;

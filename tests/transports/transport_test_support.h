@@ -164,6 +164,17 @@ inline std::string unique_name(const char* base) {
 }
 
 /// Test-data byte i for a message identified by `salt`.
+/// The value of `key` in the host's store, waiting up to `ms`; throws
+/// strata::Error naming the key's store call when it is not there in time.
+inline std::string store_get(const strata_host_api* api, const std::string& key, int64_t ms) {
+  std::string out;
+  strata_error err;
+  strata_error_init(&err);
+  auto append = [](void* ctx, const char* data, uint64_t n) { static_cast<std::string*>(ctx)->append(data, n); };
+  detail::check_status(api->store_get(api, key.c_str(), append, &out, ms, &err), err, "store_get");
+  return out;
+}
+
 inline uint8_t pattern(uint64_t i, uint64_t salt) {
   return static_cast<uint8_t>((i * 131 + salt * 7 + (i >> 11)) & 0xff);
 }
