@@ -123,21 +123,28 @@ IoResult ssl_wait(TcpStoreClientConn* c, int ret, int wake_fd, int64_t deadline_
   }
 }
 
-IoResult send_all(TcpStoreClientConn* c, const char* p, size_t n, int wake_fd, int64_t deadline_ms) {
+// All `n` bytes through TLS: SSL_write when `writing`, else SSL_read (the
+// buffer is then written to), waiting with the plain sockets' deadline.
+IoResult ssl_all(TcpStoreClientConn* c, char* p, size_t n, bool writing, int wake_fd, int64_t deadline_ms) {
   while (n > 0) {
-    if (c->ssl != nullptr) {
-      ERR_clear_error();
-      errno = 0;
-      const int k = SSL_write(c->ssl, p, static_cast<int>(std::min<size_t>(n, 1u << 30)));
-      if (k > 0) {
-        p += k;
-        n -= static_cast<size_t>(k);
-        continue;
-      }
-      const IoResult r = ssl_wait(c, k, wake_fd, deadline_ms);
-      if (r != IoResult::kOk) return r;
+    ERR_clear_error();
+    errno = 0;
+    const int len = static_cast<int>(std::min<size_t>(n, 1u << 30));
+    const int k = writing ? SSL_write(c->ssl, p, len) : SSL_read(c->ssl, p, len);
+    if (k > 0) {
+      p += k;
+      n -= static_cast<size_t>(k);
       continue;
     }
+    const IoResult r = ssl_wait(c, k, wake_fd, deadline_ms);
+    if (r != IoResult::kOk) return r;
+  }
+  return IoResult::kOk;
+}
+
+IoResult send_all(TcpStoreClientConn* c, const char* p, size_t n, int wake_fd, int64_t deadline_ms) {
+  if (c->ssl != nullptr) return ssl_all(c, const_cast<char*>(p), n, true, wake_fd, deadline_ms);
+  while (n > 0) {
     const ssize_t k = ::send(c->fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (k > 0) {
       p += k;
@@ -156,20 +163,8 @@ IoResult send_all(TcpStoreClientConn* c, const char* p, size_t n, int wake_fd, i
 }
 
 IoResult recv_all(TcpStoreClientConn* c, char* p, size_t n, int wake_fd, int64_t deadline_ms) {
+  if (c->ssl != nullptr) return ssl_all(c, p, n, false, wake_fd, deadline_ms);
   while (n > 0) {
-    if (c->ssl != nullptr) {
-      ERR_clear_error();
-      errno = 0;
-      const int k = SSL_read(c->ssl, p, static_cast<int>(std::min<size_t>(n, 1u << 30)));
-      if (k > 0) {
-        p += k;
-        n -= static_cast<size_t>(k);
-        continue;
-      }
-      const IoResult r = ssl_wait(c, k, wake_fd, deadline_ms);
-      if (r != IoResult::kOk) return r;
-      continue;
-    }
     const ssize_t k = ::recv(c->fd, p, n, MSG_DONTWAIT);
     if (k > 0) {
       p += k;
