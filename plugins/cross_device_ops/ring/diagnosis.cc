@@ -522,7 +522,7 @@ Verdict decide(const Evidence& e) {
 // The store (in rank 0's process) is gone: every rank decides alone, from
 // what it cached while the store answered, in words that do not depend on
 // which rank decides.
-Verdict decide_without_store(const DiagOptions& opt, const Failure& f, const PeerInfo& chief) {
+Verdict decide_without_store(const DiagOptions& opt, const PeerInfo& chief) {
   ProcState s = local_state(chief);
   // A process that is exiting closes its sockets before /proc shows it gone,
   // so a store that just went away with its process still "running" is
@@ -538,7 +538,6 @@ Verdict decide_without_store(const DiagOptions& opt, const Failure& f, const Pee
   // No sequence number or operation here: without the store the ranks cannot
   // agree on one (a ring's ranks fail one collective apart), and each rank's
   // own operation follows in its "[rank N saw: ...]" part.
-  (void)f;
   if (s == ProcState::kDead) {
     v.text = str_cat(who, " died (its process is gone); the other ranks failed because of it");
     v.code = STRATA_ERR_UNAVAILABLE;
@@ -687,7 +686,7 @@ Verdict diagnose(const sdk::Host& host, const DiagOptions& opt, Watcher* watcher
   if (e.store_down && !e.obs.count(0)) {
     PeerInfo chief = watcher != nullptr ? watcher->peer(0) : PeerInfo{};
     if (opt.rank == 0) chief = me;
-    const Verdict alone = decide_without_store(opt, f, chief);
+    const Verdict alone = decide_without_store(opt, chief);
     write_trace_file(host, opt, f, alone, recorder);
     return alone;
   }
