@@ -420,6 +420,19 @@ struct LocalStrategy::Impl {
       case Kind::kVarUpdate: {
         Variable& v = *s0.var;
         const void* value = data_ptr(*s0.input);
+        if (v.agg == STRATA_VAR_AGG_SUM && n > 1 && v.bytes > 0) {
+          // Every local replica passing the very same tensor is C++'s form of
+          // a value that is not per-replica, which TF's SUM refuses
+          // (reduce_non_distributed_value) instead of multiplying it.
+          bool same = true;
+          for (uint32_t r = 1; r < n && same; ++r) same = data_ptr(*slots[r].input) == value;
+          if (same)
+            STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, update_name(s0.op),
+                         " of ON_WRITE ", v.label(),
+                         " in replica context: every replica passed the same tensor, which is not a "
+                         "per-replica value and cannot be reduced with SUM (tf.distribute refuses it too); "
+                         "compute the value inside each replica, or update in cross-replica context");
+        }
         if (v.agg == STRATA_VAR_AGG_SUM || v.agg == STRATA_VAR_AGG_MEAN) {
           agg_buf.reserve(v.bytes);
           in_ptrs.resize(n);
@@ -495,6 +508,49 @@ struct LocalStrategy::Impl {
       shape[ax] += all[2 * g];
     }
     return shape;
+  }
+
+  // Every worker must have the same number of local replicas: replica ids
+  // (worker * n + local id), the input's split and every all-gather assume
+  // it, and with 2 + 1 devices workers would read overlapping rows. As in
+  // tf.distribute (which refuses such a cluster), each worker learns every
+  // worker's count with one all-reduce, whose size (one slot per worker)
+  // does not depend on the counts, and all of them fail alike.
+  void check_same_devices_everywhere() {
+    if (W == 1) return;
+    std::vector<int64_t> mine(static_cast<size_t>(W) * n, 0);  // replica r's row: W slots
+    std::vector<int64_t> counts(static_cast<size_t>(W) * n, 0);
+    mine[cfg.worker_index] = n;                                  // only replica 0 contributes
+    const std::vector<int64_t> shape{static_cast<int64_t>(W)};
+    std::vector<DLTensor> ins(n), outs(n);
+    std::vector<const DLTensor*> in_p(n);
+    std::vector<DLTensor*> out_p(n);
+    for (uint32_t r = 0; r < n; ++r) {
+      ins[r] = DLTensor{};
+      ins[r].data = &mine[static_cast<size_t>(r) * W];
+      ins[r].device = DLDevice{kDLCPU, 0};
+      ins[r].ndim = 1;
+      ins[r].dtype = DLDataType{kDLInt, 64, 1};
+      ins[r].shape = const_cast<int64_t*>(shape.data());
+      outs[r] = ins[r];
+      outs[r].data = &counts[static_cast<size_t>(r) * W];
+      in_p[r] = &ins[r];
+      out_p[r] = &outs[r];
+    }
+    strata_error err;
+    strata_error_init(&err);
+    check_cdo(cdo_vt->all_reduce(cdo, STRATA_REDUCE_SUM, 1, n, in_p.data(), out_p.data(), &err), err,
+              "all_reduce (exchange of local device counts)");
+    bool same = true;
+    for (uint32_t w = 0; w < W; ++w) same = same && counts[w] == counts[0];
+    if (same) return;
+    std::string list;
+    for (uint32_t w = 0; w < W; ++w)
+      list += (w ? ", " : "") + std::string("worker ") + std::to_string(w) + ": " + std::to_string(counts[w]);
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, cfg.strategy_name,
+                 ": workers have different numbers of local devices (", list,
+                 "); every worker needs the same number, as in tf.distribute, or replicas would share "
+                 "ids and input rows. Give each worker a 'devices' list of the same length");
   }
 
   // Gather `values` (one per local replica) of every worker along `axis`
@@ -693,6 +749,7 @@ LocalStrategy::LocalStrategy(Host host, LocalStrategyConfig config) : impl_(std:
     m.cdo_vt = m.cdo_ref.vtable();
     m.cdo = m.cdo_ref.handle<strata_cross_device_ops_t>();
   }
+  m.check_same_devices_everywhere();
   m.ctxs.resize(m.n);
   for (uint32_t r = 0; r < m.n; ++r) m.ctxs[r] = ReplicaCtx{&m, r};
   m.slots.resize(m.n);
@@ -962,6 +1019,20 @@ void LocalStrategy::variable_update(strata_variable_t h, strata_replica_t r, str
                  v.label(), " of strategy ", m.cfg.strategy_name,
                  " has aggregation NONE; create it with aggregation SUM, MEAN or ONLY_FIRST_REPLICA, "
                  "or update it in cross-replica context (merge_call)");
+  if (m.total > 1 && v.agg == STRATA_VAR_AGG_SUM && op == STRATA_VAR_ASSIGN)
+    // tf.distribute's vars_test skips this combination because TF refuses it
+    // (a value that is not per-replica cannot be SUM-reduced); the sum of N
+    // assigned values is never what an assign means.
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "assign of ON_WRITE ", v.label(),
+                 " in replica context: its aggregation is SUM, so the ", m.total,
+                 " replicas' values would be added and the variable set to their sum (", m.total,
+                 " times the value when every replica assigns the same); tf.distribute refuses this. "
+                 "Use aggregation MEAN or ONLY_FIRST_REPLICA, assign_add for per-replica increments, or "
+                 "assign in cross-replica context");
+  if (m.total > 1 && v.agg == STRATA_VAR_AGG_MEAN && v.dtype.code != kDLFloat && v.dtype.code != kDLBfloat)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, update_name(op), " of ON_WRITE ", v.label(),
+                 " in replica context: a MEAN of a non-float variable would lose precision (as in "
+                 "tf.distribute); make the variable a float type or update it in cross-replica context");
   Slot s;
   s.kind = Kind::kVarUpdate;
   s.op = op;

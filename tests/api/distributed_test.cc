@@ -291,6 +291,53 @@ TEST_P(MirroredTest, OnWriteVariables) {
   EXPECT_EQ(bad.load(), 0);
 }
 
+// Follows tensorflow/python/distribute/vars_test.py (OnWriteVariableSync:
+// testAssign*/"assign in replica context with SUM does not make sense"),
+// values.py's _on_write_update_replica (MEAN of a non-float variable) and
+// cross_device_ops.reduce_non_distributed_value (SUM of a value that is the
+// same object on every replica raises; with one replica it is the value).
+TEST_P(MirroredTest, OnWriteAggregationRefusesWhatTfDistributeRefuses) {
+  Scope scope = s().scope();
+  Variable sum(Tensor::scalar(1.0f), {"sum", true, Synchronization::ON_WRITE, Aggregation::SUM});
+  Variable imean(Tensor::scalar(std::int32_t{4}), {"imean", true, Synchronization::ON_WRITE, Aggregation::MEAN});
+  Variable fmean(Tensor::scalar(4.0f), {"fmean", true, Synchronization::ON_WRITE, Aggregation::MEAN});
+  const Tensor shared = Tensor::scalar(2.0f);
+  if (n() == 1) {
+    // One replica in sync: SUM, MEAN of the single value is the value.
+    s().run([&](ReplicaContext&) {
+      sum.assign(shared);
+      sum.assign_add(shared);
+      imean.assign_add(Tensor::scalar(std::int32_t{3}));
+    });
+    EXPECT_EQ(f(sum.value()), 4.0f);
+    EXPECT_EQ(imean.value().to_vector<std::int32_t>()[0], 7);
+    return;
+  }
+  try {
+    s().run([&](ReplicaContext& ctx) { sum.assign(Tensor::scalar(static_cast<float>(ctx.replica_id_in_sync_group()))); });
+    ADD_FAILURE() << "assign of an ON_WRITE SUM variable in replica context must be refused";
+  } catch (const InvalidArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find("aggregation is SUM"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'sum'"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(f(sum.value()), 1.0f) << "a refused assign must leave the variable as it was";
+  // The same tensor passed by every replica is not a per-replica value.
+  EXPECT_THROW(s().run([&](ReplicaContext&) { sum.assign_add(shared); }), InvalidArgumentError);
+  EXPECT_EQ(f(sum.value()), 1.0f);
+  // Per-replica values are summed.
+  s().run([&](ReplicaContext&) { sum.assign_add(Tensor::scalar(2.0f)); });
+  EXPECT_EQ(f(sum.value()), 1.0f + 2.0f * n());
+  // MEAN of a non-float variable in replica context: refused; in
+  // cross-replica context an update applies as given.
+  EXPECT_THROW(s().run([&](ReplicaContext&) { imean.assign_add(Tensor::scalar(std::int32_t{1})); }),
+               InvalidArgumentError);
+  imean.assign_add(Tensor::scalar(std::int32_t{1}));
+  EXPECT_EQ(imean.value().to_vector<std::int32_t>()[0], 5);
+  // A float MEAN still works after the refusals (the strategy is usable).
+  s().run([&](ReplicaContext& ctx) { fmean.assign(Tensor::scalar(static_cast<float>(ctx.replica_id_in_sync_group()))); });
+  EXPECT_FLOAT_EQ(f(fmean.value()), static_cast<float>(n() - 1) / 2);
+}
+
 TEST_P(MirroredTest, OnReadVariables) {
   Scope scope = s().scope();
   auto make = [](Aggregation a) {

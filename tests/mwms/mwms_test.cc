@@ -508,6 +508,31 @@ TEST_F(MwmsTest, ApiOperationsSpanAllWorkers) {
   }
 }
 
+// tf.distribute refuses workers with different numbers of local devices
+// (CollectiveAllReduceExtended assumes the same count everywhere); with 2 + 1
+// devices the replicas would share ids and read overlapping rows. Every
+// worker must fail when the strategy is built, naming each worker's count.
+TEST_F(MwmsTest, WorkersWithDifferentDeviceCountsAreRefusedByEveryWorker) {
+  json cluster;
+  for (int i = 0; i < 3; ++i) cluster["worker"].push_back("127.0.0.1:" + std::to_string(free_port()));
+  const std::vector<std::string> devices{"cpu:0,cpu:1", "cpu:0", "cpu:0,cpu:1"};
+  Cluster c(dir_);
+  for (int i = 0; i < 3; ++i) {
+    auto env = token_env_;
+    env["TF_CONFIG"] = tf_config(cluster, "worker", i);
+    c.start({STRATA_MWMS_WORKER_BIN, devices[static_cast<size_t>(i)]}, env, "mixed" + std::to_string(i));
+  }
+  ASSERT_TRUE(c.wait_all(60)) << c.all_output();
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_NE(c.child(i).status, 0) << c.all_output();
+    const std::string out = c.output(i);
+    EXPECT_NE(out.find("different numbers of local devices (worker 0: 2, worker 1: 1, worker 2: 2)"),
+              std::string::npos)
+        << "worker " << i << ":\n" << out;
+    EXPECT_EQ(out.find("\"replica_ids\""), std::string::npos) << "worker " << i << " must not run:\n" << out;
+  }
+}
+
 TEST_F(MwmsTest, EvaluatorRunsStandaloneAndPsIsRejected) {
   // Nobody else runs: an evaluator must not wait for the cluster.
   const json cluster = {{"chief", {"127.0.0.1:" + std::to_string(free_port())}},
