@@ -9,18 +9,29 @@
 //     strategy.run([&](strata::ReplicaContext& ctx, const strata::Tensor& x) { ... }, batch["x"]);
 //   }
 //
-// Splitting (Strategy::distribute_dataset). The dataset must be batched by
-// the GLOBAL batch size B. With R replicas in sync:
-//  - one worker, or AutoShardPolicy::DATA: every worker reads the same global
-//    batches (so the dataset must be deterministic: seeded shuffles, a
-//    generator that yields the same sequence on every worker); a batch of b
-//    elements gives replica r (in replica_id_in_sync_group
-//    order) the rows [r*c, min((r+1)*c, b)) with c = ceil(b / R). So B=8 on 3
-//    replicas is 3+3+2, and a short last batch of 2 on 4 replicas is 1+1+0+0.
-//  - FILE, OFF or HINT on W > 1 workers: each worker batches its own stream
-//    with its share of B (B / W, the first B % W workers one more; B < W is
-//    an error), and each of its batches is split across its L local
-//    replicas by the rule above with R = L.
+// Splitting (Strategy::distribute_dataset) follows tf.distribute's
+// rebatching. The dataset must be batched by the GLOBAL batch size G. With
+// W workers of L local replicas (N = W * L replicas in sync):
+//  - one worker, or FILE, OFF or HINT sharding across workers: each worker
+//    reads its own stream of global batches as one sequence of rows and cuts
+//    it into sub-batches whose sizes cycle through tf.distribute's
+//    batch_sizes_for_worker(G, W, L, w): of the N sizes, the first G % N are
+//    ceil(G / N) and the rest floor(G / N), and worker w's list starts at
+//    entry w * L. Each step takes L consecutive sub-batches. So G = 10 on 4
+//    replicas is 3+3+2+2; G = 7 on 2 workers x 2 replicas is 2+2 | 2+1 at
+//    step 1 and 2+1 | 2+2 at step 2 (worker 0 | worker 1); G = 2 on 4
+//    workers gives two of them an empty batch each step, in turn. A short
+//    last batch fills the sub-batches in order (5 rows on 4 replicas:
+//    3+2+0+0).
+//  - DATA across workers: every worker reads the same global batches (so
+//    the dataset must be deterministic: seeded shuffles, a generator that
+//    yields the same sequence on every worker); each batch of b rows is cut
+//    into N minibatches of ceil(b / N) rows (the last ones shorter or empty)
+//    and local replica i of worker w gets minibatch w + i * W, as
+//    tf.distribute's legacy rebatch followed by shard(W, w) gives.
+// A step whose sub-batches are all empty counts while the worker's stream
+// has rows left; tf.data's rebatch can also emit trailing all-empty steps
+// after the last row, which Strata does not (a deliberate difference).
 // Every step is in lock-step across workers: when one worker's data ends
 // first, its replicas get empty batches (first dimension 0) until every
 // worker is exhausted, and iteration ends on all workers at the same step.

@@ -203,7 +203,6 @@ PluginInstance open_source_plugin(const SourceSpec& s, const InputContext& ic) {
 struct OpenCtx {
   InputContext ictx;
   StreamRequest req;
-  const DatasetNode* override_batch = nullptr;  ///< the batch node req.batch_size_override applies to
   DatasetOptions options;                       ///< of the whole recipe (tf: options are global)
 };
 
@@ -612,11 +611,8 @@ std::unique_ptr<ElementStream> open_node(const NodePtr& node, const OpenCtx& c, 
   switch (n.kind) {
     case NodeKind::kShuffle:
       return std::make_unique<ShuffleStream>(node, std::move(up), pass);
-    case NodeKind::kBatch: {
-      const std::int64_t size =
-          (&n == c.override_batch && c.req.batch_size_override >= 0) ? c.req.batch_size_override : n.count;
-      return std::make_unique<BatchStream>(node, std::move(up), size);
-    }
+    case NodeKind::kBatch:
+      return std::make_unique<BatchStream>(node, std::move(up), n.count);
     case NodeKind::kTake:
       return std::make_unique<TakeStream>(node, std::move(up));
     case NodeKind::kSkip:
@@ -750,11 +746,6 @@ std::unique_ptr<ElementStream> open_stream(const Dataset& ds, const InputContext
   c.ictx = ctx;
   c.req = req;
   c.options = ds.options();
-  if (req.batch_size_override >= 0) {
-    c.override_batch = last_batch(ds.node().get());
-    STRATA_ENFORCE(c.override_batch != nullptr, STRATA_ERR_INVALID_ARGUMENT,
-                   "the dataset has no batch() to resize; batch it by the global batch size first");
-  }
   if (req.source_policy != STRATA_SHARD_OFF)
     STRATA_ENFORCE(req.num_shards >= 1 && req.index >= 0 && req.index < req.num_shards, STRATA_ERR_INVALID_ARGUMENT,
                    "source sharding (", req.num_shards, ", ", req.index,

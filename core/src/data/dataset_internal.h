@@ -48,9 +48,6 @@ struct StreamRequest {
   /// shard(hint_num_shards, hint_index); when unset a placeholder is an
   /// InvalidArgumentError ("SHARD_HINT needs AutoShardPolicy::HINT").
   std::optional<std::pair<std::int64_t, std::int64_t>> hint;
-  /// When >= 0, the last batch() of the recipe uses this size (its
-  /// drop_remainder is kept).
-  std::int64_t batch_size_override = -1;
   /// Pass number (epoch) for reshuffle_each_iteration.
   std::int64_t pass = 0;
 };

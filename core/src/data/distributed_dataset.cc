@@ -156,14 +156,102 @@ std::int64_t rows_of(const Element& e) {
   return shape.empty() ? 1 : shape[0];
 }
 
-// Split a batch of b rows over `n` replicas with c = ceil(b / n): replica
-// r gets rows [r*c, min((r+1)*c, b)).
-std::pair<std::int64_t, std::int64_t> split_range(std::int64_t b, std::int64_t n, std::int64_t r) {
+// tf.data's legacy rebatch (what tf.distribute uses under DATA sharding):
+// a batch of b rows becomes n minibatches of c = ceil(b / n) rows, the last
+// ones shorter or empty; minibatch k is rows [k*c, min((k+1)*c, b)).
+std::pair<std::int64_t, std::int64_t> split_range(std::int64_t b, std::int64_t n, std::int64_t k) {
   const std::int64_t c = ceil_div(b, n);
-  const std::int64_t lo = std::min(b, r * c);
+  const std::int64_t lo = std::min(b, k * c);
   const std::int64_t hi = std::min(b, lo + c);
   return {lo, hi};
 }
+
+// tf.distribute's batch_sizes_for_worker: a global batch of `global` rows
+// is cut into N = workers * local sub-batches, the first global % N of them
+// one row longer; worker w's list is that list rotated left by w * local, so
+// that every step (local sub-batches on each worker) sums to `global` and
+// the longer sub-batches move from worker to worker step by step.
+std::vector<std::int64_t> rebatch_sizes(std::int64_t global, int workers, int local, int worker) {
+  const std::int64_t n = static_cast<std::int64_t>(workers) * local;
+  const std::int64_t floor = global / n, longer = global % n;
+  std::vector<std::int64_t> out(static_cast<std::size_t>(n));
+  for (std::int64_t k = 0; k < n; ++k) {
+    const std::int64_t j = (k + static_cast<std::int64_t>(worker) * local) % n;
+    out[static_cast<std::size_t>(k)] = floor + (j < longer ? 1 : 0);
+  }
+  return out;
+}
+
+// Rows of every component of `parts` stacked in order (one copy).
+Element concat_rows(std::vector<Element>& parts) {
+  Element out;
+  out.names = parts[0].names;
+  for (std::size_t c = 0; c < parts[0].tensors.size(); ++c) {
+    const Tensor& first = parts[0].tensors[c];
+    std::vector<std::int64_t> shape = first.shape();
+    std::int64_t rows = 0;
+    std::vector<char> bytes;
+    for (Element& p : parts) {
+      const Tensor& t = p.tensors.at(c);
+      auto ts = t.shape();
+      STRATA_ENFORCE(t.dtype() == first.dtype() && ts.size() == shape.size() &&
+                         std::equal(ts.begin() + 1, ts.end(), shape.begin() + 1),
+                     STRATA_ERR_INVALID_ARGUMENT, "component '", out.names[c],
+                     "' changes its dtype or row shape between batches; every batch of a distributed dataset "
+                     "needs the same layout to be re-split across replicas");
+      rows += ts[0];
+      const auto* src = static_cast<const char*>(t.raw_data());
+      bytes.insert(bytes.end(), src, src + t.nbytes());
+    }
+    shape[0] = rows;
+    out.tensors.push_back(Tensor::from_bytes(bytes.data(), bytes.size(), shape, first.dtype()));
+  }
+  return out;
+}
+
+// A stream of batches read as one sequence of rows (tf.data's rebatch is
+// unbatch().batch(sizes) done with one copy).
+class RowQueue {
+ public:
+  explicit RowQueue(std::unique_ptr<ElementStream> stream) : stream_(std::move(stream)) {}
+
+  // True while rows remain (reads the next batch when none is buffered).
+  bool has_rows(Spec& spec) {
+    while (pending_.empty()) {
+      std::optional<Element> b = stream_->next();
+      if (!b) return false;
+      if (!spec.known) spec = spec_of(*b);
+      if (rows_of(*b) > 0) pending_.push_back(std::move(*b));
+    }
+    return true;
+  }
+
+  // The next `k` rows, fewer (down to none) at the end of the stream.
+  Element take(std::int64_t k, Spec& spec) {
+    std::vector<Element> parts;
+    std::int64_t got = 0;
+    while (got < k && has_rows(spec)) {
+      Element& front = pending_.front();
+      const std::int64_t rows = rows_of(front);
+      const std::int64_t n = std::min(rows - offset_, k - got);
+      parts.push_back(slice_rows(front, offset_, offset_ + n, offset_ == 0 && n == rows));
+      offset_ += n;
+      got += n;
+      if (offset_ == rows) {
+        pending_.pop_front();
+        offset_ = 0;
+      }
+    }
+    if (parts.empty()) return empty_like(spec);
+    if (parts.size() == 1) return std::move(parts[0]);
+    return concat_rows(parts);
+  }
+
+ private:
+  std::unique_ptr<ElementStream> stream_;
+  std::deque<Element> pending_;
+  std::int64_t offset_ = 0;  // rows of pending_.front() already taken
+};
 
 // One local step: an Element per local replica, or nullopt when this
 // worker's input is exhausted.
@@ -177,51 +265,57 @@ class StepProducer {
   Spec spec;  // read by the consumer only after the producer has stopped or via the queue
 };
 
-// Every worker reads the same global batches and keeps its replicas' rows.
-class GlobalSliceProducer : public StepProducer {
+// Under DATA sharding across workers (tf.distribute's legacy rebatch, then
+// shard(num_workers, index) over the minibatches): every worker reads the
+// same global batches, each cut into N = W * L minibatches, and local
+// replica i of worker w keeps minibatch w + i * W.
+class DataShardProducer : public StepProducer {
  public:
-  GlobalSliceProducer(std::unique_ptr<ElementStream> stream, std::vector<std::int32_t> replica_ids, int num_replicas)
-      : stream_(std::move(stream)), ids_(std::move(replica_ids)), replicas_(num_replicas) {}
+  DataShardProducer(std::unique_ptr<ElementStream> stream, int workers, int worker, int local)
+      : stream_(std::move(stream)), workers_(workers), worker_(worker), local_(local) {}
   LocalStep next() override {
     std::optional<Element> batch = stream_->next();
     if (!batch) return std::nullopt;
     if (!spec.known) spec = spec_of(*batch);
     const std::int64_t b = rows_of(*batch);
-    std::vector<Element> out;
-    for (std::int32_t id : ids_) {
-      auto [lo, hi] = split_range(b, replicas_, id);
-      out.push_back(slice_rows(*batch, lo, hi, ids_.size() == 1));
-    }
-    return out;
-  }
-
- private:
-  std::unique_ptr<ElementStream> stream_;
-  std::vector<std::int32_t> ids_;
-  int replicas_;
-};
-
-// Each worker batches its own stream; its batches are split over its
-// local replicas.
-class LocalSplitProducer : public StepProducer {
- public:
-  LocalSplitProducer(std::unique_ptr<ElementStream> stream, int local) : stream_(std::move(stream)), local_(local) {}
-  LocalStep next() override {
-    std::optional<Element> batch = stream_->next();
-    if (!batch) return std::nullopt;
-    if (!spec.known) spec = spec_of(*batch);
-    const std::int64_t b = rows_of(*batch);
+    const std::int64_t n = static_cast<std::int64_t>(workers_) * local_;
     std::vector<Element> out;
     for (int i = 0; i < local_; ++i) {
-      auto [lo, hi] = split_range(b, local_, i);
-      out.push_back(slice_rows(*batch, lo, hi, local_ == 1));
+      auto [lo, hi] = split_range(b, n, worker_ + static_cast<std::int64_t>(i) * workers_);
+      out.push_back(slice_rows(*batch, lo, hi, n == 1));
     }
     return out;
   }
 
  private:
   std::unique_ptr<ElementStream> stream_;
+  int workers_, worker_, local_;
+};
+
+// Every other case (one worker; FILE, OFF or HINT across workers): this
+// worker's stream of global batches is re-cut into sub-batches whose sizes
+// cycle through rebatch_sizes(), local ones per step. A step in which
+// every sub-batch is empty still counts while the stream has rows left (a
+// worker whose turn has no rows waits with empty batches), never after.
+class RebatchProducer : public StepProducer {
+ public:
+  RebatchProducer(std::unique_ptr<ElementStream> stream, std::vector<std::int64_t> sizes, int local)
+      : rows_(std::move(stream)), sizes_(std::move(sizes)), local_(local) {}
+  LocalStep next() override {
+    if (!rows_.has_rows(spec)) return std::nullopt;
+    std::vector<Element> out;
+    for (int i = 0; i < local_; ++i) {
+      out.push_back(rows_.take(sizes_[next_], spec));
+      next_ = (next_ + 1) % sizes_.size();
+    }
+    return out;
+  }
+
+ private:
+  RowQueue rows_;
+  std::vector<std::int64_t> sizes_;
   int local_;
+  std::size_t next_ = 0;
 };
 
 // distribute_datasets_from_function: every local replica pulls one element
@@ -479,11 +573,6 @@ struct DistributedIteratorImpl {
 
 namespace {
 
-// Shares of a global batch per worker: B / W, the first B % W one more.
-std::int64_t worker_share(std::int64_t global, int workers, int index) {
-  return global / workers + (index < global % workers ? 1 : 0);
-}
-
 void check_input_options(const InputOptions& options) {
   STRATA_ENFORCE(options.prefetch_depth >= 1, STRATA_ERR_INVALID_ARGUMENT,
                  "InputOptions::prefetch_depth must be at least 1, got ", options.prefetch_depth);
@@ -559,33 +648,28 @@ std::shared_ptr<DistributedDatasetImpl> make_distributed(StrategyImpl& s, const 
                        w, workers, impl->policy, reason, bi.batch_size,
                        bi.drop_remainder ? " with drop_remainder" : "");
 
-  const std::vector<std::int32_t> ids = s.replica_ids;
-  if (workers <= 1 || applied == AutoShardPolicy::DATA) {
-    // One global stream per worker; keep this worker's replicas' rows.
-    impl->open = [ds, ctx, ids, replicas](std::int64_t pass) -> std::unique_ptr<StepProducer> {
+  if (workers > 1 && applied == AutoShardPolicy::DATA) {
+    impl->open = [ds, ctx, workers, w, local](std::int64_t pass) -> std::unique_ptr<StepProducer> {
       StreamRequest req;
       req.pass = pass;
       req.hint = std::make_pair(std::int64_t{1}, std::int64_t{0});
-      return std::make_unique<GlobalSliceProducer>(open_stream(ds, ctx, req), ids, replicas);
+      return std::make_unique<DataShardProducer>(open_stream(ds, ctx, req), workers, w, local);
     };
     return impl;
   }
-  STRATA_ENFORCE(bi.batch_size >= workers, STRATA_ERR_INVALID_ARGUMENT, "the global batch size ", bi.batch_size,
-                 " is smaller than the number of workers ", workers, " under AutoShardPolicy ", impl->policy,
-                 "; use a global batch of at least one element per worker");
   StreamRequest base;
-  base.batch_size_override = worker_share(bi.batch_size, workers, w);
-  if (applied == AutoShardPolicy::FILE) {
+  if (workers > 1 && applied == AutoShardPolicy::FILE) {
     base.source_policy = STRATA_SHARD_FILE;
     base.num_shards = workers;
     base.index = w;
   }
-  base.hint = std::make_pair(std::int64_t{applied == AutoShardPolicy::HINT ? workers : 1},
-                             std::int64_t{applied == AutoShardPolicy::HINT ? w : 0});
-  impl->open = [ds, ctx, base, local](std::int64_t pass) -> std::unique_ptr<StepProducer> {
+  const bool hint = workers > 1 && applied == AutoShardPolicy::HINT;
+  base.hint = std::make_pair(std::int64_t{hint ? workers : 1}, std::int64_t{hint ? w : 0});
+  const std::vector<std::int64_t> sizes = rebatch_sizes(bi.batch_size, workers, local, w);
+  impl->open = [ds, ctx, base, sizes, local](std::int64_t pass) -> std::unique_ptr<StepProducer> {
     StreamRequest req = base;
     req.pass = pass;
-    return std::make_unique<LocalSplitProducer>(open_stream(ds, ctx, req), local);
+    return std::make_unique<RebatchProducer>(open_stream(ds, ctx, req), sizes, local);
   };
   return impl;
 }
