@@ -242,6 +242,81 @@ nlohmann::json parse_num_accelerators(const nlohmann::json& value, const std::st
   return value;
 }
 
+namespace {
+
+constexpr const char* kMultiWorkerJobs = "\"chief\", \"worker\", \"evaluator\" and \"ps\"";
+
+bool multi_worker_job(const std::string& job) {
+  return job == "chief" || job == "worker" || job == "evaluator" || job == "ps";
+}
+
+// The answer of one multi_worker_util rule, or null where the rule refuses
+// the task (InvalidArgumentError); other errors propagate.
+template <class F>
+auto ask(F&& f) -> std::optional<decltype(f())> {
+  try {
+    return f();
+  } catch (const Error& e) {
+    if (e.code() != STRATA_ERR_INVALID_ARGUMENT) throw;
+    return std::nullopt;
+  }
+}
+
+}  // namespace
+
+void validate_multi_worker(const ClusterSpec& spec, const std::optional<std::string>& task_type,
+                           std::optional<int32_t> task_id) {
+  for (const auto& [job, tasks] : spec.jobs)
+    if (!multi_worker_job(job))
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "the cluster has job '", job,
+                   "', but multi-worker training knows only the jobs ", kMultiWorkerJobs, " (jobs: ",
+                   job_list(spec), "); rename the job to one of them");
+  if (task_type && !multi_worker_job(*task_type))
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "task type '", *task_type,
+                 "' is not a multi-worker task type; use one of ", kMultiWorkerJobs);
+  // An evaluator usually runs beside the training cluster, not in it.
+  if (task_type && *task_type != "evaluator" && !spec.has_job(*task_type))
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "task type '", *task_type, "' is not a job of the cluster (jobs: ",
+                 job_list(spec), "); add the job to the cluster or use one of its jobs");
+  for (const char* single : {"chief", "evaluator"})
+    if (spec.num_tasks(single) > 1)
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "the cluster has ", spec.num_tasks(single), " '", single,
+                   "' tasks; there must be at most one ", single, " (make the others \"worker\" tasks)");
+  if (task_type && task_id && spec.has_job(*task_type) && !spec.task_address(*task_type, *task_id))
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "job '", *task_type, "' has no task with index ", *task_id,
+                 " (its indices: ", index_list(spec.jobs.at(*task_type)), "); fix the task index");
+}
+
+bool is_chief(const ClusterSpec& spec, const std::string& task_type, int32_t task_id) {
+  validate_multi_worker(spec, task_type, task_id);
+  if (task_type == "chief" || task_type == "evaluator") return true;  // the evaluator is its own cluster's chief
+  return task_type == "worker" && !spec.has_job("chief") && spec.jobs.at("worker").begin()->first == task_id;
+}
+
+int32_t worker_count(const ClusterSpec& spec, const std::string& task_type) {
+  validate_multi_worker(spec, task_type, std::nullopt);
+  if (task_type == "evaluator")  // its own cluster, inside the spec or beside it
+    return spec.has_job("evaluator") ? static_cast<int32_t>(spec.num_tasks("evaluator")) : 1;
+  if (task_type != "chief" && task_type != "worker")
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "worker_count() does not count for task type '", task_type,
+                 "': only chief, worker and evaluator tasks are workers (a ps task holds variables); ask for "
+                 "the count of a \"worker\" task instead");
+  return static_cast<int32_t>(spec.num_tasks("chief") + spec.num_tasks("worker"));
+}
+
+int32_t id_in_cluster(const ClusterSpec& spec, const std::string& task_type, int32_t task_id) {
+  validate_multi_worker(spec, task_type, task_id);
+  if (task_type == "chief") return 0;
+  if (task_type == "evaluator") return task_id;
+  if (task_type != "worker")
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "id_in_cluster() has no id for task type '", task_type,
+                 "': only chief, worker and evaluator tasks have one (a ps task holds variables and is no "
+                 "worker)");
+  const auto& workers = spec.jobs.at("worker");
+  return static_cast<int32_t>(spec.num_tasks("chief") +
+                              static_cast<std::size_t>(std::distance(workers.begin(), workers.find(task_id))));
+}
+
 ClusterRole cluster_role(const nlohmann::json& describe) {
   if (!describe.is_object())
     STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "a resolver's describe() must be a JSON object, got ",
@@ -262,25 +337,15 @@ ClusterRole cluster_role(const nlohmann::json& describe) {
     role.worker_count = 1;
     return role;
   }
-  const std::size_t chiefs = spec.num_tasks("chief");
-  role.worker_count = static_cast<int32_t>(chiefs + spec.num_tasks("worker"));
-  if (type.is_null()) return role;
+  if (type.is_null()) return role;  // this process has no task: nothing to place
   const std::string& t = type.get_ref<const std::string&>();
-  if (t == "chief") {
-    role.is_chief = true;
-    role.id_in_cluster = 0;
-    return role;
-  }
-  role.is_chief = false;
-  if (t == "worker" && !id.is_null()) {
-    const auto& workers = spec.jobs.count("worker") ? spec.jobs.at("worker") : std::map<int32_t, std::string>{};
-    auto w = workers.find(id.get<int32_t>());
-    if (w != workers.end()) {
-      const auto rank = static_cast<int32_t>(chiefs + std::distance(workers.begin(), w));
-      role.id_in_cluster = rank;
-      role.is_chief = rank == 0;
-    }
-  }
+  // Each rule is asked on its own, as TF's functions are: a ps task has an
+  // is_chief (false) but no worker_count or id_in_cluster.
+  role.worker_count = ask([&] { return worker_count(spec, t); });
+  if (id.is_null()) return role;
+  const int32_t i = id.get<int32_t>();
+  role.is_chief = ask([&] { return is_chief(spec, t, i); });
+  role.id_in_cluster = ask([&] { return id_in_cluster(spec, t, i); });
   return role;
 }
 
