@@ -155,25 +155,65 @@ std::vector<Case> cases() {
       // The resolver takes any job name (tfconfig_cluster_resolver_test.py
       // testNumAcceleratorsFilterTasksByEnvVar uses "worker1"), but
       // multi_worker_util refuses a cluster with one ("Disallowed task
-      // type"), so no role.
+      // type"), so no role; one task: master() "" (testOneItemInClusterSpecMasterRead).
       {"any_job_name", "tf_config", R"({"cluster": {"trainer": ["t:1"]}, "task": {"type": "trainer", "index": 0}})",
-       obj, {{"task_type", "trainer"}}, "t:1",
+       obj, {{"task_type", "trainer"}}, nullptr,
        {{"is_chief", nullptr}, {"id_in_cluster", nullptr}, {"worker_count", nullptr}}},
       {"other_job_beside_workers", "tf_config",
        R"({"cluster": {"worker": ["w0:1", "w1:1"], "trainer": ["t:1"]}, "task": {"type": "worker", "index": 0}})",
        obj, {{"task_type", "worker"}}, "w0:1",
        {{"is_chief", nullptr}, {"id_in_cluster", nullptr}, {"worker_count", nullptr}}},
+      // session_master wins (testSessionMasterRead); TF_CONFIG's
+      // "environment" is not the resolver's: TFConfigClusterResolver's
+      // environment is only its constructor argument.
       {"session_master_and_environment", "tf_config",
        R"({"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 1},
            "session_master": "grpc://sm:9", "environment": "cloud"})",
-       obj, {{"environment", "cloud"}}, "grpc://sm:9",
+       obj, {{"environment", nullptr}}, "grpc://sm:9",
        {{"is_chief", false}, {"id_in_cluster", 1}, {"worker_count", 2}}},
+      {"environment_of_another_type_is_ignored", "tf_config",
+       R"({"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 0}, "environment": 5})", obj,
+       {{"environment", nullptr}}, "a:1", {{"is_chief", true}, {"id_in_cluster", 0}, {"worker_count", 2}}},
+      // No task: TF's master() cannot name one (NOT_FOUND here, null below);
       // multi_worker_util refuses a null task type.
       {"no_task", "tf_config", R"({"cluster": {"worker": ["a:1", "b:1"]}})", obj,
        {{"task_type", nullptr}, {"task_id", nullptr}}, nullptr,
        {{"is_chief", nullptr}, {"id_in_cluster", nullptr}, {"worker_count", nullptr}}},
+      // testZeroItemsInClusterSpecMasterRead: TF_CONFIG {} has master() "".
       {"empty_tf_config_object", "tf_config", "{}", obj, {{"cluster_spec", obj}, {"task_type", nullptr}}, nullptr,
        {{"is_chief", true}, {"id_in_cluster", 0}, {"worker_count", 1}}},
+      // An unset TF_CONFIG reads as {} in TFConfigClusterResolver: empty
+      // cluster, task_type/task_id None, master() "". An empty one too here
+      // (TF's json.loads('') would raise; see README-resolvers-snippet.md).
+      {"unset", "tf_config", std::nullopt, obj,
+       {{"cluster_spec", obj}, {"task_type", nullptr}, {"task_id", nullptr}, {"rpc_layer", nullptr},
+        {"environment", nullptr}},
+       nullptr, {{"is_chief", true}, {"id_in_cluster", 0}, {"worker_count", 1}}},
+      {"empty_string", "tf_config", "", obj, {{"cluster_spec", obj}, {"task_type", nullptr}, {"task_id", nullptr}},
+       nullptr, {{"is_chief", true}, {"id_in_cluster", 0}, {"worker_count", 1}}},
+      {"unset_with_environment_option", "tf_config", std::nullopt, {{"environment", "google"}},
+       {{"cluster_spec", obj}, {"environment", "google"}}, nullptr,
+       {{"is_chief", true}, {"id_in_cluster", 0}, {"worker_count", 1}}},
+      // testOneItemInClusterSpecMasterRead: a one-task cluster has master()
+      // "", with or without a task.
+      {"one_task_cluster", "tf_config", R"({"cluster": {"worker": ["worker0:2222"]}})", obj,
+       {{"task_type", nullptr}}, nullptr, {{"is_chief", nullptr}, {"id_in_cluster", nullptr}, {"worker_count", nullptr}}},
+      {"one_task_cluster_with_task", "tf_config",
+       R"({"cluster": {"worker": ["worker0:2222"]}, "task": {"type": "worker", "index": 0}, "rpc_layer": "grpc"})",
+       obj, {{"task_type", "worker"}, {"task_id", 0}}, nullptr,
+       {{"is_chief", true}, {"id_in_cluster", 0}, {"worker_count", 1}}},
+      // testTaskTypeCastToString: a numeric task type names a numeric job.
+      {"numeric_task_type", "tf_config",
+       R"({"cluster": {"123456": ["ps0:2222", "ps1:2222"], "worker": ["worker0:2222"]}, "rpc_layer": "grpc",
+           "task": {"type": 123456, "index": 0}})",
+       obj, {{"task_type", "123456"}, {"task_id", 0}}, "grpc://ps0:2222",
+       {{"is_chief", nullptr}, {"id_in_cluster", nullptr}, {"worker_count", nullptr}}},
+      // testParameterOverrides: the options replace TF_CONFIG's task.
+      {"parameter_overrides", "tf_config",
+       R"({"cluster": {"ps": ["ps0:2222", "ps1:2222"], "worker": ["worker0:2222", "worker1:2222", "worker2:2222"]},
+           "rpc_layer": "grpc", "task": {"type": "ps", "index": 1}})",
+       {{"task_type", "ps"}, {"task_id", 0}}, {{"task_type", "ps"}, {"task_id", 0}}, "grpc://ps0:2222",
+       {{"is_chief", false}, {"id_in_cluster", nullptr}, {"worker_count", nullptr}}},
       {"string_task_index", "tf_config",
        R"({"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": "1"}})", obj,
        {{"task_id", 1}}, "b:1", {{"is_chief", false}, {"id_in_cluster", 1}, {"worker_count", 2}}},
@@ -184,8 +224,9 @@ std::vector<Case> cases() {
        {{"task_id", 0}, {"rpc_layer", "grpc+verbs"}, {"environment", "google"}, {"num_accelerators", {{"GPU", 2}}}},
        "grpc+verbs://a:1", {{"is_chief", true}, {"id_in_cluster", 0}, {"worker_count", 2}}},
       // ---- errors ----
-      {"unset", "tf_config", std::nullopt, obj, nullptr, nullptr, nullptr, STRATA_ERR_INVALID_ARGUMENT,
-       "TF_CONFIG is not set: "},
+      {"non_string_task_type", "tf_config",
+       R"({"cluster": {"worker": ["a:1"]}, "task": {"type": true, "index": 0}})", obj, nullptr, nullptr, nullptr,
+       STRATA_ERR_INVALID_ARGUMENT, "TF_CONFIG task type must be a job name (a string, or an integer"},
       {"invalid_json", "tf_config", R"({"cluster": {"worker": ["a:1",)", obj, nullptr, nullptr, nullptr,
        STRATA_ERR_INVALID_ARGUMENT, "TF_CONFIG is not valid JSON (error at byte"},
       // Found by tf_config_fuzz: a number too large for a double.
@@ -304,9 +345,12 @@ INSTANTIATE_TEST_SUITE_P(Cases, ResolverTest, ::testing::ValuesIn(cases()),
 
 class ResolverMasterTest : public ::testing::Test {
  protected:
-  std::string master(const char* type, int32_t id, const char* layer, strata_status_t* status = nullptr) {
-    ScopedTfConfig env(R"({"cluster": {"chief": ["c:1"], "worker": ["w0:1", "w1:1"]},
-                          "task": {"type": "worker", "index": 1}, "rpc_layer": "grpc"})");
+  static constexpr const char* kTfConfig = R"({"cluster": {"chief": ["c:1"], "worker": ["w0:1", "w1:1"]},
+                                               "task": {"type": "worker", "index": 1}, "rpc_layer": "grpc"})";
+
+  std::string master(const char* type, int32_t id, const char* layer, strata_status_t* status = nullptr,
+                     const char* tf_config = kTfConfig) {
+    ScopedTfConfig env{std::string(tf_config)};
     PluginInstance inst = PluginHost::global().create(STRATA_KIND_CLUSTER_RESOLVER, "tf_config", "");
     const auto* vt = inst.vtable_as<strata_resolver_vtable>();
     std::string out;
@@ -325,7 +369,46 @@ TEST_F(ResolverMasterTest, NamedTaskWithLayers) {
   EXPECT_EQ(master("worker", 0, "grpc+verbs"), "grpc+verbs://w0:1");
   EXPECT_EQ(master("worker", -1, nullptr), "grpc://w1:1");  // negative id: this task's index
   EXPECT_EQ(master(nullptr, 0, nullptr), "grpc://w0:1");     // own type, given index
-  EXPECT_EQ(master(nullptr, -1, ""), "grpc://w1:1");         // "" layer falls back, as in TF
+}
+
+// TFConfigClusterResolver.master() takes a given rpc_layer even when it is
+// '' (format_master_url then adds no prefix); only None means its own.
+TEST_F(ResolverMasterTest, EmptyLayerMeansNoPrefix) {
+  EXPECT_EQ(master(nullptr, -1, ""), "w1:1");
+  EXPECT_EQ(master("chief", 0, ""), "c:1");
+}
+
+// tfconfig_cluster_resolver_test.py testSessionMasterRead, and
+// TFConfigClusterResolver.master(): session_master is returned before the
+// arguments are looked at.
+TEST_F(ResolverMasterTest, SessionMasterWinsOverArguments) {
+  const char* tf = R"({"cluster": {"ps": ["ps0:2222"], "worker": ["worker0:2222", "worker1:2222"]},
+                       "session_master": "sessionmaster:2222", "rpc_layer": "grpc",
+                       "task": {"type": "ps", "index": 0}})";
+  EXPECT_EQ(master(nullptr, -1, nullptr, nullptr, tf), "sessionmaster:2222");
+  EXPECT_EQ(master("worker", 1, "grpc", nullptr, tf), "sessionmaster:2222");
+}
+
+// testZeroItemsInClusterSpecMasterRead, testOneItemInClusterSpecMasterRead:
+// no master for an empty or one-task cluster, whatever task is asked for.
+TEST_F(ResolverMasterTest, EmptyAndOneTaskClustersHaveNoMaster) {
+  EXPECT_EQ(master(nullptr, -1, nullptr, nullptr, "{}"), "");
+  EXPECT_EQ(master("worker", 0, "grpc", nullptr, R"({"cluster": {"worker": ["worker0:2222"]}})"), "");
+  EXPECT_EQ(master(nullptr, -1, nullptr, nullptr,
+                   R"({"cluster": {"worker": ["worker0:2222"]}, "task": {"type": "worker", "index": 0}})"),
+            "");
+}
+
+// testSpecifiedTaskTypeAndIndexMasterRead; and with no task of its own, the
+// process must name one (TF's task_address(None, None) raises).
+TEST_F(ResolverMasterTest, NoOwnTaskNeedsANamedOne) {
+  const char* tf = R"({"cluster": {"worker": ["worker0:2222", "worker1:2222"]}})";
+  EXPECT_EQ(master("worker", 1, nullptr, nullptr, tf), "worker1:2222");
+  strata_status_t st = STRATA_OK;
+  const std::string msg = master(nullptr, -1, nullptr, &st, tf);
+  EXPECT_EQ(st, STRATA_ERR_NOT_FOUND);
+  EXPECT_NE(msg.find("this process has no task"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("pass a task type and id"), std::string::npos) << msg;
 }
 
 TEST_F(ResolverMasterTest, UnknownTaskIsNotFound) {
@@ -549,7 +632,9 @@ TEST(StrataInfoClusterTest, ConfigChoosesResolverAndOptionsOverrideIt) {
   EXPECT_EQ(out["task_id"], 1);
   EXPECT_EQ(out["master"], "b:1");
   // STRATA_CLUSTER_RESOLVER overrides the config's name (so its options no longer apply).
-  r = run_info({"--config", cfg, "cluster"}, R"({"cluster": {"worker": ["tf:1"]}, "task": {"type": "worker", "index": 0}})",
+  // (Two tasks: a one-task TF_CONFIG cluster has master() "", as in TF.)
+  r = run_info({"--config", cfg, "cluster"},
+               R"({"cluster": {"worker": ["tf:1", "tf:2"]}, "task": {"type": "worker", "index": 0}})",
                {{"STRATA_CLUSTER_RESOLVER", "tf_config"}});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   out = json::parse(r.out);

@@ -125,7 +125,17 @@ TfConfig parse_tf_config(std::string_view text) {
     if (!it->is_object())
       STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "TF_CONFIG \"task\" must be an object, got ", it->dump(),
                    "; set it like {\"type\": \"worker\", \"index\": 0}");
-    out.task_type = optional_string(*it, "type", "TF_CONFIG \"task\"");
+    // TensorFlow applies str() to the type, so a numeric job name such as
+    // 123456 is accepted; other JSON types are refused rather than turned
+    // into Python spellings ("True", "[1]") no cluster would use.
+    if (auto type = it->find("type"); type != it->end() && type->is_number_integer())
+      out.task_type = type->dump();
+    else if (type != it->end() && !type->is_null() && !type->is_string())
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "TF_CONFIG task type must be a job name (a string, or an integer "
+                   "for a numeric job name), got ", type->dump(), "; set \"task\": {\"type\": \"worker\", "
+                   "\"index\": 0}");
+    else
+      out.task_type = optional_string(*it, "type", "TF_CONFIG \"task\"");
     if (out.task_type && out.task_type->empty())
       STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "TF_CONFIG task type is empty; set \"task\": {\"type\": "
                    "\"worker\", \"index\": 0} with a job name of the cluster");
@@ -152,7 +162,10 @@ TfConfig parse_tf_config(std::string_view text) {
   }
   out.rpc_layer = optional_string(doc, "rpc_layer", "TF_CONFIG");
   out.session_master = optional_string(doc, "session_master", "TF_CONFIG");
-  out.environment = optional_string(doc, "environment", "TF_CONFIG");
+  // Only reported: the tf_config resolver takes its environment from its
+  // option, as TFConfigClusterResolver does, so a value of another type is
+  // not an error here.
+  if (auto it = doc.find("environment"); it != doc.end() && it->is_string()) out.environment = it->get<std::string>();
   return out;
 }
 
@@ -202,10 +215,11 @@ void Resolution::validate(const std::string& origin) const {
 }
 
 std::string Resolution::master(const char* req_type, int32_t req_id, const char* req_layer,
-                               const std::string& origin) const {
+                               const std::string& origin, bool use_session_master, bool own_layer) const {
   const std::string layer = (req_layer != nullptr && req_layer[0] != '\0') ? std::string(req_layer)
-                                                                           : rpc_layer.value_or("");
-  if (req_type == nullptr && session_master) return *session_master;
+                            : own_layer                                   ? rpc_layer.value_or("")
+                                                                          : std::string();
+  if (use_session_master && req_type == nullptr && session_master) return *session_master;
   std::optional<std::string> type = req_type != nullptr ? std::optional<std::string>(req_type) : task_type;
   if (!type) return "";  // this process has no task: TensorFlow returns ''
   std::optional<int32_t> id = req_id >= 0 ? std::optional<int32_t>(req_id) : task_id;
@@ -217,6 +231,20 @@ std::string Resolution::master(const char* req_type, int32_t req_id, const char*
     STRATA_THROW(STRATA_ERR_NOT_FOUND, "master(): the cluster of ", origin, " has no task ", *type, " ", *id,
                  " (jobs: ", job_list(cluster), "); an evaluator that runs outside the cluster has no address");
   return layer.empty() ? *addr : layer + "://" + *addr;
+}
+
+std::string Resolution::tf_config_master(const char* req_type, int32_t req_id, const char* req_layer) const {
+  if (session_master) return *session_master;
+  // A cluster of one task (or none) runs in-process: no session target.
+  if (cluster.jobs.empty() || (cluster.jobs.size() == 1 && cluster.jobs.begin()->second.size() <= 1)) return "";
+  if (req_type == nullptr && !task_type)
+    STRATA_THROW(STRATA_ERR_NOT_FOUND, "master(): this process has no task (TF_CONFIG has no \"task\" and no "
+                 "task_type option was given), so it has no address in the cluster (jobs: ", job_list(cluster),
+                 "); pass a task type and id, e.g. master(\"worker\", 0)");
+  // An explicit "" means no layer, as TF's format_master_url treats ''.
+  const char* layer = req_layer != nullptr ? req_layer : (rpc_layer ? rpc_layer->c_str() : "");
+  return master(req_type, req_id, layer[0] == '\0' ? nullptr : layer, "TF_CONFIG", /*use_session_master=*/false,
+                /*own_layer=*/false);
 }
 
 nlohmann::json Resolution::describe() const {

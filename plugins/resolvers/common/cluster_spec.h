@@ -46,7 +46,9 @@ struct TfConfig {
   std::optional<int32_t> task_id;            ///< task.index
   std::optional<std::string> rpc_layer;      ///< rpc_layer
   std::optional<std::string> session_master; ///< session_master
-  std::optional<std::string> environment;    ///< environment ("cloud", "google", ...)
+  /// environment ("cloud", "google", ...) when a string. Only reported: the
+  /// tf_config resolver ignores it, as TFConfigClusterResolver does.
+  std::optional<std::string> environment;
 };
 
 /// Parse TF_CONFIG text (a JSON object with optional "cluster", "task",
@@ -78,8 +80,18 @@ struct Resolution {
   /// applies (`rpc_layer` when non-empty, else the resolved one). Throws
   /// NotFoundError when the task is not in the cluster (e.g. an evaluator
   /// that runs outside it) and InvalidArgumentError for a bad request.
+  /// `use_session_master` false skips session_master; `own_layer` false
+  /// uses only `rpc_layer`, never the resolved one.
   std::string master(const char* task_type, int32_t task_id, const char* rpc_layer,
-                     const std::string& origin) const;
+                     const std::string& origin, bool use_session_master = true, bool own_layer = true) const;
+
+  /// master() as TFConfigClusterResolver answers it: session_master whenever
+  /// it is set, whatever the arguments; "" for an empty cluster or a cluster
+  /// of a single task; else the task's address as master() gives it, except
+  /// that a non-null `rpc_layer` replaces the resolved layer even when it is
+  /// "" (no prefix). Throws NotFoundError when this process has no task and
+  /// no task type is passed, or the task is not in the cluster.
+  std::string tf_config_master(const char* task_type, int32_t task_id, const char* rpc_layer) const;
 
   /// The shared describe() object: {"cluster_spec", "task_type", "task_id",
   /// "rpc_layer", "environment", "num_accelerators", "env_after": {}}.
