@@ -289,6 +289,28 @@ std::vector<Case> cases() {
                        {"task_id", 2},
                        {"env_after", json::object()}},
                       "grpc://t03n01:8889"));
+  // slurm_cluster_resolver_test.py testSimpleSuccessfulRetrieval: an
+  // integer tasks_per_node, no SLURM_STEP_TASKS_PER_NODE.
+  c.push_back(ok_case("slurm_tasks_per_node_integer", "slurm",
+                      {{"SLURM_PROCID", "0"},
+                       {"SLURM_STEP_NUM_TASKS", "3"},
+                       {"SLURM_STEP_NODELIST", "t02n13,t02n41,t02n43"}},
+                      {{"jobs", {{"ps", 1}, {"worker", 2}}},
+                       {"port_base", 8888},
+                       {"tasks_per_node", 1},
+                       {"gpus_per_node", 1},
+                       {"gpus_per_task", 1},
+                       {"auto_set_gpu", false}},
+                      {{"cluster_spec", {{"ps", {"t02n13:8888"}}, {"worker", {"t02n41:8888", "t02n43:8888"}}}},
+                       {"task_type", "ps"},
+                       {"task_id", 0}},
+                      "grpc://t02n13:8888"));
+  // SlurmClusterResolver with tasks_per_node as a dict: only SLURM_PROCID
+  // is read; nodes in name order.
+  c.push_back(ok_case("slurm_tasks_per_node_map_alone", "slurm", {{"SLURM_PROCID", "2"}},
+                      {{"tasks_per_node", {{"nb", 1}, {"na", 2}}}, {"gpus_per_node", 0}},
+                      {{"cluster_spec", {{"worker", {"na:8888", "na:8889", "nb:8888"}}}}, {"task_id", 2}},
+                      "grpc://nb:8888"));
   c.push_back(ok_case("slurm_job_fallbacks", "slurm",
                       edit(kStep4, {{"SLURM_STEP_NUM_TASKS", std::nullopt},
                                     {"SLURM_NTASKS", "4"},
