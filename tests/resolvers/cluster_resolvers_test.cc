@@ -595,6 +595,34 @@ TEST(TpuLookupTest, RefusedPortIsUnavailable) {
 // ---- detection and the auto-detection order
 // ----------------------------------
 
+// ---- TPU master() -------------------------------------------------------------
+
+/// master(type, id, layer) of a tpu resolver made from `options`.
+std::string tpu_master(const json& options, const char* type, int32_t id, const char* layer) {
+  ScopedEnv scoped(full_env({}));
+  PluginInstance inst = PluginHost::global().create(STRATA_KIND_CLUSTER_RESOLVER, "tpu", options.dump());
+  const auto* vt = inst.vtable_as<strata_resolver_vtable>();
+  std::string out;
+  strata_error err;
+  strata_error_init(&err);
+  detail::check_status(vt->master(static_cast<strata_resolver_t>(inst.handle()), type, id, layer, &append, &out, &err),
+                       err, "master");
+  return out;
+}
+
+// tpu_cluster_resolver_test.py testLocalTpuResolver, and
+// TPUClusterResolver.master(): a local TPU's master is '' whatever task or
+// layer is asked for; other TPUs give the task's address.
+TEST(TpuMasterTest, LocalTpuHasNoMasterWhateverTheArguments) {
+  for (const char* name : {"local", ""}) {
+    EXPECT_EQ(tpu_master({{"tpu", name}}, nullptr, -1, nullptr), "") << name;
+    EXPECT_EQ(tpu_master({{"tpu", name}}, "worker", 0, nullptr), "") << name;
+    EXPECT_EQ(tpu_master({{"tpu", name}}, "worker", 0, "grpc"), "") << name;
+  }
+  EXPECT_EQ(tpu_master({{"tpu", "grpc://10.0.0.2:8470,grpc://10.0.0.3"}}, "worker", 1, nullptr),
+            "grpc://10.0.0.3:8470");
+}
+
 TEST(ClusterDetectTest, EachResolverDetectsItsOwnEnvironment) {
   PluginHost& host = PluginHost::global();
   {
