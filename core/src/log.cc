@@ -31,7 +31,11 @@ std::string rank_tag() {
     auto doc = nlohmann::json::parse(tf, nullptr, /*allow_exceptions=*/false);
     if (doc.is_object() && doc.contains("task") && doc["task"].is_object()) {
       const auto& task = doc["task"];
-      std::string type = task.value("type", std::string("task"));
+      // Never throw here (this runs for every logger): a numeric type names
+      // a numeric job, as TensorFlow's str() reads it; any other is shown as "task".
+      std::string type = "task";
+      if (const auto t = task.find("type"); t != task.end() && t->is_string()) type = t->get<std::string>();
+      else if (t != task.end() && t->is_number_integer()) type = t->dump();
       if (task.contains("index") && task["index"].is_number_integer())
         return "[" + type + " " + std::to_string(task["index"].get<int64_t>()) + "] ";
     }

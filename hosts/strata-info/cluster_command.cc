@@ -117,7 +117,7 @@ nlohmann::ordered_json run_cluster_command(strata::PluginHost& host, const strat
   out["environment"] = or_null(desc, "environment");
   out["is_chief"] = role.is_chief ? nlohmann::json(*role.is_chief) : nlohmann::json();
   out["id_in_cluster"] = role.id_in_cluster ? nlohmann::json(*role.id_in_cluster) : nlohmann::json();
-  out["worker_count"] = role.worker_count;
+  out["worker_count"] = role.worker_count ? nlohmann::json(*role.worker_count) : nlohmann::json();
   out["env_after"] = desc.contains("env_after") ? desc["env_after"] : nlohmann::json::object();
   // Resolver-specific details ("slurm", "tpu", "union_of") follow the common fields.
   for (auto it = desc.begin(); it != desc.end(); ++it)

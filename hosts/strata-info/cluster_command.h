@@ -8,8 +8,10 @@
 //    "detection"}
 //
 // with null where a field does not apply (master when this process has no
-// task or its task is outside the cluster; is_chief/id_in_cluster when the
-// task is unknown; id_in_cluster for evaluator and ps tasks).
+// task or its task is outside the cluster; is_chief, id_in_cluster and
+// worker_count where tf.distribute's multi_worker_util refuses the task: an
+// unknown task, a ps task (is_chief false, the others null), or a cluster
+// with a job other than chief, worker, evaluator and ps).
 //
 // Resolver choice: --resolver, else strata::choose_cluster_resolver() as
 // core makes it: /cluster_resolver/name of the config (or

@@ -289,6 +289,28 @@ std::vector<Case> cases() {
                        {"task_id", 2},
                        {"env_after", json::object()}},
                       "grpc://t03n01:8889"));
+  // slurm_cluster_resolver_test.py testSimpleSuccessfulRetrieval: an
+  // integer tasks_per_node, no SLURM_STEP_TASKS_PER_NODE.
+  c.push_back(ok_case("slurm_tasks_per_node_integer", "slurm",
+                      {{"SLURM_PROCID", "0"},
+                       {"SLURM_STEP_NUM_TASKS", "3"},
+                       {"SLURM_STEP_NODELIST", "t02n13,t02n41,t02n43"}},
+                      {{"jobs", {{"ps", 1}, {"worker", 2}}},
+                       {"port_base", 8888},
+                       {"tasks_per_node", 1},
+                       {"gpus_per_node", 1},
+                       {"gpus_per_task", 1},
+                       {"auto_set_gpu", false}},
+                      {{"cluster_spec", {{"ps", {"t02n13:8888"}}, {"worker", {"t02n41:8888", "t02n43:8888"}}}},
+                       {"task_type", "ps"},
+                       {"task_id", 0}},
+                      "grpc://t02n13:8888"));
+  // SlurmClusterResolver with tasks_per_node as a dict: only SLURM_PROCID
+  // is read; nodes in name order.
+  c.push_back(ok_case("slurm_tasks_per_node_map_alone", "slurm", {{"SLURM_PROCID", "2"}},
+                      {{"tasks_per_node", {{"nb", 1}, {"na", 2}}}, {"gpus_per_node", 0}},
+                      {{"cluster_spec", {{"worker", {"na:8888", "na:8889", "nb:8888"}}}}, {"task_id", 2}},
+                      "grpc://nb:8888"));
   c.push_back(ok_case("slurm_job_fallbacks", "slurm",
                       edit(kStep4, {{"SLURM_STEP_NUM_TASKS", std::nullopt},
                                     {"SLURM_NTASKS", "4"},
@@ -572,6 +594,34 @@ TEST(TpuLookupTest, RefusedPortIsUnavailable) {
 
 // ---- detection and the auto-detection order
 // ----------------------------------
+
+// ---- TPU master() -------------------------------------------------------------
+
+/// master(type, id, layer) of a tpu resolver made from `options`.
+std::string tpu_master(const json& options, const char* type, int32_t id, const char* layer) {
+  ScopedEnv scoped(full_env({}));
+  PluginInstance inst = PluginHost::global().create(STRATA_KIND_CLUSTER_RESOLVER, "tpu", options.dump());
+  const auto* vt = inst.vtable_as<strata_resolver_vtable>();
+  std::string out;
+  strata_error err;
+  strata_error_init(&err);
+  detail::check_status(vt->master(static_cast<strata_resolver_t>(inst.handle()), type, id, layer, &append, &out, &err),
+                       err, "master");
+  return out;
+}
+
+// tpu_cluster_resolver_test.py testLocalTpuResolver, and
+// TPUClusterResolver.master(): a local TPU's master is '' whatever task or
+// layer is asked for; other TPUs give the task's address.
+TEST(TpuMasterTest, LocalTpuHasNoMasterWhateverTheArguments) {
+  for (const char* name : {"local", ""}) {
+    EXPECT_EQ(tpu_master({{"tpu", name}}, nullptr, -1, nullptr), "") << name;
+    EXPECT_EQ(tpu_master({{"tpu", name}}, "worker", 0, nullptr), "") << name;
+    EXPECT_EQ(tpu_master({{"tpu", name}}, "worker", 0, "grpc"), "") << name;
+  }
+  EXPECT_EQ(tpu_master({{"tpu", "grpc://10.0.0.2:8470,grpc://10.0.0.3"}}, "worker", 1, nullptr),
+            "grpc://10.0.0.3:8470");
+}
 
 TEST(ClusterDetectTest, EachResolverDetectsItsOwnEnvironment) {
   PluginHost& host = PluginHost::global();

@@ -134,30 +134,86 @@ std::vector<Case> cases() {
        R"({"cluster": {"worker": {"1": "a:1", "3": "b:1"}, "ps": ["p:1"]}, "task": {"type": "worker", "index": 3}})",
        obj, {{"cluster_spec", {{"worker", {{"1", "a:1"}, {"3", "b:1"}}}, {"ps", {"p:1"}}}}, {"task_id", 3}},
        "b:1", {{"is_chief", false}, {"id_in_cluster", 1}, {"worker_count", 2}}},
+      // The evaluator is the chief of its own cluster, ranked by its own index
+      // and counting only evaluators (multi_worker_util_test.py
+      // testEvaluatorIsChief, testEvaluatorId, testCountEvaluator); it may
+      // run outside the cluster (testEvaluatorNotInCluster), where it has no
+      // address.
       {"evaluator_outside_cluster", "tf_config",
        R"({"cluster": {"chief": ["c:1"], "worker": ["w:1"]}, "task": {"type": "evaluator", "index": 0}})", obj,
        {{"task_type", "evaluator"}, {"task_id", 0}}, nullptr,
-       {{"is_chief", false}, {"id_in_cluster", nullptr}, {"worker_count", 2}}},
+       {{"is_chief", true}, {"id_in_cluster", 0}, {"worker_count", 1}}},
       {"evaluator_in_cluster", "tf_config",
        R"({"cluster": {"worker": ["w:1"], "evaluator": ["e:1"]}, "task": {"type": "evaluator", "index": 0}})", obj,
-       {{"task_type", "evaluator"}}, "e:1", {{"is_chief", false}, {"id_in_cluster", nullptr}, {"worker_count", 1}}},
+       {{"task_type", "evaluator"}}, "e:1", {{"is_chief", true}, {"id_in_cluster", 0}, {"worker_count", 1}}},
+      // A ps task is no chief and has neither a worker count nor an id
+      // (multi_worker_util_test.py testCountPs, testPsId).
       {"ps_task", "tf_config",
        R"({"cluster": {"ps": ["p:1", "p:2"], "worker": ["w:1"]}, "task": {"type": "ps", "index": 1}})", obj,
        {{"task_type", "ps"}, {"task_id", 1}}, "p:2",
-       {{"is_chief", false}, {"id_in_cluster", nullptr}, {"worker_count", 1}}},
+       {{"is_chief", false}, {"id_in_cluster", nullptr}, {"worker_count", nullptr}}},
+      // The resolver takes any job name (tfconfig_cluster_resolver_test.py
+      // testNumAcceleratorsFilterTasksByEnvVar uses "worker1"), but
+      // multi_worker_util refuses a cluster with one ("Disallowed task
+      // type"), so no role; one task: master() "" (testOneItemInClusterSpecMasterRead).
       {"any_job_name", "tf_config", R"({"cluster": {"trainer": ["t:1"]}, "task": {"type": "trainer", "index": 0}})",
-       obj, {{"task_type", "trainer"}}, "t:1",
-       {{"is_chief", false}, {"id_in_cluster", nullptr}, {"worker_count", 0}}},
+       obj, {{"task_type", "trainer"}}, nullptr,
+       {{"is_chief", nullptr}, {"id_in_cluster", nullptr}, {"worker_count", nullptr}}},
+      {"other_job_beside_workers", "tf_config",
+       R"({"cluster": {"worker": ["w0:1", "w1:1"], "trainer": ["t:1"]}, "task": {"type": "worker", "index": 0}})",
+       obj, {{"task_type", "worker"}}, "w0:1",
+       {{"is_chief", nullptr}, {"id_in_cluster", nullptr}, {"worker_count", nullptr}}},
+      // session_master wins (testSessionMasterRead); TF_CONFIG's
+      // "environment" is not the resolver's: TFConfigClusterResolver's
+      // environment is only its constructor argument.
       {"session_master_and_environment", "tf_config",
        R"({"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 1},
            "session_master": "grpc://sm:9", "environment": "cloud"})",
-       obj, {{"environment", "cloud"}}, "grpc://sm:9",
+       obj, {{"environment", nullptr}}, "grpc://sm:9",
        {{"is_chief", false}, {"id_in_cluster", 1}, {"worker_count", 2}}},
+      {"environment_of_another_type_is_ignored", "tf_config",
+       R"({"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 0}, "environment": 5})", obj,
+       {{"environment", nullptr}}, "a:1", {{"is_chief", true}, {"id_in_cluster", 0}, {"worker_count", 2}}},
+      // No task: TF's master() cannot name one (NOT_FOUND here, null below);
+      // multi_worker_util refuses a null task type.
       {"no_task", "tf_config", R"({"cluster": {"worker": ["a:1", "b:1"]}})", obj,
        {{"task_type", nullptr}, {"task_id", nullptr}}, nullptr,
-       {{"is_chief", nullptr}, {"id_in_cluster", nullptr}, {"worker_count", 2}}},
+       {{"is_chief", nullptr}, {"id_in_cluster", nullptr}, {"worker_count", nullptr}}},
+      // testZeroItemsInClusterSpecMasterRead: TF_CONFIG {} has master() "".
       {"empty_tf_config_object", "tf_config", "{}", obj, {{"cluster_spec", obj}, {"task_type", nullptr}}, nullptr,
        {{"is_chief", true}, {"id_in_cluster", 0}, {"worker_count", 1}}},
+      // An unset TF_CONFIG reads as {} in TFConfigClusterResolver: empty
+      // cluster, task_type/task_id None, master() "". An empty one too here
+      // (TF's json.loads('') would raise; see README-resolvers-snippet.md).
+      {"unset", "tf_config", std::nullopt, obj,
+       {{"cluster_spec", obj}, {"task_type", nullptr}, {"task_id", nullptr}, {"rpc_layer", nullptr},
+        {"environment", nullptr}},
+       nullptr, {{"is_chief", true}, {"id_in_cluster", 0}, {"worker_count", 1}}},
+      {"empty_string", "tf_config", "", obj, {{"cluster_spec", obj}, {"task_type", nullptr}, {"task_id", nullptr}},
+       nullptr, {{"is_chief", true}, {"id_in_cluster", 0}, {"worker_count", 1}}},
+      {"unset_with_environment_option", "tf_config", std::nullopt, {{"environment", "google"}},
+       {{"cluster_spec", obj}, {"environment", "google"}}, nullptr,
+       {{"is_chief", true}, {"id_in_cluster", 0}, {"worker_count", 1}}},
+      // testOneItemInClusterSpecMasterRead: a one-task cluster has master()
+      // "", with or without a task.
+      {"one_task_cluster", "tf_config", R"({"cluster": {"worker": ["worker0:2222"]}})", obj,
+       {{"task_type", nullptr}}, nullptr, {{"is_chief", nullptr}, {"id_in_cluster", nullptr}, {"worker_count", nullptr}}},
+      {"one_task_cluster_with_task", "tf_config",
+       R"({"cluster": {"worker": ["worker0:2222"]}, "task": {"type": "worker", "index": 0}, "rpc_layer": "grpc"})",
+       obj, {{"task_type", "worker"}, {"task_id", 0}}, nullptr,
+       {{"is_chief", true}, {"id_in_cluster", 0}, {"worker_count", 1}}},
+      // testTaskTypeCastToString: a numeric task type names a numeric job.
+      {"numeric_task_type", "tf_config",
+       R"({"cluster": {"123456": ["ps0:2222", "ps1:2222"], "worker": ["worker0:2222"]}, "rpc_layer": "grpc",
+           "task": {"type": 123456, "index": 0}})",
+       obj, {{"task_type", "123456"}, {"task_id", 0}}, "grpc://ps0:2222",
+       {{"is_chief", nullptr}, {"id_in_cluster", nullptr}, {"worker_count", nullptr}}},
+      // testParameterOverrides: the options replace TF_CONFIG's task.
+      {"parameter_overrides", "tf_config",
+       R"({"cluster": {"ps": ["ps0:2222", "ps1:2222"], "worker": ["worker0:2222", "worker1:2222", "worker2:2222"]},
+           "rpc_layer": "grpc", "task": {"type": "ps", "index": 1}})",
+       {{"task_type", "ps"}, {"task_id", 0}}, {{"task_type", "ps"}, {"task_id", 0}}, "grpc://ps0:2222",
+       {{"is_chief", false}, {"id_in_cluster", nullptr}, {"worker_count", nullptr}}},
       {"string_task_index", "tf_config",
        R"({"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": "1"}})", obj,
        {{"task_id", 1}}, "b:1", {{"is_chief", false}, {"id_in_cluster", 1}, {"worker_count", 2}}},
@@ -168,8 +224,9 @@ std::vector<Case> cases() {
        {{"task_id", 0}, {"rpc_layer", "grpc+verbs"}, {"environment", "google"}, {"num_accelerators", {{"GPU", 2}}}},
        "grpc+verbs://a:1", {{"is_chief", true}, {"id_in_cluster", 0}, {"worker_count", 2}}},
       // ---- errors ----
-      {"unset", "tf_config", std::nullopt, obj, nullptr, nullptr, nullptr, STRATA_ERR_INVALID_ARGUMENT,
-       "TF_CONFIG is not set: "},
+      {"non_string_task_type", "tf_config",
+       R"({"cluster": {"worker": ["a:1"]}, "task": {"type": true, "index": 0}})", obj, nullptr, nullptr, nullptr,
+       STRATA_ERR_INVALID_ARGUMENT, "TF_CONFIG task type must be a job name (a string, or an integer"},
       {"invalid_json", "tf_config", R"({"cluster": {"worker": ["a:1",)", obj, nullptr, nullptr, nullptr,
        STRATA_ERR_INVALID_ARGUMENT, "TF_CONFIG is not valid JSON (error at byte"},
       // Found by tf_config_fuzz: a number too large for a double.
@@ -252,7 +309,7 @@ TEST_P(ResolverTest, ThroughPluginHost) {
   const resolvers::ClusterRole role = resolvers::cluster_role(o.describe);
   EXPECT_EQ(role.is_chief ? json(*role.is_chief) : json(), c.role["is_chief"]);
   EXPECT_EQ(role.id_in_cluster ? json(*role.id_in_cluster) : json(), c.role["id_in_cluster"]);
-  EXPECT_EQ(role.worker_count, c.role["worker_count"].get<int>());
+  EXPECT_EQ(role.worker_count ? json(*role.worker_count) : json(), c.role["worker_count"]);
 }
 
 TEST_P(ResolverTest, ThroughStrataInfoCluster) {
@@ -288,9 +345,12 @@ INSTANTIATE_TEST_SUITE_P(Cases, ResolverTest, ::testing::ValuesIn(cases()),
 
 class ResolverMasterTest : public ::testing::Test {
  protected:
-  std::string master(const char* type, int32_t id, const char* layer, strata_status_t* status = nullptr) {
-    ScopedTfConfig env(R"({"cluster": {"chief": ["c:1"], "worker": ["w0:1", "w1:1"]},
-                          "task": {"type": "worker", "index": 1}, "rpc_layer": "grpc"})");
+  static constexpr const char* kTfConfig = R"({"cluster": {"chief": ["c:1"], "worker": ["w0:1", "w1:1"]},
+                                               "task": {"type": "worker", "index": 1}, "rpc_layer": "grpc"})";
+
+  std::string master(const char* type, int32_t id, const char* layer, strata_status_t* status = nullptr,
+                     const char* tf_config = kTfConfig) {
+    ScopedTfConfig env{std::string(tf_config)};
     PluginInstance inst = PluginHost::global().create(STRATA_KIND_CLUSTER_RESOLVER, "tf_config", "");
     const auto* vt = inst.vtable_as<strata_resolver_vtable>();
     std::string out;
@@ -309,7 +369,46 @@ TEST_F(ResolverMasterTest, NamedTaskWithLayers) {
   EXPECT_EQ(master("worker", 0, "grpc+verbs"), "grpc+verbs://w0:1");
   EXPECT_EQ(master("worker", -1, nullptr), "grpc://w1:1");  // negative id: this task's index
   EXPECT_EQ(master(nullptr, 0, nullptr), "grpc://w0:1");     // own type, given index
-  EXPECT_EQ(master(nullptr, -1, ""), "grpc://w1:1");         // "" layer falls back, as in TF
+}
+
+// TFConfigClusterResolver.master() takes a given rpc_layer even when it is
+// '' (format_master_url then adds no prefix); only None means its own.
+TEST_F(ResolverMasterTest, EmptyLayerMeansNoPrefix) {
+  EXPECT_EQ(master(nullptr, -1, ""), "w1:1");
+  EXPECT_EQ(master("chief", 0, ""), "c:1");
+}
+
+// tfconfig_cluster_resolver_test.py testSessionMasterRead, and
+// TFConfigClusterResolver.master(): session_master is returned before the
+// arguments are looked at.
+TEST_F(ResolverMasterTest, SessionMasterWinsOverArguments) {
+  const char* tf = R"({"cluster": {"ps": ["ps0:2222"], "worker": ["worker0:2222", "worker1:2222"]},
+                       "session_master": "sessionmaster:2222", "rpc_layer": "grpc",
+                       "task": {"type": "ps", "index": 0}})";
+  EXPECT_EQ(master(nullptr, -1, nullptr, nullptr, tf), "sessionmaster:2222");
+  EXPECT_EQ(master("worker", 1, "grpc", nullptr, tf), "sessionmaster:2222");
+}
+
+// testZeroItemsInClusterSpecMasterRead, testOneItemInClusterSpecMasterRead:
+// no master for an empty or one-task cluster, whatever task is asked for.
+TEST_F(ResolverMasterTest, EmptyAndOneTaskClustersHaveNoMaster) {
+  EXPECT_EQ(master(nullptr, -1, nullptr, nullptr, "{}"), "");
+  EXPECT_EQ(master("worker", 0, "grpc", nullptr, R"({"cluster": {"worker": ["worker0:2222"]}})"), "");
+  EXPECT_EQ(master(nullptr, -1, nullptr, nullptr,
+                   R"({"cluster": {"worker": ["worker0:2222"]}, "task": {"type": "worker", "index": 0}})"),
+            "");
+}
+
+// testSpecifiedTaskTypeAndIndexMasterRead; and with no task of its own, the
+// process must name one (TF's task_address(None, None) raises).
+TEST_F(ResolverMasterTest, NoOwnTaskNeedsANamedOne) {
+  const char* tf = R"({"cluster": {"worker": ["worker0:2222", "worker1:2222"]}})";
+  EXPECT_EQ(master("worker", 1, nullptr, nullptr, tf), "worker1:2222");
+  strata_status_t st = STRATA_OK;
+  const std::string msg = master(nullptr, -1, nullptr, &st, tf);
+  EXPECT_EQ(st, STRATA_ERR_NOT_FOUND);
+  EXPECT_NE(msg.find("this process has no task"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("pass a task type and id"), std::string::npos) << msg;
 }
 
 TEST_F(ResolverMasterTest, UnknownTaskIsNotFound) {
@@ -320,6 +419,132 @@ TEST_F(ResolverMasterTest, UnknownTaskIsNotFound) {
   EXPECT_NE(msg.find("jobs: chief, worker"), std::string::npos) << msg;
   master("worker", 7, nullptr, &st);
   EXPECT_EQ(st, STRATA_ERR_NOT_FOUND);
+}
+
+// ---- multi_worker_util rules ------------------------------------------------
+// Each test follows the multi_worker_util_test.py test of the same name.
+
+resolvers::ClusterSpec spec_of(const char* text) { return resolvers::parse_cluster_spec(json::parse(text), "test"); }
+
+/// The message of the InvalidArgumentError `f` throws ("" when none).
+template <class F>
+std::string refusal(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), STRATA_ERR_INVALID_ARGUMENT) << e.what();
+    return e.what();
+  }
+  ADD_FAILURE() << "no error";
+  return "";
+}
+
+constexpr const char* kChiefWorkersPs =
+    R"({"chief": ["127.0.0.1:1234"], "worker": ["127.0.0.1:8964", "127.0.0.1:2333"],
+        "ps": ["127.0.0.1:1926", "127.0.0.1:3141"]})";
+constexpr const char* kChiefWorkersEvaluator =
+    R"({"chief": ["127.0.0.1:1234"], "worker": ["127.0.0.1:8964", "127.0.0.1:2333"],
+        "evaluator": ["127.0.0.1:2019"]})";
+
+TEST(MultiWorkerUtilTest, IsChiefClusterWithChief) {
+  const auto spec = spec_of(kChiefWorkersPs);
+  EXPECT_TRUE(resolvers::is_chief(spec, "chief", 0));
+  EXPECT_FALSE(resolvers::is_chief(spec, "worker", 0));
+  EXPECT_FALSE(resolvers::is_chief(spec, "ps", 0));
+}
+
+TEST(MultiWorkerUtilTest, IsChiefClusterWithoutChief) {
+  const auto spec = spec_of(R"({"worker": ["127.0.0.1:8964", "127.0.0.1:2333"]})");
+  EXPECT_TRUE(resolvers::is_chief(spec, "worker", 0));
+  EXPECT_FALSE(resolvers::is_chief(spec, "worker", 1));
+  std::string msg = refusal([&] { resolvers::is_chief(spec, "chief", 0); });
+  EXPECT_NE(msg.find("task type 'chief' is not a job of the cluster (jobs: worker)"), std::string::npos) << msg;
+  msg = refusal([&] { resolvers::is_chief(spec, "worker", 2); });
+  EXPECT_NE(msg.find("job 'worker' has no task with index 2 (its indices: 0, 1)"), std::string::npos) << msg;
+}
+
+TEST(MultiWorkerUtilTest, EvaluatorIsChief) {
+  EXPECT_TRUE(resolvers::is_chief(spec_of(kChiefWorkersEvaluator), "evaluator", 0));
+  // Also when it runs outside the cluster (testEvaluatorNotInCluster).
+  EXPECT_TRUE(resolvers::is_chief(spec_of(kChiefWorkersPs), "evaluator", 0));
+}
+
+TEST(MultiWorkerUtilTest, CountWorker) {
+  const auto spec = spec_of(kChiefWorkersPs);
+  EXPECT_EQ(resolvers::worker_count(spec, "chief"), 3);
+  EXPECT_EQ(resolvers::worker_count(spec, "worker"), 3);
+}
+
+TEST(MultiWorkerUtilTest, CountEvaluator) {
+  EXPECT_EQ(resolvers::worker_count(spec_of(kChiefWorkersEvaluator), "evaluator"), 1);
+  // Outside the cluster it is a cluster of its own (TF has no answer there).
+  EXPECT_EQ(resolvers::worker_count(spec_of(kChiefWorkersPs), "evaluator"), 1);
+}
+
+TEST(MultiWorkerUtilTest, TaskTypeNotFound) {
+  const std::string msg = refusal([] { resolvers::worker_count(spec_of("{}"), "worker"); });
+  EXPECT_NE(msg.find("task type 'worker' is not a job of the cluster"), std::string::npos) << msg;
+}
+
+TEST(MultiWorkerUtilTest, CountPs) {
+  const std::string msg =
+      refusal([] { resolvers::worker_count(spec_of(R"({"chief": ["c:1"], "ps": ["p:1", "p:2"]})"), "ps"); });
+  EXPECT_NE(msg.find("does not count for task type 'ps'"), std::string::npos) << msg;
+}
+
+TEST(MultiWorkerUtilTest, ChiefId) { EXPECT_EQ(resolvers::id_in_cluster(spec_of(kChiefWorkersPs), "chief", 0), 0); }
+
+TEST(MultiWorkerUtilTest, WorkerId) {
+  EXPECT_EQ(resolvers::id_in_cluster(spec_of(kChiefWorkersPs), "worker", 1), 2);
+  EXPECT_EQ(resolvers::id_in_cluster(spec_of(R"({"worker": ["w:1", "w:2"], "ps": ["p:1", "p:2"]})"), "worker", 1),
+            1);
+}
+
+TEST(MultiWorkerUtilTest, EvaluatorId) {
+  EXPECT_EQ(resolvers::id_in_cluster(spec_of(kChiefWorkersEvaluator), "evaluator", 0), 0);
+}
+
+TEST(MultiWorkerUtilTest, PsId) {
+  const std::string msg =
+      refusal([] { resolvers::id_in_cluster(spec_of(R"({"chief": ["c:1"], "ps": ["p:1"]})"), "ps", 0); });
+  EXPECT_NE(msg.find("has no id for task type 'ps'"), std::string::npos) << msg;
+}
+
+TEST(MultiWorkerUtilTest, MultipleChiefs) {
+  const std::string msg = refusal([] { resolvers::id_in_cluster(spec_of(R"({"chief": ["a:1", "b:1"]})"), "chief", 0); });
+  EXPECT_NE(msg.find("there must be at most one chief"), std::string::npos) << msg;
+}
+
+TEST(MultiWorkerUtilTest, EvaluatorNotInCluster) {
+  const auto spec = spec_of(kChiefWorkersPs);
+  for (const char* type : {"chief", "worker", "ps", "evaluator"})
+    EXPECT_NO_THROW(resolvers::validate_multi_worker(spec, std::string(type), 0)) << type;
+}
+
+TEST(MultiWorkerUtilTest, WorkerNotInCluster) {
+  const auto spec = spec_of(R"({"chief": ["c:1"], "ps": ["p:1", "p:2"]})");
+  EXPECT_NO_THROW(resolvers::validate_multi_worker(spec, std::string("evaluator"), 0));
+  const std::string msg = refusal([&] { resolvers::validate_multi_worker(spec, std::string("worker"), 0); });
+  EXPECT_NE(msg.find("task type 'worker' is not a job of the cluster"), std::string::npos) << msg;
+}
+
+// _validate_cluster_spec: jobs and task types other than chief, worker,
+// evaluator and ps are refused ("Disallowed task type", "Unrecognized
+// task_type"), although the resolvers accept such jobs.
+TEST(MultiWorkerUtilTest, OtherJobNamesAreRefused) {
+  std::string msg = refusal([] { resolvers::worker_count(spec_of(R"({"worker": ["w:1"], "trainer": ["t:1"]})"), "worker"); });
+  EXPECT_NE(msg.find("the cluster has job 'trainer'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("rename the job"), std::string::npos) << msg;
+  msg = refusal([] { resolvers::is_chief(spec_of(R"({"worker": ["w:1"]})"), "trainer", 0); });
+  EXPECT_NE(msg.find("task type 'trainer' is not a multi-worker task type"), std::string::npos) << msg;
+}
+
+// Strata numbers a sparse worker job densely (TF has no sparse ranks).
+TEST(MultiWorkerUtilTest, SparseWorkersAreRankedDensely) {
+  const auto spec = spec_of(R"({"chief": ["c:1"], "worker": {"1": "a:1", "3": "b:1"}})");
+  EXPECT_EQ(resolvers::id_in_cluster(spec, "worker", 3), 2);
+  EXPECT_EQ(resolvers::worker_count(spec, "worker"), 3);
+  EXPECT_TRUE(resolvers::is_chief(spec_of(R"({"worker": {"1": "a:1", "3": "b:1"}})"), "worker", 1));
 }
 
 // ---- detection and strata-info selection -----------------------------------
@@ -407,7 +632,9 @@ TEST(StrataInfoClusterTest, ConfigChoosesResolverAndOptionsOverrideIt) {
   EXPECT_EQ(out["task_id"], 1);
   EXPECT_EQ(out["master"], "b:1");
   // STRATA_CLUSTER_RESOLVER overrides the config's name (so its options no longer apply).
-  r = run_info({"--config", cfg, "cluster"}, R"({"cluster": {"worker": ["tf:1"]}, "task": {"type": "worker", "index": 0}})",
+  // (Two tasks: a one-task TF_CONFIG cluster has master() "", as in TF.)
+  r = run_info({"--config", cfg, "cluster"},
+               R"({"cluster": {"worker": ["tf:1", "tf:2"]}, "task": {"type": "worker", "index": 0}})",
                {{"STRATA_CLUSTER_RESOLVER", "tf_config"}});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   out = json::parse(r.out);

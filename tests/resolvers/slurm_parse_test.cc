@@ -274,6 +274,64 @@ TEST(SlurmResolveTest, TasksPerNodeOptionOverridesTheEnvironment) {
   EXPECT_EQ(resolve_slurm(e, {{"tasks_per_node", {{"n1", 2}, {"n2", 2}}}}, no_driver).local_index, 0);
 }
 
+// Follows TF's slurm_cluster_resolver_test.py testSimpleSuccessfulRetrieval
+// and testSimpleMasterRetrieval: an integer tasks_per_node applies to every
+// node of the step's node list, and SLURM_STEP_TASKS_PER_NODE is not needed.
+TEST(SlurmResolveTest, TasksPerNodeIntegerAppliesToEveryNode) {
+  SlurmEnv e = step(0, "t02n13,t02n41,t02n43", "1(x3)", 3);
+  e.tasks_per_node.reset();
+  const json opts = {{"jobs", {{"ps", 1}, {"worker", 2}}}, {"port_base", 8888}, {"tasks_per_node", 1},
+                     {"gpus_per_node", 1}, {"gpus_per_task", 1}, {"auto_set_gpu", false}};
+  const SlurmResult r = resolve_slurm(e, opts, no_driver);
+  EXPECT_EQ(r.resolution.cluster.json,
+            json::parse(R"({"ps": ["t02n13:8888"], "worker": ["t02n41:8888", "t02n43:8888"]})"));
+  EXPECT_EQ(r.tasks_per_node, (std::vector<int32_t>{1, 1, 1}));
+  EXPECT_EQ(r.resolution.master("worker", 1, nullptr, "x"), "grpc://t02n43:8888");
+  EXPECT_EQ(r.resolution.master("ps", 0, "test", "x"), "test://t02n13:8888");
+  EXPECT_EQ(r.env_after, json::object());  // auto_set_gpu false
+
+  // The integer overrides the environment's counts, as the map does.
+  SlurmEnv two = step(3, "n[1-2]", "1(x2)", 4);
+  const SlurmResult r2 = resolve_slurm(two, {{"tasks_per_node", 2}}, no_driver);
+  EXPECT_EQ(r2.resolution.cluster.json,
+            json::parse(R"({"worker": ["n1:8888", "n1:8889", "n2:8888", "n2:8889"]})"));
+  EXPECT_EQ(r2.node, "n2");
+  EXPECT_EQ(r2.local_index, 1);
+}
+
+// Follows TF's SlurmClusterResolver.__init__ (tasks_per_node given as a
+// dict): the map is the whole task configuration, so neither a node list
+// nor SLURM_STEP_TASKS_PER_NODE nor a task count is read; nodes are taken
+// in name order, as TF sorts them. Only the rank (SLURM_PROCID) remains.
+TEST(SlurmResolveTest, TasksPerNodeMapNeedsNoSlurmNodeVariables) {
+  SlurmEnv e;
+  e.procid = "1";
+  const SlurmResult r = resolve_slurm(e, {{"tasks_per_node", {{"t02n41", 1}, {"t02n13", 2}}}}, no_driver);
+  EXPECT_EQ(r.hosts, (Hosts{"t02n13", "t02n41"}));
+  EXPECT_EQ(r.resolution.cluster.json, json::parse(R"({"worker": ["t02n13:8888", "t02n13:8889", "t02n41:8888"]})"));
+  EXPECT_EQ(r.resolution.task_type, "worker");
+  EXPECT_EQ(r.resolution.task_id, 1);
+  EXPECT_EQ(r.node, "t02n13");
+  EXPECT_EQ(r.local_index, 1);
+  EXPECT_EQ(r.resolution.master(nullptr, -1, nullptr, "x"), "grpc://t02n13:8889");
+
+  // With jobs, as in TF's multi-job examples.
+  e.procid = "0";
+  const SlurmResult j =
+      resolve_slurm(e, {{"jobs", {{"ps", 1}, {"worker", 2}}}, {"tasks_per_node", {{"a", 1}, {"b", 2}}}}, no_driver);
+  EXPECT_EQ(j.resolution.cluster.json, json::parse(R"({"ps": ["a:8888"], "worker": ["b:8888", "b:8889"]})"));
+  EXPECT_EQ(j.resolution.task_type, "ps");
+
+  // The rank is still needed: it is what no option can give.
+  e.procid.reset();
+  try {
+    resolve_slurm(e, {{"tasks_per_node", {{"a", 1}}}}, no_driver);
+    ADD_FAILURE() << "no error without SLURM_PROCID";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("SLURM_PROCID is not set"), std::string::npos) << err.what();
+  }
+}
+
 TEST(SlurmResolveTest, RpcLayerAndTaskCountFallback) {
   SlurmEnv e = step(0, "n1", "1", 1);
   e.num_tasks.reset();  // neither SLURM_STEP_NUM_TASKS nor SLURM_NTASKS: the
@@ -361,6 +419,20 @@ TEST(SlurmResolveTest, EveryErrorNamesTheCauseAndTheFix) {
        {{"tasks_per_node", {{"n1", 2}, {"n2", 1}, {"n9", 1}}}},
        {"node 'n9'", "not in SLURM_STEP_NODELIST"}},
       {"tasks_per_node bad count", ok, {{"tasks_per_node", {{"n1", 0}, {"n2", 4}}}}, {"positive integer"}},
+      {"tasks_per_node zero for every node", ok, {{"tasks_per_node", 0}}, {"every node", "positive integer"}},
+      {"tasks_per_node neither count nor map",
+       ok,
+       {{"tasks_per_node", "2"}},
+       {"option 'tasks_per_node'", "e.g. 2", "{\"node1\": 2, \"node2\": 1}"}},
+      {"tasks_per_node empty map", ok, {{"tasks_per_node", json::object()}}, {"empty object", "node1"}},
+      {"tasks_per_node integer needs a node list",
+       with(ok, [](SlurmEnv& e) { e.nodelist.reset(); }),
+       {{"tasks_per_node", 2}},
+       {"SLURM_STEP_NODELIST", "tasks_per_node as a map"}},
+      {"tasks_per_node map with count mismatch",
+       with(ok, [](SlurmEnv& e) { e.nodelist.reset(); }),
+       {{"tasks_per_node", {{"a", 1}}}},
+       {"SLURM_STEP_NUM_TASKS=4", "add up to 1"}},
       {"duplicate node", with(ok, [](SlurmEnv& e) { e.nodelist = "n1,n[1-2]"; }), json::object(), {"twice"}},
       {"port range", ok, {{"port_base", 65535}}, {"beyond 65535", "port_base"}},
       {"port_base type", ok, {{"port_base", "8888"}}, {"option 'port_base'", "integer"}},

@@ -125,7 +125,17 @@ TfConfig parse_tf_config(std::string_view text) {
     if (!it->is_object())
       STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "TF_CONFIG \"task\" must be an object, got ", it->dump(),
                    "; set it like {\"type\": \"worker\", \"index\": 0}");
-    out.task_type = optional_string(*it, "type", "TF_CONFIG \"task\"");
+    // TensorFlow applies str() to the type, so a numeric job name such as
+    // 123456 is accepted; other JSON types are refused rather than turned
+    // into Python spellings ("True", "[1]") no cluster would use.
+    if (auto type = it->find("type"); type != it->end() && type->is_number_integer())
+      out.task_type = type->dump();
+    else if (type != it->end() && !type->is_null() && !type->is_string())
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "TF_CONFIG task type must be a job name (a string, or an integer "
+                   "for a numeric job name), got ", type->dump(), "; set \"task\": {\"type\": \"worker\", "
+                   "\"index\": 0}");
+    else
+      out.task_type = optional_string(*it, "type", "TF_CONFIG \"task\"");
     if (out.task_type && out.task_type->empty())
       STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "TF_CONFIG task type is empty; set \"task\": {\"type\": "
                    "\"worker\", \"index\": 0} with a job name of the cluster");
@@ -152,7 +162,10 @@ TfConfig parse_tf_config(std::string_view text) {
   }
   out.rpc_layer = optional_string(doc, "rpc_layer", "TF_CONFIG");
   out.session_master = optional_string(doc, "session_master", "TF_CONFIG");
-  out.environment = optional_string(doc, "environment", "TF_CONFIG");
+  // Only reported: the tf_config resolver takes its environment from its
+  // option, as TFConfigClusterResolver does, so a value of another type is
+  // not an error here.
+  if (auto it = doc.find("environment"); it != doc.end() && it->is_string()) out.environment = it->get<std::string>();
   return out;
 }
 
@@ -202,10 +215,11 @@ void Resolution::validate(const std::string& origin) const {
 }
 
 std::string Resolution::master(const char* req_type, int32_t req_id, const char* req_layer,
-                               const std::string& origin) const {
+                               const std::string& origin, bool use_session_master, bool own_layer) const {
   const std::string layer = (req_layer != nullptr && req_layer[0] != '\0') ? std::string(req_layer)
-                                                                           : rpc_layer.value_or("");
-  if (req_type == nullptr && session_master) return *session_master;
+                            : own_layer                                   ? rpc_layer.value_or("")
+                                                                          : std::string();
+  if (use_session_master && req_type == nullptr && session_master) return *session_master;
   std::optional<std::string> type = req_type != nullptr ? std::optional<std::string>(req_type) : task_type;
   if (!type) return "";  // this process has no task: TensorFlow returns ''
   std::optional<int32_t> id = req_id >= 0 ? std::optional<int32_t>(req_id) : task_id;
@@ -217,6 +231,20 @@ std::string Resolution::master(const char* req_type, int32_t req_id, const char*
     STRATA_THROW(STRATA_ERR_NOT_FOUND, "master(): the cluster of ", origin, " has no task ", *type, " ", *id,
                  " (jobs: ", job_list(cluster), "); an evaluator that runs outside the cluster has no address");
   return layer.empty() ? *addr : layer + "://" + *addr;
+}
+
+std::string Resolution::tf_config_master(const char* req_type, int32_t req_id, const char* req_layer) const {
+  if (session_master) return *session_master;
+  // A cluster of one task (or none) runs in-process: no session target.
+  if (cluster.jobs.empty() || (cluster.jobs.size() == 1 && cluster.jobs.begin()->second.size() <= 1)) return "";
+  if (req_type == nullptr && !task_type)
+    STRATA_THROW(STRATA_ERR_NOT_FOUND, "master(): this process has no task (TF_CONFIG has no \"task\" and no "
+                 "task_type option was given), so it has no address in the cluster (jobs: ", job_list(cluster),
+                 "); pass a task type and id, e.g. master(\"worker\", 0)");
+  // An explicit "" means no layer, as TF's format_master_url treats ''.
+  const char* layer = req_layer != nullptr ? req_layer : (rpc_layer ? rpc_layer->c_str() : "");
+  return master(req_type, req_id, layer[0] == '\0' ? nullptr : layer, "TF_CONFIG", /*use_session_master=*/false,
+                /*own_layer=*/false);
 }
 
 nlohmann::json Resolution::describe() const {
@@ -242,6 +270,81 @@ nlohmann::json parse_num_accelerators(const nlohmann::json& value, const std::st
   return value;
 }
 
+namespace {
+
+constexpr const char* kMultiWorkerJobs = "\"chief\", \"worker\", \"evaluator\" and \"ps\"";
+
+bool multi_worker_job(const std::string& job) {
+  return job == "chief" || job == "worker" || job == "evaluator" || job == "ps";
+}
+
+// The answer of one multi_worker_util rule, or null where the rule refuses
+// the task (InvalidArgumentError); other errors propagate.
+template <class F>
+auto ask(F&& f) -> std::optional<decltype(f())> {
+  try {
+    return f();
+  } catch (const Error& e) {
+    if (e.code() != STRATA_ERR_INVALID_ARGUMENT) throw;
+    return std::nullopt;
+  }
+}
+
+}  // namespace
+
+void validate_multi_worker(const ClusterSpec& spec, const std::optional<std::string>& task_type,
+                           std::optional<int32_t> task_id) {
+  for (const auto& [job, tasks] : spec.jobs)
+    if (!multi_worker_job(job))
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "the cluster has job '", job,
+                   "', but multi-worker training knows only the jobs ", kMultiWorkerJobs, " (jobs: ",
+                   job_list(spec), "); rename the job to one of them");
+  if (task_type && !multi_worker_job(*task_type))
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "task type '", *task_type,
+                 "' is not a multi-worker task type; use one of ", kMultiWorkerJobs);
+  // An evaluator usually runs beside the training cluster, not in it.
+  if (task_type && *task_type != "evaluator" && !spec.has_job(*task_type))
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "task type '", *task_type, "' is not a job of the cluster (jobs: ",
+                 job_list(spec), "); add the job to the cluster or use one of its jobs");
+  for (const char* single : {"chief", "evaluator"})
+    if (spec.num_tasks(single) > 1)
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "the cluster has ", spec.num_tasks(single), " '", single,
+                   "' tasks; there must be at most one ", single, " (make the others \"worker\" tasks)");
+  if (task_type && task_id && spec.has_job(*task_type) && !spec.task_address(*task_type, *task_id))
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "job '", *task_type, "' has no task with index ", *task_id,
+                 " (its indices: ", index_list(spec.jobs.at(*task_type)), "); fix the task index");
+}
+
+bool is_chief(const ClusterSpec& spec, const std::string& task_type, int32_t task_id) {
+  validate_multi_worker(spec, task_type, task_id);
+  if (task_type == "chief" || task_type == "evaluator") return true;  // the evaluator is its own cluster's chief
+  return task_type == "worker" && !spec.has_job("chief") && spec.jobs.at("worker").begin()->first == task_id;
+}
+
+int32_t worker_count(const ClusterSpec& spec, const std::string& task_type) {
+  validate_multi_worker(spec, task_type, std::nullopt);
+  if (task_type == "evaluator")  // its own cluster, inside the spec or beside it
+    return spec.has_job("evaluator") ? static_cast<int32_t>(spec.num_tasks("evaluator")) : 1;
+  if (task_type != "chief" && task_type != "worker")
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "worker_count() does not count for task type '", task_type,
+                 "': only chief, worker and evaluator tasks are workers (a ps task holds variables); ask for "
+                 "the count of a \"worker\" task instead");
+  return static_cast<int32_t>(spec.num_tasks("chief") + spec.num_tasks("worker"));
+}
+
+int32_t id_in_cluster(const ClusterSpec& spec, const std::string& task_type, int32_t task_id) {
+  validate_multi_worker(spec, task_type, task_id);
+  if (task_type == "chief") return 0;
+  if (task_type == "evaluator") return task_id;
+  if (task_type != "worker")
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "id_in_cluster() has no id for task type '", task_type,
+                 "': only chief, worker and evaluator tasks have one (a ps task holds variables and is no "
+                 "worker)");
+  const auto& workers = spec.jobs.at("worker");
+  return static_cast<int32_t>(spec.num_tasks("chief") +
+                              static_cast<std::size_t>(std::distance(workers.begin(), workers.find(task_id))));
+}
+
 ClusterRole cluster_role(const nlohmann::json& describe) {
   if (!describe.is_object())
     STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "a resolver's describe() must be a JSON object, got ",
@@ -262,25 +365,15 @@ ClusterRole cluster_role(const nlohmann::json& describe) {
     role.worker_count = 1;
     return role;
   }
-  const std::size_t chiefs = spec.num_tasks("chief");
-  role.worker_count = static_cast<int32_t>(chiefs + spec.num_tasks("worker"));
-  if (type.is_null()) return role;
+  if (type.is_null()) return role;  // this process has no task: nothing to place
   const std::string& t = type.get_ref<const std::string&>();
-  if (t == "chief") {
-    role.is_chief = true;
-    role.id_in_cluster = 0;
-    return role;
-  }
-  role.is_chief = false;
-  if (t == "worker" && !id.is_null()) {
-    const auto& workers = spec.jobs.count("worker") ? spec.jobs.at("worker") : std::map<int32_t, std::string>{};
-    auto w = workers.find(id.get<int32_t>());
-    if (w != workers.end()) {
-      const auto rank = static_cast<int32_t>(chiefs + std::distance(workers.begin(), w));
-      role.id_in_cluster = rank;
-      role.is_chief = rank == 0;
-    }
-  }
+  // Each rule is asked on its own, as TF's functions are: a ps task has an
+  // is_chief (false) but no worker_count or id_in_cluster.
+  role.worker_count = ask([&] { return worker_count(spec, t); });
+  if (id.is_null()) return role;
+  const int32_t i = id.get<int32_t>();
+  role.is_chief = ask([&] { return is_chief(spec, t, i); });
+  role.id_in_cluster = ask([&] { return id_in_cluster(spec, t, i); });
   return role;
 }
 

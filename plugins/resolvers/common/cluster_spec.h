@@ -46,7 +46,9 @@ struct TfConfig {
   std::optional<int32_t> task_id;            ///< task.index
   std::optional<std::string> rpc_layer;      ///< rpc_layer
   std::optional<std::string> session_master; ///< session_master
-  std::optional<std::string> environment;    ///< environment ("cloud", "google", ...)
+  /// environment ("cloud", "google", ...) when a string. Only reported: the
+  /// tf_config resolver ignores it, as TFConfigClusterResolver does.
+  std::optional<std::string> environment;
 };
 
 /// Parse TF_CONFIG text (a JSON object with optional "cluster", "task",
@@ -78,8 +80,18 @@ struct Resolution {
   /// applies (`rpc_layer` when non-empty, else the resolved one). Throws
   /// NotFoundError when the task is not in the cluster (e.g. an evaluator
   /// that runs outside it) and InvalidArgumentError for a bad request.
+  /// `use_session_master` false skips session_master; `own_layer` false
+  /// uses only `rpc_layer`, never the resolved one.
   std::string master(const char* task_type, int32_t task_id, const char* rpc_layer,
-                     const std::string& origin) const;
+                     const std::string& origin, bool use_session_master = true, bool own_layer = true) const;
+
+  /// master() as TFConfigClusterResolver answers it: session_master whenever
+  /// it is set, whatever the arguments; "" for an empty cluster or a cluster
+  /// of a single task; else the task's address as master() gives it, except
+  /// that a non-null `rpc_layer` replaces the resolved layer even when it is
+  /// "" (no prefix). Throws NotFoundError when this process has no task and
+  /// no task type is passed, or the task is not in the cluster.
+  std::string tf_config_master(const char* task_type, int32_t task_id, const char* rpc_layer) const;
 
   /// The shared describe() object: {"cluster_spec", "task_type", "task_id",
   /// "rpc_layer", "environment", "num_accelerators", "env_after": {}}.
@@ -89,19 +101,47 @@ struct Resolution {
 /// Validate a num_accelerators option: an object of non-negative integers.
 nlohmann::json parse_num_accelerators(const nlohmann::json& value, const std::string& origin);
 
-/// A task's place in the collective group (decision 3 of issue 3; TF's
-/// multi_worker_util.is_chief / id_in_cluster / worker_count with the
-/// evaluator never chief). Computed from a describe() object.
+// ---- multi_worker_util ------------------------------------------------------
+// The rules of tf.distribute's multi_worker_util (is_chief, worker_count,
+// id_in_cluster and the validation behind them). They apply only to clusters
+// whose jobs are "chief", "worker", "evaluator" and "ps": any other job name
+// is refused, as TF refuses it, although the resolvers themselves accept any
+// job name. Each function throws InvalidArgumentError (naming the problem and
+// the fix) where TF raises ValueError. Sparse jobs are numbered densely:
+// worker tasks {1, 3} have ranks chief-count + 0 and + 1.
+
+/// Check `spec` and the task against the multi_worker_util rules: only the
+/// four job names, at most one chief and one evaluator, the task type one of
+/// them (or null) and a job of the cluster (an evaluator may run outside
+/// it), and the task id a task of that job.
+void validate_multi_worker(const ClusterSpec& spec, const std::optional<std::string>& task_type,
+                           std::optional<int32_t> task_id);
+
+/// Whether the task is its cluster's chief: the chief; the evaluator (the
+/// chief of its own cluster); the first worker when there is no chief job.
+bool is_chief(const ClusterSpec& spec, const std::string& task_type, int32_t task_id);
+
+/// Number of workers in the task type's cluster: chief + worker tasks for a
+/// chief or worker, the evaluator tasks for an evaluator (1 when it runs
+/// outside the cluster). A ps task (or any other type) is refused.
+int32_t worker_count(const ClusterSpec& spec, const std::string& task_type);
+
+/// The task's rank in [0, worker_count): chief 0, workers after the chief,
+/// an evaluator its own index. A ps task (or any other type) is refused.
+int32_t id_in_cluster(const ClusterSpec& spec, const std::string& task_type, int32_t task_id);
+
+/// A task's place in the collective group, for strata-info: the three
+/// functions above, each null where it refuses the task.
 struct ClusterRole {
-  std::optional<bool> is_chief;          ///< null when the task is unknown
-  std::optional<int32_t> id_in_cluster;  ///< rank; null for evaluator, ps, other jobs
-  int32_t worker_count = 1;              ///< chief + workers; 1 for an empty cluster
+  std::optional<bool> is_chief;         ///< null when the task is unknown or refused
+  std::optional<int32_t> id_in_cluster; ///< null for ps, unknown or refused tasks
+  std::optional<int32_t> worker_count;  ///< null for ps, unknown or refused tasks
 };
 
-/// Roles from a describe() object. An empty cluster is a single-process job
-/// (chief, rank 0, one worker). Ranks: chief 0, then workers by ascending
-/// index (so a sparse worker job is numbered densely). Throws
-/// InvalidArgumentError when `describe` is not a valid describe() object.
+/// Roles from a describe() object. An empty cluster without a task is a
+/// single-process job (chief, rank 0, one worker), as TF's strategies treat
+/// it. Throws InvalidArgumentError when `describe` is not a valid describe()
+/// object.
 ClusterRole cluster_role(const nlohmann::json& describe);
 
 }  // namespace strata::resolvers

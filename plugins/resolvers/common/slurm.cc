@@ -373,46 +373,70 @@ SlurmResult resolve_slurm(const SlurmEnv& env, const nlohmann::json& options,
                  "program with srun, which sets it");
   const auto rank = static_cast<int32_t>(*rank64);
 
-  // Where are the tasks.
-  if (!env.nodelist)
+  // Where are the tasks. An explicit tasks_per_node map names the nodes
+  // itself, so it needs no node list (as in TF); an integer applies to every
+  // node of the step's node list; without the option both come from Slurm.
+  const nlohmann::json* tpn = nullptr;
+  if (auto it = opts.find("tasks_per_node"); it != opts.end() && !it->is_null()) tpn = &*it;
+  if (tpn != nullptr && !tpn->is_object() && !tpn->is_number_integer())
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT,
+                 "option 'tasks_per_node' of the slurm resolver must be a task count for every node (e.g. 2) or "
+                 "an object mapping node names to task counts (e.g. {\"node1\": 2, \"node2\": 1}); got ",
+                 tpn->dump());
+  const bool map_option = tpn != nullptr && tpn->is_object();
+  if (map_option && tpn->empty())
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'tasks_per_node' of the slurm resolver is an empty object; "
+                 "map each node name to its task count, e.g. {\"node1\": 2, \"node2\": 1}");
+  if (!env.nodelist && !map_option)
     STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT,
                  "neither SLURM_STEP_NODELIST nor SLURM_JOB_NODELIST is set: the "
                  "slurm resolver needs the step's nodes; start the program with srun "
-                 "inside an allocation");
-  r.hosts = expand_hostlist(*env.nodelist, env.nodelist_var);
-  for (std::size_t i = 0; i < r.hosts.size(); ++i)
-    for (std::size_t k = 0; k < i; ++k)
-      if (r.hosts[k] == r.hosts[i])
-        STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, env.nodelist_var, "='", *env.nodelist, "' names node '", r.hosts[i],
-                     "' twice; each node appears once in a node list");
+                 "inside an allocation, or pass option tasks_per_node as a map of node names to task counts, "
+                 "e.g. {\"node1\": 2, \"node2\": 1}");
+  if (env.nodelist) {
+    r.hosts = expand_hostlist(*env.nodelist, env.nodelist_var);
+    for (std::size_t i = 0; i < r.hosts.size(); ++i)
+      for (std::size_t k = 0; k < i; ++k)
+        if (r.hosts[k] == r.hosts[i])
+          STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, env.nodelist_var, "='", *env.nodelist, "' names node '",
+                       r.hosts[i], "' twice; each node appears once in a node list");
+  } else {
+    // No node list: the map's nodes in name order, as TF sorts them.
+    for (auto t = tpn->begin(); t != tpn->end(); ++t) r.hosts.push_back(t.key());
+  }
+  auto check_count = [](const std::string& what, const nlohmann::json& v) {
+    if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > INT32_MAX)
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'tasks_per_node' gives ", what, v.dump(),
+                   " tasks; each count must be a positive integer");
+    return v.get<int32_t>();
+  };
 
-  if (auto it = opts.find("tasks_per_node"); it != opts.end() && !it->is_null()) {
-    if (!it->is_object())
-      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT,
-                   "option 'tasks_per_node' of the slurm resolver must map node "
-                   "names to task counts, e.g. {\"node1\": 2, \"node2\": 2}; got ",
-                   it->dump());
-    for (auto t = it->begin(); t != it->end(); ++t) {
+  if (map_option) {
+    for (auto t = tpn->begin(); t != tpn->end(); ++t) {
+      if (t.key().empty())
+        STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'tasks_per_node' has an empty node name; map node "
+                     "names to task counts, e.g. {\"node1\": 2}");
       if (std::find(r.hosts.begin(), r.hosts.end(), t.key()) == r.hosts.end())
         STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'tasks_per_node' names node '", t.key(),
                      "', which is not in ", env.nodelist_var, "='", *env.nodelist,
                      "'; give counts for the step's nodes only");
-      if (!t.value().is_number_integer() || t.value().get<int64_t>() < 1 || t.value().get<int64_t>() > INT32_MAX)
-        STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'tasks_per_node' gives node '", t.key(), "' ",
-                     t.value().dump(), " tasks; each count must be a positive integer");
+      check_count("node '" + t.key() + "' ", t.value());
     }
     for (const auto& h : r.hosts) {
-      if (!it->contains(h))
+      if (!tpn->contains(h))
         STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'tasks_per_node' has no count for node '", h, "' of ",
                      env.nodelist_var, "='", *env.nodelist, "'; give a count for every node");
-      r.tasks_per_node.push_back(it->at(h).get<int32_t>());
+      r.tasks_per_node.push_back(tpn->at(h).get<int32_t>());
     }
+  } else if (tpn != nullptr) {
+    const int32_t n = check_count("every node ", *tpn);
+    r.tasks_per_node.assign(r.hosts.size(), n);
   } else {
     if (!env.tasks_per_node)
       STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT,
                    "neither SLURM_STEP_TASKS_PER_NODE nor SLURM_TASKS_PER_NODE is "
                    "set: start the program with srun, or pass option tasks_per_node, "
-                   "e.g. {\"node1\": 2}");
+                   "e.g. 2 or {\"node1\": 2}");
     r.tasks_per_node = expand_tasks_per_node(*env.tasks_per_node, env.tasks_per_node_var);
     if (r.tasks_per_node.size() != r.hosts.size())
       STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, env.tasks_per_node_var, "='", *env.tasks_per_node, "' gives ",
@@ -422,14 +446,15 @@ SlurmResult resolve_slurm(const SlurmEnv& env, const nlohmann::json& options,
                    "variables, or set "
                    "option tasks_per_node)");
   }
+  // Where the counts came from, for messages.
+  const std::string counts_origin = tpn != nullptr ? std::string("option tasks_per_node")
+                                    : env.tasks_per_node_var + "='" + env.tasks_per_node.value_or("") + "'";
   int64_t total = 0;
   for (int32_t n : r.tasks_per_node) total += n;
   // Every task gets a cluster address: bound the list before building it.
   if (total > static_cast<int64_t>(kMaxHosts))
     STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "the tasks per node (",
-                 env.tasks_per_node ? env.tasks_per_node_var + "='" + *env.tasks_per_node + "'"
-                                    : std::string("option tasks_per_node"),
-                 ") add up to ", total, " tasks, more than the ", kMaxHosts,
+                 counts_origin, ") add up to ", total, " tasks, more than the ", kMaxHosts,
                  " any real step has; use the step's own variables (start the program with srun)");
 
   int64_t num_tasks = total;
@@ -442,9 +467,7 @@ SlurmResult resolve_slurm(const SlurmEnv& env, const nlohmann::json& options,
     num_tasks = static_cast<int64_t>(*n);
     if (num_tasks != total)
       STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, env.num_tasks_var, "=", num_tasks, " but the tasks per node (",
-                   env.tasks_per_node ? env.tasks_per_node_var + "='" + *env.tasks_per_node + "'"
-                                      : std::string("option tasks_per_node"),
-                   ") add up to ", total, "; make them agree");
+                   counts_origin, ") add up to ", total, "; make them agree");
   }
   if (rank >= num_tasks)
     STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "SLURM_PROCID=", rank, " is out of range for a step of ", num_tasks,

@@ -11,10 +11,16 @@
 //                     jobs take consecutive ranks in name order
 //   "port_base":      8888; a task listens on port_base + its index on its node
 //   "gpus_per_node":  default: entries of CUDA_VISIBLE_DEVICES, else the
-//   driver's count, else 0 "gpus_per_task":  default: gpus_per_node / tasks on
-//   this node "tasks_per_node": {"node1": 2, ...} instead of the environment's
-//   counts "auto_set_gpu":   true: env_after sets CUDA_VISIBLE_DEVICES to this
-//   task's GPUs "rpc_layer":      "grpc"
+//                     driver's count, else 0
+//   "gpus_per_task":  default: gpus_per_node / tasks on this node
+//   "tasks_per_node": instead of the environment's counts, as in TF: an
+//                     integer (that many tasks on every node of the step's
+//                     node list), or {"node1": 2, ...}, which names the nodes
+//                     itself and needs no node list (nodes in name order
+//                     then, in the node list's order when there is one)
+//   "auto_set_gpu":   true: env_after sets CUDA_VISIBLE_DEVICES to this
+//                     task's GPUs
+//   "rpc_layer":      "grpc"
 // Option "gpu_probe_timeout_s" is not a TF argument: the deadline of the
 // `nvidia-smi -L` fallback (default 10). The instance is immutable after
 // create, so describe() and master() never block.

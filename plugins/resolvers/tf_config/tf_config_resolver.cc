@@ -8,8 +8,12 @@
 //
 // Options (the constructor arguments; each overrides TF_CONFIG): "task_type",
 // "task_id", "rpc_layer", "environment", "num_accelerators" ({"GPU": 2}).
-// Jobs may be lists or sparse objects {"<index>": address}. The instance is
-// immutable after create, so describe() and master() never block.
+// As in TF: an unset (or empty) TF_CONFIG is an empty cluster with no task;
+// "environment" comes only from the option (TF_CONFIG's is ignored); a
+// numeric task type names a numeric job; master() follows
+// Resolution::tf_config_master. Jobs may be lists or sparse objects
+// {"<index>": address}. The instance is immutable after create, so
+// describe() and master() never block.
 #include <cstdlib>
 #include <string>
 
@@ -31,20 +35,18 @@ class TfConfigResolver final : public strata::sdk::ResolverBase {
     const nlohmann::json opts = strata::sdk::parse_options(options_json, kComponent);
     strata::sdk::check_known_keys(opts, {"task_type", "task_id", "rpc_layer", "environment", "num_accelerators"},
                                   kComponent);
+    // Unset or empty TF_CONFIG is an empty one, as TFConfigClusterResolver
+    // reads an unset variable: no cluster, no task, master() "".
     const char* env = std::getenv("TF_CONFIG");
-    if (env == nullptr || env[0] == '\0')
-      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT,
-                   "TF_CONFIG is not set: the tf_config cluster resolver reads the cluster from it; export "
-                   "TF_CONFIG='{\"cluster\": {\"worker\": [\"host1:2222\", \"host2:2222\"]}, \"task\": "
-                   "{\"type\": \"worker\", \"index\": 0}}', start the job with strata-run, or choose another "
-                   "resolver");
-    strata::resolvers::TfConfig tf = strata::resolvers::parse_tf_config(env);
+    strata::resolvers::TfConfig tf =
+        strata::resolvers::parse_tf_config(env != nullptr && env[0] != '\0' ? env : "{}");
     r_.cluster = std::move(tf.cluster);
     r_.task_type = tf.task_type;
     r_.task_id = tf.task_id;
     r_.rpc_layer = tf.rpc_layer;
     r_.session_master = tf.session_master;
-    r_.environment = tf.environment;
+    // Not tf.environment: TFConfigClusterResolver's environment is only its
+    // constructor argument, never TF_CONFIG's "environment".
     if (opts.contains("task_type") && !opts["task_type"].is_null())
       r_.task_type = strata::sdk::get_option<std::string>(opts, "task_type", "", kComponent);
     if (opts.contains("task_id") && !opts["task_id"].is_null())
@@ -63,7 +65,7 @@ class TfConfigResolver final : public strata::sdk::ResolverBase {
   std::string describe() override { return r_.describe().dump(); }
 
   std::string master(const char* task_type, int32_t task_id, const char* rpc_layer) override {
-    return r_.master(task_type, task_id, rpc_layer, "TF_CONFIG");
+    return r_.tf_config_master(task_type, task_id, rpc_layer);
   }
 
   /// TF_CONFIG set and non-empty.

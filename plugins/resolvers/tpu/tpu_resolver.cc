@@ -15,7 +15,8 @@
 //     its networkEndpoints become the tasks.
 // This process is task (job_name, 0), as in TF. "coordinator_name" adds a
 // job of that name at "coordinator_address" (required with it). master()
-// is the first endpoint as "grpc://host:port" ("" for a local TPU).
+// is the first endpoint as "grpc://host:port"; for a local TPU it is "",
+// whatever the arguments, as in TF.
 //
 // The lookup speaks plain HTTP/1.1 without credentials: the real Cloud TPU
 // API needs HTTPS and OAuth, so point api_endpoint at a local proxy or
@@ -361,8 +362,9 @@ class TpuResolver final : public strata::sdk::ResolverBase {
   }
 
   std::string master(const char* task_type, int32_t task_id, const char* rpc_layer) override {
-    // TF's master() of a local TPU is '' (the in-process session).
-    if (local_ && task_type == nullptr) return "";
+    // TF's master() of a local TPU is '' (the in-process session), whatever
+    // task or layer is asked for.
+    if (local_) return "";
     return r_.master(task_type, task_id, rpc_layer, "the tpu resolver");
   }
 
