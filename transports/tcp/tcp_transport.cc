@@ -155,9 +155,10 @@ bool same_secret(const std::string& a, const std::string& b) {
   return d == 0;
 }
 
-// Connections accepted but not yet through their handshake, at most: more
-// (a flood of idle strangers) drop the oldest, so fds stay bounded and a
-// real peer's connection is always read.
+// Connections accepted but not yet through their handshake, at most, on
+// top of every lower rank's connections (which may all arrive at once in a
+// large job): more (a flood of idle strangers) drop the oldest, so fds stay
+// bounded and a real peer's connection is always read.
 constexpr size_t kMaxPendingHandshakes = 64;
 
 struct Conn {
@@ -921,6 +922,7 @@ void TcpComm::setup(int64_t timeout_ms) {
   // dropped with a warning; a signed one that does not fit fails the setup.
   std::vector<std::unique_ptr<Conn>> accepted;
   std::deque<Conn*> unverified;  // accepted, handshake not read yet, oldest first
+  const size_t max_pending = kMaxPendingHandshakes + static_cast<size_t>(nconn) * static_cast<size_t>(rank_);
   std::function<void()> do_accept;
   auto forget = [&](Conn* c) { unverified.erase(std::remove(unverified.begin(), unverified.end(), c), unverified.end()); };
   do_accept = [&] {
@@ -931,11 +933,11 @@ void TcpComm::setup(int64_t timeout_ms) {
       if (e) return;
       do_accept();
       tune(c->socket);
-      if (unverified.size() >= kMaxPendingHandshakes) {
+      if (unverified.size() >= max_pending) {
         boost::system::error_code ignored;
         Conn* oldest = unverified.front();
         unverified.pop_front();
-        host_.warn(who, ": dropped a connection that sent no handshake: more than ", kMaxPendingHandshakes,
+        host_.warn(who, ": dropped a connection that sent no handshake: more than ", max_pending,
                    " connections were waiting to be verified (is something flooding this port?)");
         oldest->socket.close(ignored);
       }
