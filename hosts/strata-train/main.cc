@@ -443,7 +443,11 @@ int train(const Args& a) {
               strategy.name().c_str(), replicas, loss);
   if (!a.save.empty()) {
     auto scope = strategy.scope();
-    if (strategy.extended().is_chief()) save_weights(a.save, vars, a, loss);
+    // The chief saves; an evaluator is the chief of its own one-process
+    // group (as in tf.distribute) but never trained the job's model.
+    const bool evaluator = nlohmann::json::parse(strategy.extended().describe_json()).value("task_type", nlohmann::json()) ==
+                           "evaluator";
+    if (strategy.extended().is_chief() && !evaluator) save_weights(a.save, vars, a, loss);
   }
   return 0;
 }

@@ -554,6 +554,26 @@ TEST_F(MwmsTest, EvaluatorRunsStandaloneAndPsIsRejected) {
   EXPECT_NE(c.output(1).find("parameter_server"), std::string::npos) << c.output(1);
 }
 
+// multi_worker_util.is_chief: the evaluator is the chief of its own
+// cluster; CollectiveAllReduceExtended refuses a cluster spec without this
+// process's task (Strata used to run it as a lone process).
+TEST_F(MwmsTest, EvaluatorIsItsOwnChiefAndAClusterWithoutATaskIsRefused) {
+  const json cluster = {{"worker", {"127.0.0.1:" + std::to_string(free_port())}},
+                        {"evaluator", {"127.0.0.1:" + std::to_string(free_port())}}};
+  Cluster c(dir_);
+  auto env = token_env_;
+  env["TF_CONFIG"] = tf_config(cluster, "evaluator", 0);
+  c.start({STRATA_MWMS_WORKER_BIN, "cpu:0"}, env, "evaluator");
+  env["TF_CONFIG"] = json{{"cluster", cluster}}.dump();
+  c.start(train_argv("--strategy multi_worker_mirrored --steps 3"), env, "no_task");
+  ASSERT_TRUE(c.wait_all(60)) << c.all_output();
+  ASSERT_EQ(c.child(0).status, 0) << c.output(0);
+  EXPECT_NE(c.output(0).find("\"is_chief\":true"), std::string::npos) << c.output(0);
+  EXPECT_NE(c.output(0).find("\"num_workers\":1"), std::string::npos) << c.output(0);
+  EXPECT_NE(c.child(1).status, 0) << c.output(1);
+  EXPECT_NE(c.output(1).find("names no task for this process"), std::string::npos) << c.output(1);
+}
+
 TEST_F(MwmsTest, KilledWorkerMakesTheOthersFailNamingIt) {
   const int kWorkers = 3, kTimeout = 10;
   const std::string cfg = write_config(

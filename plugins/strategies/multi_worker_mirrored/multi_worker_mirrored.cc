@@ -21,8 +21,9 @@
 // Ranks (the collective group): the chief task (if any) is rank 0, then the
 // worker tasks in index order; world size = chiefs + workers. An evaluator
 // task does not join the group: it gets a one-worker strategy over its
-// local devices (is_chief false), as TF's evaluator runs standalone. A ps
-// task is an error (use parameter_server). The rendezvous store must
+// local devices and is its chief, as TF's evaluator runs standalone. A ps
+// task is an error (use parameter_server), and so is a cluster spec that
+// names no task for this process. The rendezvous store must
 // already reach the chief when there is more than one worker: core's
 // Strategy::create / from_config connects it before creating this strategy.
 //
@@ -95,7 +96,13 @@ Placement place(const json& cluster) {
                  spec.dump());
   p.task_type = cluster.value("task_type", json());
   p.task_id = cluster.value("task_id", json());
-  if (spec.is_null() || spec.empty() || p.task_type.is_null()) return p;  // a single process
+  if (spec.is_null() || spec.empty()) return p;  // a single process
+  if (p.task_type.is_null())
+    // As tf.distribute's CollectiveAllReduceExtended: a cluster without this
+    // process's task cannot say which worker it is.
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, kComp, ": the cluster spec ", spec.dump(),
+                 " names no task for this process; set \"task\": {\"type\": ..., \"index\": N} in TF_CONFIG "
+                 "(or the resolver's task_type/task_id), or remove the cluster to run as one process");
   if (!p.task_type.is_string())
     STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, kComp, ": option 'cluster': task_type must be a string; got ",
                  p.task_type.dump());
@@ -110,8 +117,8 @@ Placement place(const json& cluster) {
                  "); multi_worker_mirrored has no parameter servers: use the parameter_server strategy, "
                  "or remove the \"ps\" job from the cluster spec");
   if (type == "evaluator") {
-    // A standalone evaluator: its own one-worker group, never the chief.
-    p.is_chief = false;
+    // A standalone evaluator: its own one-worker group, and (as in
+    // multi_worker_util.is_chief) the chief of it.
     return p;
   }
   if (type != "chief" && type != "worker")
