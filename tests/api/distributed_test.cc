@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cmath>
 #include <mutex>
 #include <numeric>
 #include <set>
@@ -336,6 +337,69 @@ TEST_P(MirroredTest, OnWriteAggregationRefusesWhatTfDistributeRefuses) {
   // A float MEAN still works after the refusals (the strategy is usable).
   s().run([&](ReplicaContext& ctx) { fmean.assign(Tensor::scalar(static_cast<float>(ctx.replica_id_in_sync_group()))); });
   EXPECT_FLOAT_EQ(f(fmean.value()), static_cast<float>(n() - 1) / 2);
+}
+
+// tf.distribute reduces tf.IndexedSlices by gathering rows (cross_device_ops
+// CollectiveAllReduce and ReductionToOneDevice: values and indices
+// concatenated, MEAN scaling the values), never by densifying; the dense
+// form must equal the sum of every replica's dense form.
+TEST_P(MirroredTest, SparseRowsAreGatheredNotDensified) {
+  std::vector<std::vector<std::int64_t>> idx(static_cast<std::size_t>(n()));
+  std::vector<std::vector<float>> dense(static_cast<std::size_t>(n()));
+  auto slices_of = [&](int g) {
+    return IndexedSlices{Tensor::from_vector(std::vector<float>{1.0f + g, 2.0f, 3.0f, 4.0f * g}, {2, 2}),
+                         Tensor::from_vector(std::vector<std::int64_t>{g % 3, 2}, {2}),
+                         {3, 2}};
+  };
+  std::atomic<int> bad{0};
+  s().run([&](ReplicaContext& ctx) {
+    const int g = ctx.replica_id_in_sync_group();
+    IndexedSlices sum = ctx.all_reduce(ReduceOp::SUM, slices_of(g));
+    IndexedSlices mean = ctx.all_reduce(ReduceOp::MEAN, slices_of(g));
+    idx[static_cast<std::size_t>(g)] = sum.indices.to_vector<std::int64_t>();
+    dense[static_cast<std::size_t>(g)] = sum.to_dense().to_vector<float>();
+    if (mean.values.shape() != std::vector<std::int64_t>{2 * n(), 2} ||
+        std::fabs(mean.values.to_vector<float>()[0] - 1.0f / static_cast<float>(n())) > 1e-6f)
+      ++bad;
+  });
+  EXPECT_EQ(bad.load(), 0);
+  std::vector<std::int64_t> want_idx;
+  std::vector<float> want_dense(6, 0.0f);
+  for (int g = 0; g < n(); ++g) {
+    const IndexedSlices one = slices_of(g);
+    for (auto i : one.indices.to_vector<std::int64_t>()) want_idx.push_back(i);
+    const auto d = one.to_dense().to_vector<float>();
+    for (std::size_t k = 0; k < d.size(); ++k) want_dense[k] += d[k];
+  }
+  for (int g = 0; g < n(); ++g) {
+    EXPECT_EQ(idx[static_cast<std::size_t>(g)], want_idx) << "replica " << g;
+    EXPECT_EQ(dense[static_cast<std::size_t>(g)], want_dense) << "replica " << g;
+  }
+  // Cross-replica: one IndexedSlices per local replica.
+  std::vector<IndexedSlices> per;
+  for (int g = 0; g < n(); ++g) per.push_back(slices_of(g));
+  IndexedSlices r = s().reduce(ReduceOp::SUM, per);
+  EXPECT_EQ(r.indices.to_vector<std::int64_t>(), want_idx);
+  EXPECT_EQ(r.to_dense().to_vector<float>(), want_dense);
+  // Bad input names the problem.
+  IndexedSlices out_of_range = slices_of(0);
+  out_of_range.indices = Tensor::from_vector(std::vector<std::int64_t>{0, 3}, {2});
+  EXPECT_THROW(out_of_range.to_dense(), InvalidArgumentError);
+  IndexedSlices float_indices = slices_of(0);
+  float_indices.indices = Tensor::from_vector(std::vector<float>{0, 1}, {2});
+  EXPECT_THROW(s().run([&](ReplicaContext& ctx) { ctx.all_reduce(ReduceOp::SUM, float_indices); }),
+               InvalidArgumentError);
+  if (n() > 1) {
+    // Replicas that disagree on the dense shape.
+    EXPECT_THROW(s().run([&](ReplicaContext& ctx) {
+      IndexedSlices mine = slices_of(0);
+      mine.dense_shape[0] = 3 + ctx.replica_id_in_sync_group();
+      ctx.all_reduce(ReduceOp::SUM, mine);
+    }),
+                 InvalidArgumentError);
+  }
+  per.pop_back();
+  EXPECT_THROW(s().reduce(ReduceOp::SUM, per), InvalidArgumentError);
 }
 
 TEST_P(MirroredTest, OnReadVariables) {

@@ -109,5 +109,19 @@ TEST(VariableTest, MovedVariableKeepsWorking) {
   EXPECT_THROW(a.value(), FailedPreconditionError);  // NOLINT(bugprone-use-after-move)
 }
 
+// tf.distribute.ReduceOp("SUM") and ReduceOp.from_variable_aggregation
+// (python/distribute/reduce_util.py): exact upper-case names only, and only
+// SUM and MEAN aggregations convert.
+TEST(VariableTest, ReduceOpFromNameAndFromAggregation) {
+  EXPECT_EQ(reduce_op_from_name("SUM"), ReduceOp::SUM);
+  EXPECT_EQ(reduce_op_from_name("MEAN"), ReduceOp::MEAN);
+  EXPECT_STREQ(reduce_op_name(reduce_op_from_name("MEAN")), "MEAN");
+  for (const char* bad : {"sum", "Mean", "MAX", ""}) EXPECT_THROW(reduce_op_from_name(bad), InvalidArgumentError) << bad;
+  EXPECT_EQ(reduce_op_from_aggregation(Aggregation::SUM), ReduceOp::SUM);
+  EXPECT_EQ(reduce_op_from_aggregation(Aggregation::MEAN), ReduceOp::MEAN);
+  EXPECT_THROW(reduce_op_from_aggregation(Aggregation::NONE), InvalidArgumentError);
+  EXPECT_THROW(reduce_op_from_aggregation(Aggregation::ONLY_FIRST_REPLICA), InvalidArgumentError);
+}
+
 }  // namespace
 }  // namespace strata

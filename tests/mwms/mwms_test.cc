@@ -501,6 +501,30 @@ TEST_F(MwmsTest, ApiOperationsSpanAllWorkers) {
       const double m = static_cast<double>(static_cast<float>(sum_gg1 / sum_g1));
       ASSERT_EQ(r["reduce_mean_axis0"].size(), 2u);
       for (int k = 0; k < 2; ++k) EXPECT_NEAR(r["reduce_mean_axis0"][k].get<double>(), m, 1e-6);
+      // Sparse all-reduce (tf.distribute gathers IndexedSlices): every
+      // replica sees every replica's rows in replica order.
+      std::vector<std::int64_t> want_idx;
+      std::vector<double> want_dense(8, 0.0), want_mean;
+      for (int g = 0; g < T; ++g) {
+        for (int k : {g % 4, (g + 1) % 4}) {
+          want_idx.push_back(k);
+          want_dense[static_cast<size_t>(2 * k)] += g;
+          want_dense[static_cast<size_t>(2 * k + 1)] += 1;
+          want_mean.push_back(static_cast<double>(static_cast<float>(g) / static_cast<float>(T)));
+          want_mean.push_back(static_cast<double>(1.0f / static_cast<float>(T)));
+        }
+      }
+      for (int l = 0; l < local; ++l) {
+        EXPECT_EQ(r["sparse_indices"][l], json(want_idx));
+        EXPECT_EQ(r["sparse_dense"][l], json(want_dense));
+        ASSERT_EQ(r["sparse_mean_values"][l].size(), want_mean.size());
+        for (size_t k = 0; k < want_mean.size(); ++k)
+          EXPECT_NEAR(r["sparse_mean_values"][l][k].get<double>(), want_mean[k], 1e-6);
+      }
+      // tf.distribute's multi-worker reduce_to of a non-distributed value:
+      // worker w's w + 1 counted once per worker.
+      EXPECT_EQ(r["non_distributed_sum"], json({workers * (workers + 1) / 2.0}));
+      EXPECT_EQ(r["non_distributed_mean"], json({(workers + 1) / 2.0}));
       ASSERT_EQ(r["on_read_sum_after_assign"].size(), 2u);
       EXPECT_NEAR(r["on_read_sum_after_assign"][0].get<double>(), 10.0, 1e-5);
       EXPECT_NEAR(r["on_read_sum_after_assign"][1].get<double>(), 20.0, 1e-5);

@@ -87,6 +87,30 @@ int work(const std::string& devices) {
     replica_reads[l] = doubles(on_read_sum.value());  // the replica's own copy
     return filled(g + 1, 2, static_cast<float>(g));
   });
+  // Sparse rows: replica g sends rows {g % 4, (g + 1) % 4} of a [4, 2]
+  // table, each [g, 1]; the all-reduce gathers them in replica order.
+  std::vector<std::vector<std::int64_t>> sparse_indices(local);
+  std::vector<std::vector<double>> sparse_dense(local), sparse_mean_values(local);
+  s.run([&](strata::ReplicaContext& ctx) {
+    const std::int64_t g = ctx.replica_id_in_sync_group();
+    const float gf = static_cast<float>(g);
+    strata::IndexedSlices mine{Tensor::from_vector(std::vector<float>{gf, 1.0f, gf, 1.0f}, {2, 2}),
+                               Tensor::from_vector(std::vector<std::int64_t>{g % 4, (g + 1) % 4}, {2}),
+                               {4, 2}};
+    const strata::IndexedSlices sum = ctx.all_reduce(strata::ReduceOp::SUM, mine);
+    const strata::IndexedSlices mean = ctx.all_reduce(strata::ReduceOp::MEAN, mine);
+    const std::size_t l = ctx.local_replica_id();
+    sparse_indices[l] = sum.indices.to_vector<std::int64_t>();
+    sparse_dense[l] = doubles(sum.to_dense());
+    sparse_mean_values[l] = doubles(mean.values);
+  });
+  out["sparse_indices"] = sparse_indices;
+  out["sparse_dense"] = sparse_dense;
+  out["sparse_mean_values"] = sparse_mean_values;
+  // A non-distributed value counts once per worker: worker w gives w + 1.
+  const Tensor per_worker = Tensor::from_vector(std::vector<float>{w + 1.0f}, {1});
+  out["non_distributed_sum"] = doubles(s.reduce(strata::ReduceOp::SUM, per_worker));
+  out["non_distributed_mean"] = doubles(s.reduce(strata::ReduceOp::MEAN, per_worker));
   out["replica_ids"] = ids;
   out["replica_all_gather"] = replica_gather;
   out["replica_all_gather_shape"] = replica_gather_shape;

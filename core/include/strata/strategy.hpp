@@ -229,10 +229,16 @@ class STRATA_API Strategy {
   /// number of elements along `axis` (TF semantics). Cross-replica context
   /// only (FailedPreconditionError inside a replica function).
   Tensor reduce(ReduceOp op, const DistributedValues& value, std::optional<int> axis = std::nullopt);
-  /// Reduce a non-distributed value (TF: the same value on every replica):
-  /// MEAN returns it; SUM returns it with one replica in sync and throws
-  /// InvalidArgumentError otherwise. `axis` is applied first as above.
+  /// Reduce a non-distributed value (TF: the same value on every replica).
+  /// One worker: MEAN returns it; SUM returns it with one replica in sync
+  /// and throws InvalidArgumentError otherwise. Several workers (as TF's
+  /// multi-worker reduce_to): each worker's value counts once, SUM adds them
+  /// and MEAN averages them (a collective: every worker must call it). With
+  /// `axis`, the value stands for a copy on every replica, reduced as above.
   Tensor reduce(ReduceOp op, const TensorView& value, std::optional<int> axis = std::nullopt);
+  /// Reduce sparse rows, one IndexedSlices per local replica, across all
+  /// replicas by gathering them (see ReplicaContext::all_reduce).
+  IndexedSlices reduce(ReduceOp op, const std::vector<IndexedSlices>& per_replica);
   /// Concatenate every replica's value along `axis` (replica_id_in_sync_group
   /// order, across workers). Cross-replica context only.
   Tensor gather(const DistributedValues& value, int axis);
@@ -309,6 +315,11 @@ class STRATA_API ReplicaContext {
   void all_reduce_in_place(ReduceOp op, const std::vector<TensorView>& values);
   /// All-gather along `axis` (sizes along axis may differ by replica).
   Tensor all_gather(const TensorView& value, int axis);
+  /// All-reduce of sparse rows as tf.distribute does it: every replica's
+  /// values and indices gathered (replica order), not densified; MEAN
+  /// divides the values by num_replicas_in_sync. Every replica's dense_shape
+  /// must be the same (InvalidArgumentError naming the replica otherwise).
+  IndexedSlices all_reduce(ReduceOp op, const IndexedSlices& value);
 
   /// merge_call: `fn(strategy)` runs once, in cross-replica context, while
   /// every replica waits. Collective.

@@ -10,10 +10,13 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "strata/error.hpp"
+#include "strata/export.hpp"
 #include "strata/tensor.hpp"
 
 namespace strata {
@@ -24,6 +27,18 @@ enum class ReduceOp { SUM, MEAN };
 /// The C ABI operator of `op`.
 inline strata_reduce_op to_c(ReduceOp op) {
   return op == ReduceOp::SUM ? STRATA_REDUCE_SUM : STRATA_REDUCE_MEAN;
+}
+
+/// "SUM" or "MEAN" (tf.distribute.ReduceOp's values).
+inline const char* reduce_op_name(ReduceOp op) { return op == ReduceOp::SUM ? "SUM" : "MEAN"; }
+
+/// tf.distribute.ReduceOp("SUM"): the op of that exact name;
+/// InvalidArgumentError for any other (TF's ValueError), "sum" included.
+inline ReduceOp reduce_op_from_name(const std::string& name) {
+  if (name == "SUM") return ReduceOp::SUM;
+  if (name == "MEAN") return ReduceOp::MEAN;
+  STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "'", name,
+               "' is not a valid ReduceOp; use \"SUM\" or \"MEAN\" (upper case, as tf.distribute.ReduceOp)");
 }
 
 class DistributedValues {
@@ -59,6 +74,26 @@ class DistributedValues {
     return out;
   }
   std::vector<Tensor> values_;
+};
+
+/// tf.IndexedSlices: the rows `values` ([n, ...]) of a dense tensor of
+/// shape `dense_shape` at row `indices` (int64 [n]; a row may repeat, and
+/// repeated rows add up). Sparse gradients of embeddings are these: reducing
+/// them across replicas gathers every replica's rows instead of adding dense
+/// tensors (ReplicaContext::all_reduce, Strategy::reduce), so the cost
+/// follows the rows touched, not the table size.
+struct STRATA_API IndexedSlices {
+  Tensor values;
+  Tensor indices;
+  std::vector<std::int64_t> dense_shape;
+
+  /// InvalidArgumentError naming the problem unless indices is int64 [n],
+  /// values is [n, dense_shape[1:]...] and every index is in
+  /// [0, dense_shape[0]). `what` names the value in the message.
+  void check(const char* what) const;
+  /// The dense tensor: zeros with every row of `values` added at its index
+  /// (tf.convert_to_tensor of an IndexedSlices).
+  Tensor to_dense() const;
 };
 
 /// A value per local replica (tf.distribute PerReplica).

@@ -49,6 +49,10 @@ enum class Aggregation { NONE, SUM, MEAN, ONLY_FIRST_REPLICA };
 
 STRATA_API const char* synchronization_name(Synchronization s);
 STRATA_API const char* aggregation_name(Aggregation a);
+/// tf.distribute.ReduceOp.from_variable_aggregation: SUM and MEAN map to
+/// themselves; NONE and ONLY_FIRST_REPLICA have no reduce op
+/// (InvalidArgumentError, TF's ValueError).
+STRATA_API ReduceOp reduce_op_from_aggregation(Aggregation a);
 
 struct VariableOptions {
   std::string name;

@@ -591,6 +591,17 @@ Tensor Strategy::reduce(ReduceOp op, const TensorView& value, std::optional<int>
     for (int i = 0; i < s->num_local_replicas; ++i) copies.push_back(Tensor::copy_of(value));
     return reduce(op, Mirrored(std::move(copies)), axis);
   }
+  if (s->num_workers > 1) {
+    // tf.distribute's multi-worker reduce_to all-reduces a non-distributed
+    // value across the workers: each worker's value counts once (SUM adds
+    // them, MEAN averages them), whatever the values are.
+    std::vector<Tensor> parts;
+    parts.push_back(Tensor::copy_of(value));
+    for (int i = 1; i < s->num_local_replicas; ++i) parts.push_back(Tensor::zeros(value.shape(), value.dtype()));
+    Tensor total = s->extended->reduce_to(ReduceOp::SUM, PerReplica(std::move(parts)));
+    if (op == ReduceOp::MEAN) detail::divide_by(total.mutable_dl(), s->num_workers);
+    return total;
+  }
   STRATA_ENFORCE(op == ReduceOp::MEAN || s->num_replicas_in_sync == 1, STRATA_ERR_INVALID_ARGUMENT,
                  "A non-distributed value cannot be reduced with SUM over ", s->num_replicas_in_sync,
                  " replicas of strategy '", s->name,

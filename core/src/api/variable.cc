@@ -29,6 +29,13 @@ const char* aggregation_name(Aggregation a) {
   return "UNKNOWN";
 }
 
+ReduceOp reduce_op_from_aggregation(Aggregation a) {
+  if (a == Aggregation::SUM) return ReduceOp::SUM;
+  if (a == Aggregation::MEAN) return ReduceOp::MEAN;
+  STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "could not convert variable aggregation ", aggregation_name(a),
+               " to a ReduceOp; only SUM and MEAN have one (as in tf.distribute)");
+}
+
 struct Variable::State {
   std::shared_ptr<detail::StrategyImpl> strategy;
   strata_variable_t handle = nullptr;
