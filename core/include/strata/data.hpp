@@ -69,11 +69,23 @@ struct STRATA_API Element {
 
 /// tf.data.experimental.AutoShardPolicy: how distribute_dataset splits the
 /// input across workers. AUTO tries FILE, and falls back to DATA when the
-/// source is not file-based or has fewer files than workers; FILE gives
-/// each worker every num_workers-th file (error when files < workers);
+/// pipeline has no file reader or a reader has fewer files than workers;
+/// FILE gives each worker every num_workers-th file of every reader;
 /// DATA has every worker read everything and keep its share; OFF gives
 /// every worker all the data; HINT replaces shard(SHARD_HINT, SHARD_HINT)
-/// placeholders by shard(num_workers, worker_index).
+/// placeholders (in any branch) by shard(num_workers, worker_index).
+///
+/// Readers are found as tf's auto-shard rewrite finds them, walking from
+/// the output through shuffle, batch, rebatch, repeat, take, skip, map,
+/// prefetch, shard and assert_cardinality (dropped under FILE, as tf
+/// drops it) and into every input of zip and concatenate: a file-based
+/// source (from_records, a plugin that shards by file) or an interleave /
+/// flat_map over list_files (the list is sharded, before list_files'
+/// shuffle). An in-memory source, a generator, list_files read directly
+/// and unique() are not readers. FILE without a reader is NotFoundError
+/// (tf's kind), FILE with a reader of fewer files than workers is
+/// InvalidArgumentError; both are raised by distribute_dataset, also for
+/// a single worker.
 enum class AutoShardPolicy { AUTO, FILE, DATA, OFF, HINT };
 STRATA_API const char* auto_shard_policy_name(AutoShardPolicy p);
 
