@@ -1098,6 +1098,271 @@ TEST(DatasetTest, SourceStatusesBecomeTypedErrors) {
   }
 }
 
+// ---------------------------------------------- composite datasets ---
+
+/// from_tensors(v).repeat(k): k copies of the int64 value v as "x".
+Dataset copies(std::int64_t v, std::int64_t k) {
+  Element e;
+  e.add("x", Tensor::from_vector(std::vector<std::int64_t>(static_cast<std::size_t>(k), v)));
+  return Dataset::from_tensor_slices(std::move(e));
+}
+
+/// An element's scalar "x".
+std::int64_t x_of(const Element& e) { return e["x"].to_vector<std::int64_t>().at(0); }
+
+/// The "x" of every element, one vector per element (batches kept apart).
+std::vector<std::vector<std::int64_t>> batches(const Dataset& ds) {
+  std::vector<std::vector<std::int64_t>> out;
+  for (Element& e : ds) out.push_back(e["x"].to_vector<std::int64_t>());
+  return out;
+}
+
+// tf.data.Dataset.interleave's docstring example (range(1, 6), each x
+// repeated 6 times, cycle_length=2, block_length=4) and the order rules of
+// interleave_test.py (testPythonImplementation's reference model).
+TEST(CompositeDatasetTest, InterleaveFollowsTfOrder) {
+  const Dataset ds = range(6).skip(1).interleave([](Element e) { return copies(x_of(e), 6); }, 2, 4);
+  EXPECT_EQ(values(ds), (std::vector<std::int64_t>{1, 1, 1, 1, 2, 2, 2, 2, 1, 1, 2, 2, 3, 3, 3, 3,
+                                                   4, 4, 4, 4, 3, 3, 4, 4, 5, 5, 5, 5, 5, 5}));
+  // Datasets of different lengths: a finished one frees its slot, which the
+  // next input fills when the turn comes back (cycle 2, block 1 over x
+  // copies of x for x = 4, 5, 6).
+  const Dataset uneven = copies(4, 1)
+                             .concatenate(copies(5, 1))
+                             .concatenate(copies(6, 1))
+                             .interleave([](Element e) { return copies(x_of(e), x_of(e)); }, 2);
+  EXPECT_EQ(values(uneven),
+            (std::vector<std::int64_t>{4, 5, 4, 5, 4, 5, 4, 5, 5, 6, 6, 6, 6, 6, 6}));
+  EXPECT_EQ(ds.cardinality(), UNKNOWN_CARDINALITY);  // tf: interleave's cardinality is unknown
+  // A cycle longer than the input just opens every input at once.
+  EXPECT_EQ(values(range(3).interleave([](Element e) { return copies(x_of(e), 2); }, 5)),
+            (std::vector<std::int64_t>{0, 1, 2, 0, 1, 2}));
+  // Empty inner datasets are skipped; an empty input gives nothing.
+  EXPECT_EQ(values(range(3).interleave([](Element e) { return copies(x_of(e), x_of(e) == 1 ? 0 : 2); }, 2)),
+            (std::vector<std::int64_t>{0, 0, 2, 2}));
+  EXPECT_TRUE(values(range(0).interleave([](Element e) { return copies(x_of(e), 2); }, 2)).empty());
+}
+
+TEST(CompositeDatasetTest, FlatMapConcatenatesInOrder) {
+  const Dataset ds = range(4).flat_map([](Element e) { return range(x_of(e)); });
+  EXPECT_EQ(values(ds), (std::vector<std::int64_t>{0, 0, 1, 0, 1, 2}));
+  // Every pass calls the function again and gives the same elements.
+  EXPECT_EQ(values(ds), (std::vector<std::int64_t>{0, 0, 1, 0, 1, 2}));
+  // The function's own exception reaches the caller with its type.
+  const Dataset bad = range(2).flat_map([](Element) -> Dataset { throw std::out_of_range("no dataset for you"); });
+  EXPECT_THROW(values(bad), std::out_of_range);
+  const std::string empty = error_of([&] { values(range(2).flat_map([](Element) { return Dataset(nullptr); })); });
+  EXPECT_NE(empty.find("returned an empty Dataset"), std::string::npos) << empty;
+}
+
+TEST(CompositeDatasetTest, InterleaveArgumentsAreChecked) {
+  auto fn = [](Element e) { return copies(x_of(e), 1); };
+  EXPECT_THROW(range(2).interleave(fn, 0), InvalidArgumentError);
+  EXPECT_THROW(range(2).interleave(fn, -1), InvalidArgumentError);  // no AUTOTUNE
+  EXPECT_THROW(range(2).interleave(fn, 2, 0), InvalidArgumentError);
+  EXPECT_THROW(range(2).interleave(nullptr, 2), InvalidArgumentError);
+  EXPECT_THROW(range(2).flat_map(nullptr), InvalidArgumentError);
+}
+
+// tf.data.Dataset.zip's docstring: zip((a, b)) pairs elements and stops at
+// the shortest input; cardinality is the shortest (zip_test.py).
+TEST(CompositeDatasetTest, ZipPairsElementsUntilTheShortestEnds) {
+  Element b;
+  b.add("y", Tensor::from_vector<std::int64_t>({4, 5, 6, 7, 8}));
+  const Dataset ds = Dataset::zip({range(3), Dataset::from_tensor_slices(std::move(b))});
+  std::vector<std::pair<std::int64_t, std::int64_t>> got;
+  for (Element& e : ds) {
+    EXPECT_EQ(e.names, (std::vector<std::string>{"x", "y"}));
+    got.emplace_back(x_of(e), e["y"].to_vector<std::int64_t>().at(0));
+  }
+  EXPECT_EQ(got, (std::vector<std::pair<std::int64_t, std::int64_t>>{{0, 4}, {1, 5}, {2, 6}}));
+  EXPECT_EQ(ds.cardinality(), 3);
+  Element c;
+  c.add("z", Tensor::from_vector<std::int64_t>({1}));
+  const Dataset c1 = Dataset::from_tensor_slices(std::move(c));
+  EXPECT_EQ(Dataset::zip({range(3), c1.repeat()}).cardinality(), 3);
+  EXPECT_EQ(Dataset::zip({c1.repeat(), c1.repeat()}).cardinality(), INFINITE_CARDINALITY);
+  EXPECT_EQ(Dataset::zip({range(3), range(5).unique()}).cardinality(), UNKNOWN_CARDINALITY);
+  // Elements are flat: the same name in two inputs is an error naming it.
+  const std::string clash = error_of([&] { values(Dataset::zip({range(2), range(2)})); });
+  EXPECT_NE(clash.find("component 'x' is in dataset 0 and dataset 1"), std::string::npos) << clash;
+  EXPECT_NE(clash.find("rename"), std::string::npos) << clash;
+  EXPECT_THROW(Dataset::zip({}), InvalidArgumentError);
+}
+
+// tf.data.Dataset.concatenate's docstring ([1, 2, 3] then [4 .. 7]) and
+// concatenate_test.py (cardinality; incompatible element types fail).
+TEST(CompositeDatasetTest, ConcatenateAppendsTheSecondDataset) {
+  const Dataset ds = range(4).skip(1).concatenate(range(8).skip(4));
+  EXPECT_EQ(values(ds), (std::vector<std::int64_t>{1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(ds.cardinality(), 7);
+  EXPECT_EQ(range(0).concatenate(range(2)).cardinality(), 2);
+  EXPECT_EQ(values(range(0).concatenate(range(2))), (std::vector<std::int64_t>{0, 1}));
+  EXPECT_EQ(range(2).concatenate(range(2).repeat()).cardinality(), INFINITE_CARDINALITY);
+  EXPECT_EQ(range(2).unique().concatenate(range(2).repeat()).cardinality(), UNKNOWN_CARDINALITY);
+  Element f;
+  f.add("x", Tensor::from_vector<float>({1.5f}));
+  const Dataset floats = Dataset::from_tensor_slices(std::move(f));
+  const std::string msg = error_of([&] { values(range(2).concatenate(floats)); });
+  EXPECT_NE(msg.find("{x: int64}"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("{x: float32}"), std::string::npos) << msg;
+  EXPECT_THROW(values(range(2).concatenate(floats)), InvalidArgumentError);
+}
+
+// tf.data.Dataset.unique's docstring: [1, 37, 2, 37, 2, 1] -> [1, 37, 2];
+// unique_test.py: int32/int64 (and string) only, one component.
+TEST(CompositeDatasetTest, UniqueKeepsFirstOccurrences) {
+  Element e;
+  e.add("x", Tensor::from_vector<std::int64_t>({1, 37, 2, 37, 2, 1}));
+  const Dataset ds = Dataset::from_tensor_slices(std::move(e)).unique();
+  EXPECT_EQ(values(ds), (std::vector<std::int64_t>{1, 37, 2}));
+  EXPECT_EQ(ds.cardinality(), UNKNOWN_CARDINALITY);
+  Element i32;
+  i32.add("y", Tensor::from_vector<std::int32_t>({5, 5, 6, 5}));
+  std::vector<std::int32_t> got;
+  for (Element& el : Dataset::from_tensor_slices(std::move(i32)).unique())
+    got.push_back(el["y"].to_vector<std::int32_t>()[0]);
+  EXPECT_EQ(got, (std::vector<std::int32_t>{5, 6}));
+  Element f;
+  f.add("x", Tensor::from_vector<float>({1.0f, 1.0f}));
+  const std::string fl = error_of([&] { values(Dataset::from_tensor_slices(std::move(f)).unique()); });
+  EXPECT_NE(fl.find("float32"), std::string::npos) << fl;
+  const std::string two = error_of([&] { values(Dataset::zip({range(2), copies(1, 2).map([](Element x) {
+    Element r;
+    r.add("z", std::move(x.tensors[0]));
+    return r;
+  })}).unique()); });
+  EXPECT_NE(two.find("needs exactly one"), std::string::npos) << two;
+}
+
+// assert_cardinality_test.py: a correct count passes and sets
+// cardinality(); too many fails at element n + 1 ("at least"), too few at
+// the end ("only"), both as FailedPreconditionError.
+TEST(CompositeDatasetTest, AssertCardinalityFailsWhenTheCountDiffers) {
+  const Dataset ok = range(10).unique().assert_cardinality(10);
+  EXPECT_EQ(ok.cardinality(), 10);
+  EXPECT_EQ(values(ok), iota(0, 10));
+  std::vector<std::int64_t> seen;
+  try {
+    for (Element& e : range(10).assert_cardinality(5)) seen.push_back(x_of(e));
+    FAIL() << "no error";
+  } catch (const FailedPreconditionError& e) {
+    EXPECT_NE(std::string(e.what()).find("expected to have 5 elements but has at least 6 elements"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(seen, iota(0, 5));  // the first five still arrive
+  try {
+    values(range(10).assert_cardinality(15));
+    FAIL() << "no error";
+  } catch (const FailedPreconditionError& e) {
+    EXPECT_NE(std::string(e.what()).find("expected to have 15 elements but had only 10 elements"),
+              std::string::npos)
+        << e.what();
+  }
+  const std::string inf = error_of([&] { values(range(3).assert_cardinality(INFINITE_CARDINALITY)); });
+  EXPECT_NE(inf.find("an infinite number of elements but had only 3 elements"), std::string::npos) << inf;
+  EXPECT_EQ(range(1).repeat().assert_cardinality(INFINITE_CARDINALITY).take(4).cardinality(), 4);
+  EXPECT_THROW(range(1).assert_cardinality(-3), InvalidArgumentError);
+}
+
+// rebatch_test.py, case by case (range(n).batch(b).rebatch(sizes)).
+TEST(CompositeDatasetTest, RebatchCutsRowsAsUnbatchBatchWould) {
+  using B = std::vector<std::vector<std::int64_t>>;
+  for (bool drop : {false, true}) {
+    // testBasic / testScalarBatchSizeInput
+    EXPECT_EQ(batches(range(8).batch(4, true).rebatch({2, 2}, drop)), (B{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+    EXPECT_EQ(batches(range(8).batch(4, true).rebatch(2, drop)), (B{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+    // testBatchSizeGreaterThanOriginal
+    EXPECT_EQ(batches(range(12).batch(4).rebatch({6}, drop)), (B{{0, 1, 2, 3, 4, 5}, {6, 7, 8, 9, 10, 11}}));
+    // testEmptySplits: a 0 gives an empty batch
+    EXPECT_EQ(batches(range(8).batch(4, true).rebatch({1, 1, 1, 1, 0}, drop)),
+              (B{{0}, {1}, {2}, {3}, {}, {4}, {5}, {6}, {7}, {}}));
+    // testEmptyFirstSplits: the trailing [] comes from a 0 that reads nothing
+    EXPECT_EQ(batches(range(8).batch(4, true).rebatch({0, 1}, drop)),
+              (B{{}, {0}, {}, {1}, {}, {2}, {}, {3}, {}, {4}, {}, {5}, {}, {6}, {}, {7}, {}}));
+    // testEmptyLastSplits
+    EXPECT_EQ(batches(range(8).batch(4, true).rebatch({1, 0}, drop)),
+              (B{{0}, {}, {1}, {}, {2}, {}, {3}, {}, {4}, {}, {5}, {}, {6}, {}, {7}, {}}));
+  }
+  // testPartialBatch / testPartialBatchWithDropRemainder
+  EXPECT_EQ(batches(range(5).batch(4).rebatch({2, 2})), (B{{0, 1}, {2, 3}, {4}}));
+  EXPECT_EQ(batches(range(5).batch(4).rebatch({2, 2}, true)), (B{{0, 1}, {2, 3}}));
+  // testBatchSizeEqualToOriginal
+  for (std::int64_t b : {2, 3, 4})
+    for (bool drop : {false, true})
+      EXPECT_EQ(batches(range(11).batch(b, drop).rebatch(b)), batches(range(11).batch(b, drop)));
+  // testMultipleBatches: only the outer dimension is re-cut
+  std::vector<std::vector<std::int64_t>> shapes;
+  std::vector<std::int64_t> flat;
+  for (Element& e : range(16).batch(2, true).batch(4, true).rebatch({2, 2})) {
+    shapes.push_back(e["x"].shape());
+    const auto v = e["x"].to_vector<std::int64_t>();
+    flat.insert(flat.end(), v.begin(), v.end());
+  }
+  EXPECT_EQ(shapes, (std::vector<std::vector<std::int64_t>>(4, {2, 2})));
+  EXPECT_EQ(flat, iota(0, 16));
+  // Every component is cut at the same rows (testNestedDictionaryOutput).
+  Element two;
+  two.add("a", Tensor::from_vector<std::int64_t>({0, 1, 2, 3, 4, 5, 6, 7}));
+  two.add("c", Tensor::from_vector<float>({1, 2, 3, 4, 5, 6, 7, 8}));
+  std::vector<std::vector<float>> cs;
+  for (Element& e : Dataset::from_tensor_slices(std::move(two)).batch(4, true).rebatch({2, 2}))
+    cs.push_back(e["c"].to_vector<float>());
+  EXPECT_EQ(cs, (std::vector<std::vector<float>>{{1, 2}, {3, 4}, {5, 6}, {7, 8}}));
+  EXPECT_EQ(range(8).batch(4).rebatch(2).repeat().cardinality(), INFINITE_CARDINALITY);
+}
+
+TEST(CompositeDatasetTest, RebatchErrors) {
+  EXPECT_THROW(range(4).batch(2).rebatch(std::vector<std::int64_t>{}), InvalidArgumentError);
+  EXPECT_THROW(range(4).batch(2).rebatch({1, -1}), InvalidArgumentError);
+  const std::string zeros = error_of([&] { range(4).batch(2).rebatch({0, 0}); });
+  EXPECT_NE(zeros.find("at least one positive size"), std::string::npos) << zeros;
+  const std::string scalar = error_of([&] { values(range(4).rebatch(2)); });
+  EXPECT_NE(scalar.find("is a scalar"), std::string::npos) << scalar;
+}
+
+// dataset_ops.list_files: sorted matches of every pattern; shuffle is a
+// full shuffle; no match is an error (list_files_test.py testEmptyDirectory,
+// testSimpleDirectory, testFileSuffixes, testNoShuffle).
+TEST(CompositeDatasetTest, ListFilesMatchesSortsAndShuffles) {
+  TempDir dir;
+  for (const char* n : {"b.rec", "a.rec", "c.rec", "d.txt"}) std::ofstream(dir.str() + "/" + n) << "x";
+  auto names = [](const Dataset& ds) {
+    std::vector<std::string> out;
+    for (Element& e : ds) out.push_back(Dataset::file_name(e));
+    return out;
+  };
+  const std::string d = dir.str() + "/";
+  const Dataset sorted = Dataset::list_files({d + "*.rec"}, /*shuffle=*/false);
+  EXPECT_EQ(names(sorted), (std::vector<std::string>{d + "a.rec", d + "b.rec", d + "c.rec"}));
+  EXPECT_EQ(sorted.cardinality(), 3);
+  // Several patterns: one sorted list of all matches.
+  EXPECT_EQ(names(Dataset::list_files({d + "*.txt", d + "a*"}, false)),
+            (std::vector<std::string>{d + "a.rec", d + "d.txt"}));
+  // Elements are uint8 vectors named "filename".
+  for (Element& e : sorted) {
+    EXPECT_EQ(e.names, std::vector<std::string>{"filename"});
+    EXPECT_EQ(e["filename"].dtype(), DType::kUInt8);
+  }
+  const Dataset shuffled = Dataset::list_files({d + "*"}, /*shuffle=*/true, /*seed=*/7);
+  const auto p1 = names(shuffled);
+  auto s1 = p1;
+  std::sort(s1.begin(), s1.end());
+  EXPECT_EQ(s1, (std::vector<std::string>{d + "a.rec", d + "b.rec", d + "c.rec", d + "d.txt"}));
+  EXPECT_EQ(names(Dataset::list_files({d + "*"}, true, 7)), p1) << "same seed, same first pass";
+  EXPECT_EQ(shuffled.cardinality(), 4);
+  const std::string none = error_of([&] { Dataset::list_files({d + "*.none", d + "x*"}); });
+  EXPECT_NE(none.find("no files match " + d + "*.none, " + d + "x*"), std::string::npos) << none;
+  EXPECT_THROW(Dataset::list_files({d + "*.none"}), InvalidArgumentError);
+  EXPECT_THROW(Dataset::list_files({}), InvalidArgumentError);
+  const std::string notname = error_of([&] {
+    for (Element& e : range(1)) Dataset::file_name(e);
+  });
+  EXPECT_NE(notname.find("no component 'filename'"), std::string::npos) << notname;
+}
+
+
 #if STRATA_TEST_HAVE_RECORDS
 // ------------------------------------------------------------- records ---
 
@@ -1142,6 +1407,31 @@ TEST(RecordsDatasetTest, FromRecordsWithAndWithoutFeatures) {
   const std::string missing = error_of([&] { values(Dataset::from_records({dir.str() + "/nope.rec"})); });
   EXPECT_NE(missing.find("nope.rec"), std::string::npos) << missing;
   EXPECT_THROW(Dataset::from_records({}), InvalidArgumentError);
+}
+// The input pipeline tf.data's guides build: list_files, then interleave
+// (or flat_map) opening each file (auto_shard_dataset_test.py's pipelines).
+TEST(RecordsDatasetTest, ListFilesInterleaveFromRecords) {
+  TempDir dir;
+  for (std::int64_t f = 0; f < 3; ++f) {
+    RecordWriter w(dir.str() + "/part-" + std::to_string(f) + ".rec");
+    for (std::int64_t r = 0; r < 3; ++r) {
+      std::int64_t id = f * 10 + r;
+      w.write_features({TensorView(&id, {}, DType::kInt64)});
+    }
+    w.close();
+  }
+  RecordOptions opts;
+  opts.features = {{"x", DType::kInt64, {}}};
+  const Dataset files = Dataset::list_files({dir.str() + "/part-*.rec"}, /*shuffle=*/false);
+  auto read = [opts](Element e) { return Dataset::from_records({Dataset::file_name(e)}, opts); };
+  EXPECT_EQ(values(files.interleave(read, 2, 2)), (std::vector<std::int64_t>{0, 1, 10, 11, 2, 12, 20, 21, 22}));
+  EXPECT_EQ(values(files.flat_map(read)), (std::vector<std::int64_t>{0, 1, 2, 10, 11, 12, 20, 21, 22}));
+  // A missing file surfaces from inside the interleave, naming it.
+  const std::string msg = error_of([&] {
+    values(files.flat_map(
+        [opts](Element e) { return Dataset::from_records({Dataset::file_name(e) + ".gone"}, opts); }));
+  });
+  EXPECT_NE(msg.find("part-0.rec.gone"), std::string::npos) << msg;
 }
 #endif
 

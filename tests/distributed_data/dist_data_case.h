@@ -37,6 +37,12 @@ struct Args {
   // The process with this STRATA_RANK adds a component "extra" to its
   // elements (to test the check that workers agree on the layout); -1: none.
   int variant_rank = -1;
+  // A composite pipeline over the record files (see composite_source); empty:
+  // `source` alone.
+  std::string composite;
+  std::int64_t cycle = 2;  // interleave's cycle_length and block_length
+  std::int64_t block = 1;
+  std::size_t split = 0;   // zip/concatenate/mixed: files[0, split) feed the first input
 };
 
 inline strata::AutoShardPolicy parse_policy(const std::string& p) {
@@ -48,8 +54,55 @@ inline strata::AutoShardPolicy parse_policy(const std::string& p) {
   throw std::invalid_argument("unknown policy " + p);
 }
 
+// The composite pipelines auto-sharding looks through (ids as "id"):
+//  interleave, flat_map: list_files(files, no shuffle) read by from_records
+//    (interleave(cycle, block) / flat_map); `files` may be glob patterns;
+//  unique: flat_map's pipeline then unique() (no reader for auto-shard);
+//  assert: flat_map's pipeline then assert_cardinality(length);
+//  concatenate: from_records(files[:split]) then list_files(files[split:])
+//    read by flat_map;
+//  zip: from_records(files[:split]) zipped with from_records(files[split:]),
+//    id = a + 1000 * b;
+//  mixed: from_records(files[:split]) then in-memory ids length, length + 1
+//    (one branch has no reader).
+inline strata::Dataset composite_source(const Args& a) {
+  strata::RecordOptions o;
+  o.features = {{"id", strata::DType::kInt64, {}}};
+  auto read = [o](strata::Element e) { return strata::Dataset::from_records({strata::Dataset::file_name(e)}, o); };
+  const std::vector<std::string> first(a.files.begin(), a.files.begin() + static_cast<std::ptrdiff_t>(a.split));
+  const std::vector<std::string> second(a.files.begin() + static_cast<std::ptrdiff_t>(a.split), a.files.end());
+  const strata::Dataset listed = strata::Dataset::list_files(a.files, /*shuffle=*/false);
+  if (a.composite == "interleave") return listed.interleave(read, a.cycle, a.block);
+  if (a.composite == "flat_map") return listed.flat_map(read);
+  if (a.composite == "unique") return listed.flat_map(read).unique();
+  if (a.composite == "assert") return listed.flat_map(read).assert_cardinality(a.length);
+  if (a.composite == "concatenate")
+    return strata::Dataset::from_records(first, o).concatenate(
+        strata::Dataset::list_files(second, false).flat_map(read));
+  if (a.composite == "zip")
+    return strata::Dataset::zip({strata::Dataset::from_records(first, o),
+                                 strata::Dataset::from_records(second, o).map([](strata::Element e) {
+                                   strata::Element r;
+                                   r.add("b", std::move(e.tensors[0]));
+                                   return r;
+                                 })})
+        .map([](strata::Element e) {
+          const std::int64_t id = e["id"].to_vector<std::int64_t>()[0] + 1000 * e["b"].to_vector<std::int64_t>()[0];
+          strata::Element r;
+          r.add("id", strata::Tensor::scalar<std::int64_t>(id));
+          return r;
+        });
+  if (a.composite == "mixed") {
+    strata::Element e;
+    e.add("id", strata::Tensor::from_vector<std::int64_t>({a.length, a.length + 1}));
+    return strata::Dataset::from_records(first, o).concatenate(strata::Dataset::from_tensor_slices(std::move(e)));
+  }
+  throw std::invalid_argument("unknown composite " + a.composite);
+}
+
 // Element ids 0..length-1 as component "id" (int64 scalars).
 inline strata::Dataset source(const Args& a) {
+  if (!a.composite.empty()) return composite_source(a);
   if (a.source == "records") {
     strata::RecordOptions o;
     o.features = {{"id", strata::DType::kInt64, {}}};

@@ -27,6 +27,10 @@ int main(int argc, char** argv) {
   app.add_option("--mode", a.mode);
   app.add_option("--prefetch", a.prefetch);
   app.add_option("--variant-rank", a.variant_rank);
+  app.add_option("--composite", a.composite);
+  app.add_option("--cycle", a.cycle);
+  app.add_option("--block", a.block);
+  app.add_option("--split", a.split);
   app.add_option("--out", out)->required();
   CLI11_PARSE(app, argc, argv);
   const char* rank = std::getenv("STRATA_RANK");

@@ -10,7 +10,9 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <map>
+#include <optional>
 #include <mutex>
 #include <set>
 #include <string>
@@ -38,6 +40,10 @@ struct Case {
   std::vector<std::int64_t> file_sizes;  // records source: ids split over files of these sizes
   int epochs = 2;
   int variant_rank = -1;                 // see Args::variant_rank
+  std::string composite;                 // see composite_source in dist_data_case.h
+  std::int64_t cycle = 2, block = 1;
+  std::size_t split = 0;
+  bool glob = false;                     // pass "<dir>/part-*.rec" instead of the file names
   std::string label() const {
     std::string s = "W" + std::to_string(workers) + " L" + std::to_string(local) + " N" + std::to_string(length) +
                     " B" + std::to_string(batch) + (drop ? " drop" : "") + " " + policy + " " + mode + " " + source;
@@ -45,6 +51,7 @@ struct Case {
       s += " files";
       for (auto f : file_sizes) s += ":" + std::to_string(f);
     }
+    if (!composite.empty()) s += " " + composite + " split " + std::to_string(split);
     return s;
   }
 };
@@ -57,9 +64,105 @@ std::string devices(int local) {
 
 using Steps = std::vector<std::vector<std::vector<std::int64_t>>>;  // [step][local replica] -> ids
 
+// The ids of every record file (consecutive ids over file_sizes).
+std::vector<std::vector<std::int64_t>> file_ids(const Case& c) {
+  std::vector<std::vector<std::int64_t>> out;
+  std::int64_t id = 0;
+  for (std::int64_t n : c.file_sizes) {
+    out.emplace_back();
+    for (std::int64_t i = 0; i < n; ++i) out.back().push_back(id++);
+  }
+  return out;
+}
+
+// tf's interleave order, after the reference model _interleave in
+// tensorflow/python/data/kernel_tests/interleave_test.py: `cycle` open
+// lists, `block` items from each in turn; an exhausted list leaves its slot
+// empty until the next pass over the slots refills it.
+std::vector<std::int64_t> interleave_ref(const std::vector<std::vector<std::int64_t>>& lists, std::int64_t cycle,
+                                         std::int64_t block) {
+  std::deque<std::vector<std::int64_t>> waiting(lists.begin(), lists.end());
+  std::vector<std::optional<std::pair<std::vector<std::int64_t>, std::size_t>>> open(static_cast<std::size_t>(cycle));
+  std::int64_t num_open = 0;
+  for (auto& slot : open)
+    if (!waiting.empty()) {
+      slot.emplace(waiting.front(), 0);
+      waiting.pop_front();
+      ++num_open;
+    }
+  std::vector<std::int64_t> out;
+  while (num_open > 0 || !waiting.empty()) {
+    for (auto& slot : open) {
+      if (!slot) {
+        if (waiting.empty()) continue;
+        slot.emplace(waiting.front(), 0);
+        waiting.pop_front();
+        ++num_open;
+      }
+      for (std::int64_t k = 0; k < block; ++k) {
+        if (slot->second == slot->first.size()) {
+          slot.reset();
+          --num_open;
+          break;
+        }
+        out.push_back(slot->first[slot->second++]);
+      }
+    }
+  }
+  return out;
+}
+
+// The composite pipeline's ids on worker w of W (W = 1: unsharded): under
+// FILE every reader gets files k with k % W == w of its own file list.
+std::vector<std::int64_t> composite_stream(const Case& c, int W, int w) {
+  const auto files = file_ids(c);
+  auto mine = [&](std::size_t from, std::size_t to) {
+    std::vector<std::vector<std::int64_t>> out;
+    for (std::size_t k = from; k < to; ++k)
+      if (static_cast<int>((k - from) % static_cast<std::size_t>(W)) == w) out.push_back(files[k]);
+    return out;
+  };
+  auto flat = [](const std::vector<std::vector<std::int64_t>>& lists) {
+    std::vector<std::int64_t> out;
+    for (const auto& l : lists) out.insert(out.end(), l.begin(), l.end());
+    return out;
+  };
+  const std::size_t n = files.size(), split = c.split;
+  if (c.composite == "interleave") return interleave_ref(mine(0, n), c.cycle, c.block);
+  if (c.composite == "flat_map" || c.composite == "assert" || c.composite == "unique") return flat(mine(0, n));
+  if (c.composite == "concatenate") {
+    auto ids = flat(mine(0, split));
+    const auto b = flat(mine(split, n));
+    ids.insert(ids.end(), b.begin(), b.end());
+    return ids;
+  }
+  if (c.composite == "zip") {
+    const auto a = flat(mine(0, split)), b = flat(mine(split, n));
+    std::vector<std::int64_t> ids;
+    for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) ids.push_back(a[i] + 1000 * b[i]);
+    return ids;
+  }
+  if (c.composite == "mixed") {
+    auto ids = flat(mine(0, split));
+    ids.push_back(c.length);
+    ids.push_back(c.length + 1);
+    return ids;
+  }
+  ADD_FAILURE() << "no model for composite " << c.composite;
+  return {};
+}
+
 // The element ids worker w's own stream yields, in order, before batching.
 std::vector<std::int64_t> worker_stream(const Case& c, const std::string& policy, int w) {
   std::vector<std::int64_t> ids;
+  if (!c.composite.empty()) {
+    const bool by_file = c.workers > 1 && policy == "FILE";
+    const auto all = composite_stream(c, by_file ? c.workers : 1, by_file ? w : 0);
+    if (c.workers == 1 || policy != "HINT") return all;
+    for (std::size_t p = 0; p < all.size(); ++p)  // shard(W, w) over positions
+      if (static_cast<int>(p % static_cast<std::size_t>(c.workers)) == w) ids.push_back(all[p]);
+    return ids;
+  }
   if (c.workers > 1 && policy == "FILE") {
     std::int64_t first = 0;
     for (std::size_t k = 0; k < c.file_sizes.size(); ++k) {
@@ -211,6 +314,10 @@ Args args_of(const Case& c) {
   a.policy = c.policy;
   a.epochs = c.epochs;
   a.mode = c.mode;
+  a.composite = c.composite;
+  a.cycle = c.cycle;
+  a.block = c.block;
+  a.split = c.split;
   return a;
 }
 
@@ -541,8 +648,11 @@ TEST(DistributedDataTest, FilePolicyNeedsAFileBasedSource) {
   try {
     (void)strategy.distribute_dataset(Dataset::from_tensor_slices(std::move(e)).batch(2).with_options(o));
     FAIL();
-  } catch (const InvalidArgumentError& err) {
+  } catch (const NotFoundError& err) {  // tf: auto_shard.cc reports a missing reader as NotFound
     EXPECT_NE(std::string(err.what()).find("file-based"), std::string::npos) << err.what();
+    EXPECT_NE(std::string(err.what()).find("from_tensor_slices (input pipeline 'memory') does not read files"),
+              std::string::npos)
+        << err.what();
   }
 }
 
@@ -559,6 +669,78 @@ TEST(DistributedDataTest, ShardHintNeedsHintPolicy) {
   std::int64_t n = 0;
   for (DistributedElement& b : dist) n += b.local_batch_sizes()[0];
   EXPECT_EQ(n, 3);
+}
+
+// Under FILE a pipeline needs a reader, found as tf's auto_shard.cc finds
+// one (FILE with a missing reader is NotFound there; kernel test
+// auto_shard_dataset_test.py testUnsupportedOpInFunction / testNoReaderPipelines):
+// list_files read by interleave/flat_map is one; list_files alone, an
+// in-memory branch, interleave over non-file elements and unique() are not.
+TEST(DistributedDataTest, FilePolicyLooksThroughCompositeDatasets) {
+  auto strategy = Strategy::create("mirrored", R"({"devices":["cpu:0"]})");
+  DatasetOptions o;
+  o.auto_shard_policy = AutoShardPolicy::FILE;
+  TempDir dir;
+  const auto files = write_files(dir, {2, 3});
+  RecordOptions ro;
+  ro.features = {{"id", DType::kInt64, {}}};
+  auto read = [ro](Element e) { return Dataset::from_records({Dataset::file_name(e)}, ro); };
+  const Dataset listed = Dataset::list_files({dir.str() + "/part-*.rec"}, false);
+  auto dist = strategy.distribute_dataset(listed.interleave(read, 2).batch(2).with_options(o));
+  EXPECT_EQ(dist.applied_policy(), "FILE");
+  std::int64_t n = 0;
+  for (DistributedElement& b : dist) n += b.local_batch_sizes()[0];
+  EXPECT_EQ(n, 5);
+  Element e;
+  e.add("id", Tensor::from_vector<std::int64_t>({7, 8}));
+  const Dataset memory = Dataset::from_tensor_slices(std::move(e));
+  auto expect_not_found = [&](const Dataset& ds, const std::string& why) {
+    try {
+      (void)strategy.distribute_dataset(ds.batch(2).with_options(o));
+      ADD_FAILURE() << "no error; expected one saying: " << why;
+    } catch (const NotFoundError& err) {
+      EXPECT_NE(std::string(err.what()).find(why), std::string::npos) << err.what();
+      EXPECT_NE(std::string(err.what()).find("AutoShardPolicy::DATA"), std::string::npos) << err.what();
+    }
+  };
+  expect_not_found(listed, "list_files() yields file names, not records");
+  expect_not_found(listed.flat_map(read).unique(), "does not look through unique()");
+  expect_not_found(memory.interleave([](Element x) { return Dataset::from_tensor_slices(std::move(x)); }, 1),
+                   "not over list_files() file names");
+  expect_not_found(Dataset::zip({listed.flat_map(read), memory.map([](Element x) {
+                                   Element r;
+                                   r.add("m", std::move(x.tensors[0]));
+                                   return r;
+                                 })}),
+                   "from_tensor_slices (input pipeline 'memory') does not read files");
+  expect_not_found(Dataset::from_records(files, ro).concatenate(memory), "does not read files");
+}
+
+// shard(SHARD_HINT, SHARD_HINT) inside a branch of zip()/concatenate() is a
+// placeholder too (tf's HINT rewrite replaces every one in the graph).
+TEST(DistributedDataTest, ShardHintInsideCompositesNeedsHintPolicy) {
+  auto strategy = Strategy::create("mirrored", R"({"devices":["cpu:0"]})");
+  Element a, b;
+  a.add("x", Tensor::from_vector<float>({1, 2, 3}));
+  b.add("x", Tensor::from_vector<float>({4, 5}));
+  const Dataset da = Dataset::from_tensor_slices(std::move(a)), db = Dataset::from_tensor_slices(std::move(b));
+  const Dataset ds = da.concatenate(db.shard(SHARD_HINT, SHARD_HINT)).batch(2);
+  EXPECT_THROW((void)strategy.distribute_dataset(ds), InvalidArgumentError);
+  DatasetOptions o;
+  o.auto_shard_policy = AutoShardPolicy::HINT;
+  auto dist = strategy.distribute_dataset(ds.with_options(o));
+  EXPECT_EQ(dist.applied_policy(), "HINT");
+  std::int64_t n = 0;
+  for (DistributedElement& e : dist) n += e.local_batch_sizes()[0];
+  EXPECT_EQ(n, 5);
+  const Dataset zipped = Dataset::zip({da.map([](Element e) {
+                                         Element r;
+                                         r.add("y", std::move(e.tensors[0]));
+                                         return r;
+                                       }),
+                                       db.shard(SHARD_HINT, SHARD_HINT)})
+                             .batch(2);
+  EXPECT_THROW((void)strategy.distribute_dataset(zipped), InvalidArgumentError);
 }
 
 // -------------------------------------------------------- multi-worker ---
@@ -584,8 +766,17 @@ std::vector<json> run_cluster(const Case& c, const std::string& expect_error = "
   }
   if (!c.file_sizes.empty()) {
     argv.push_back("--files");
-    for (const auto& f : write_files(dir, c.file_sizes)) argv.push_back(f);
+    const auto files = write_files(dir, c.file_sizes);
+    if (c.glob)
+      argv.push_back(dir.str() + "/part-*.rec");
+    else
+      for (const auto& f : files) argv.push_back(f);
   }
+  if (!c.composite.empty())
+    for (const std::string& s : std::vector<std::string>{"--composite", c.composite, "--cycle", std::to_string(c.cycle),
+                                                         "--block", std::to_string(c.block), "--split",
+                                                         std::to_string(c.split)})
+      argv.push_back(s);
   ProcResult r = run_program(argv, {{"STRATA_LOG_LEVEL", std::string("warn")}}, 150);
   EXPECT_FALSE(r.timed_out) << c.label() << " hung\n" << r.err;
   if (!expect_error.empty()) {
@@ -776,6 +967,147 @@ TEST(DistributedDataMultiWorkerTest, RemainderRotatesAcrossWorkersAsTfDistribute
   ASSERT_EQ(docs.size(), 2u);
   EXPECT_EQ(docs[0]["epochs"][0][0].dump(), "[[0,1],[4,5]]");
   EXPECT_EQ(docs[1]["epochs"][0][0].dump(), "[[2,3],[6]]");
+}
+// --------------------------------------- multi-worker: composite inputs ---
+// auto_shard_dataset_test.py builds list_files -> interleave/flat_map of
+// TFRecordDataset pipelines and checks that FILE sharding gives worker w
+// files w, w + W, ... (testFlatMapReaderPipeline, testInterleaveReaderPipeline
+// with cycle and block lengths, testConcatenateReaderPipeline,
+// testZipReaderPipeline); each case here checks every worker's exact steps.
+
+TEST(DistributedDataMultiWorkerTest, AutoShardsListFilesReadByInterleaveOrFlatMap) {
+  Case c;
+  c.workers = 2;
+  c.source = "records";
+  c.composite = "interleave";
+  c.cycle = 2;
+  c.block = 2;
+  c.glob = true;  // list_files gets "<dir>/part-*.rec"
+  c.file_sizes = {3, 5, 2, 4, 1};
+  c.length = 15;
+  c.batch = 4;
+  check_cluster(c, "FILE");
+  c.composite = "flat_map";
+  c.workers = 3;
+  c.local = 2;
+  c.batch = 6;
+  check_cluster(c, "FILE");
+}
+
+TEST(DistributedDataMultiWorkerTest, ZipAndConcatenateShardEveryBranchByFile) {
+  Case c;
+  c.workers = 2;
+  c.source = "records";
+  c.composite = "concatenate";  // from_records(2 files) then list_files(2 files) read by flat_map
+  c.split = 2;
+  c.file_sizes = {3, 4, 2, 5};
+  c.length = 14;
+  c.batch = 4;
+  check_cluster(c, "FILE");
+  c.composite = "zip";  // worker 0 zips ids 0-2 with 7-10, worker 1 ids 3-6 with 11-12
+  c.file_sizes = {3, 4, 4, 2};
+  c.length = 13;
+  c.batch = 2;
+  check_cluster(c, "FILE");
+  c.policy = "DATA";  // everyone reads everything: the zip of all of A with all of B
+  check_cluster(c, "DATA");
+}
+
+// auto_shard.cc: under AUTO a pipeline without a reader (NotFound) is
+// sharded by DATA instead; under FILE it is an error.
+TEST(DistributedDataMultiWorkerTest, PipelinesWithoutAReaderFallBackToDataUnderAuto) {
+  Case c;
+  c.workers = 2;
+  c.source = "records";
+  c.composite = "unique";
+  c.file_sizes = {3, 4, 2};
+  c.length = 9;
+  c.batch = 4;
+  check_cluster(c, "DATA");
+  c.composite = "mixed";  // from_records(files) then two in-memory ids
+  c.split = 3;
+  check_cluster(c, "DATA");
+  c.policy = "FILE";
+  run_cluster(c, "does not read files, so it cannot be sharded by file; use AutoShardPolicy::DATA (or AUTO)");
+  c.composite = "unique";
+  run_cluster(c, "does not look through unique()");
+}
+
+// shard_dataset_op.cc (require_non_empty, set by the FILE rewrite): a
+// reader with fewer files than workers is InvalidArgument; Strata says so
+// when the dataset is distributed, on every worker, and for zip/concatenate
+// the branch with the fewest files counts.
+TEST(DistributedDataMultiWorkerTest, FileShardingListFilesWithTooFewFilesFails) {
+  Case c;
+  c.workers = 3;
+  c.source = "records";
+  c.composite = "interleave";
+  c.file_sizes = {4, 4};
+  c.length = 8;
+  c.policy = "FILE";
+  run_cluster(c, "needs at least 3 files (one per worker) but the dataset has 2");
+  c.workers = 2;
+  c.composite = "zip";
+  c.split = 2;
+  c.file_sizes = {2, 2, 5};  // the second branch has one file
+  c.length = 9;
+  run_cluster(c, "needs at least 2 files (one per worker) but the dataset has 1");
+  c.policy = "AUTO";  // Strata's AUTO falls back to DATA here (see README)
+  check_cluster(c, "DATA");
+}
+
+// The FILE rewrite removes assert_cardinality (auto_shard.cc warns that it
+// is not handled): each worker sees only its files. DATA keeps it: every
+// worker reads all elements, so the count holds.
+TEST(DistributedDataMultiWorkerTest, AssertCardinalityIsDroppedWhenShardingByFile) {
+  Case c;
+  c.workers = 2;
+  c.source = "records";
+  c.composite = "assert";
+  c.file_sizes = {3, 4, 5};
+  c.length = 12;
+  c.batch = 4;
+  check_cluster(c, "FILE");
+  c.policy = "DATA";
+  check_cluster(c, "DATA");
+}
+
+// Empty files and more workers than elements: workers whose files hold no
+// record step with empty batches; no record anywhere is an error.
+TEST(DistributedDataMultiWorkerTest, EmptyFilesAndMoreWorkersThanElements) {
+  Case c;
+  c.workers = 3;
+  c.source = "records";
+  c.composite = "interleave";
+  c.file_sizes = {0, 2, 0, 0, 1, 0};  // worker 1 has all 3 records
+  c.length = 3;
+  c.batch = 2;
+  c.epochs = 1;
+  check_cluster(c, "FILE");
+  c.composite = "unique";  // no reader: DATA, 2 elements over 3 workers
+  c.file_sizes = {1, 1, 0};
+  c.length = 2;
+  check_cluster(c, "DATA");
+  c.composite = "flat_map";
+  c.file_sizes = {0, 0, 0};
+  c.length = 0;
+  run_cluster(c, "no elements");
+}
+
+// HINT over a composite: run_distributed appends shard(SHARD_HINT,
+// SHARD_HINT), which becomes shard(W, w) (auto_shard_dataset_test.py
+// testShardHint forms).
+TEST(DistributedDataMultiWorkerTest, ShardHintOverCompositeDatasets) {
+  Case c;
+  c.workers = 2;
+  c.source = "records";
+  c.composite = "concatenate";
+  c.split = 1;
+  c.file_sizes = {3, 4};
+  c.length = 7;
+  c.batch = 2;
+  c.policy = "HINT";
+  check_cluster(c, "HINT");
 }
 #endif
 

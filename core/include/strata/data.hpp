@@ -2,9 +2,11 @@
 // strata::Dataset (tf.data.Dataset, the parts distributed training needs).
 //
 // A Dataset is an immutable recipe: a source (an InputPipeline plugin:
-// "memory", "records", "generator" or any third-party one) followed by
-// transformations (shuffle, batch, repeat, take, skip, map, prefetch,
-// shard). Nothing is read until the dataset is iterated; every iteration
+// "memory", "records", "generator" or any third-party one, or list_files)
+// followed by transformations (shuffle, batch, repeat, take, skip, map,
+// prefetch, shard, interleave, flat_map, unique, assert_cardinality,
+// rebatch) and combinations (zip, concatenate). Nothing is read until the
+// dataset is iterated; every iteration
 // opens the source afresh, so one Dataset can be iterated many times and
 // distributed by a Strategy (see distributed_data.hpp), which opens one
 // pipeline per worker with its InputContext and inserts the sharding.
@@ -67,16 +69,34 @@ struct STRATA_API Element {
 
 /// tf.data.experimental.AutoShardPolicy: how distribute_dataset splits the
 /// input across workers. AUTO tries FILE, and falls back to DATA when the
-/// source is not file-based or has fewer files than workers; FILE gives
-/// each worker every num_workers-th file (error when files < workers);
+/// pipeline has no file reader or a reader has fewer files than workers;
+/// FILE gives each worker every num_workers-th file of every reader;
 /// DATA has every worker read everything and keep its share; OFF gives
 /// every worker all the data; HINT replaces shard(SHARD_HINT, SHARD_HINT)
-/// placeholders by shard(num_workers, worker_index).
+/// placeholders (in any branch) by shard(num_workers, worker_index).
+///
+/// Readers are found as tf's auto-shard rewrite finds them, walking from
+/// the output through shuffle, batch, rebatch, repeat, take, skip, map,
+/// prefetch, shard and assert_cardinality (dropped under FILE, as tf
+/// drops it) and into every input of zip and concatenate: a file-based
+/// source (from_records, a plugin that shards by file) or an interleave /
+/// flat_map over list_files (the list is sharded, before list_files'
+/// shuffle). An in-memory source, a generator, list_files read directly
+/// and unique() are not readers. FILE without a reader is NotFoundError
+/// (tf's kind), FILE with a reader of fewer files than workers is
+/// InvalidArgumentError; both are raised by distribute_dataset, also for
+/// a single worker.
 enum class AutoShardPolicy { AUTO, FILE, DATA, OFF, HINT };
 STRATA_API const char* auto_shard_policy_name(AutoShardPolicy p);
 
 /// Placeholder for Dataset::shard under AutoShardPolicy::HINT.
 constexpr std::int64_t SHARD_HINT = -1;
+
+/// Dataset::cardinality() results (tf.data.UNKNOWN_CARDINALITY and
+/// tf.data.INFINITE_CARDINALITY); INFINITE_CARDINALITY is also what
+/// assert_cardinality takes for "never ends".
+constexpr std::int64_t UNKNOWN_CARDINALITY = -1;
+constexpr std::int64_t INFINITE_CARDINALITY = -2;
 
 /// tf.data.Options, the parts Strata honours.
 struct DatasetOptions {
@@ -185,6 +205,29 @@ class STRATA_API Dataset {
   /// Any input pipeline plugin by name with its options JSON.
   static Dataset from_plugin(const std::string& name, const std::string& options_json = "{}");
 
+  /// tf.data.Dataset.list_files: the files matching any of the glob
+  /// `patterns` (POSIX glob(3)), expanded now, sorted by name (duplicates
+  /// kept), one element per file. No match at all is InvalidArgumentError
+  /// naming the patterns. shuffle: a full shuffle by `seed`, a new order
+  /// every pass (seed + pass number, as shuffle() does).
+  ///
+  /// Strata's Tensor has no string dtype, so a file name is the element's
+  /// one component "filename": a uint8 vector of the name's bytes (read it
+  /// back with file_name()). Such elements are meant for interleave() or
+  /// flat_map(), whose function opens each file (typically with
+  /// from_records({file_name(e)})); that pair is what auto-sharding
+  /// recognises as a file reader (see AutoShardPolicy).
+  static Dataset list_files(const std::vector<std::string>& patterns, bool shuffle = true, std::uint64_t seed = 0);
+  /// The file name carried by a list_files() element (InvalidArgumentError
+  /// when `e` has no uint8 vector component "filename").
+  static std::string file_name(const Element& e);
+
+  /// tf.data.Dataset.zip: element i is the components of element i of every
+  /// dataset, in order (Strata elements are flat, so names must be unique
+  /// across the datasets: a clash is InvalidArgumentError naming it; rename
+  /// with map()). Ends with the shortest dataset. At least one dataset.
+  static Dataset zip(const std::vector<Dataset>& datasets);
+
   /// Fill a buffer of `buffer_size` (>= 1) elements and yield a random one
   /// from it, refilling as it goes (tf semantics; a buffer of the dataset's
   /// size is a full shuffle). Same seed, same order; with
@@ -217,6 +260,46 @@ class STRATA_API Dataset {
   /// replaces with (num_workers, worker_index); iterating it otherwise is
   /// InvalidArgumentError.
   Dataset shard(std::int64_t num_shards, std::int64_t index) const;
+  /// tf.data.Dataset.interleave: `fn` turns each input element into a
+  /// dataset; `cycle_length` (>= 1) of them are read at once, taking
+  /// `block_length` (>= 1) consecutive elements from each in turn. A
+  /// finished dataset frees its place in the cycle, which the next input
+  /// element fills when the turn comes back to it (tf's order exactly).
+  /// `fn` runs on the pipeline's thread; its exception reaches the
+  /// iterating thread with its own type. The datasets `fn` returns are
+  /// opened with their own options and are never auto-sharded themselves
+  /// (auto-sharding shards this dataset's input, see AutoShardPolicy).
+  Dataset interleave(std::function<Dataset(Element)> fn, std::int64_t cycle_length,
+                     std::int64_t block_length = 1) const;
+  /// tf.data.Dataset.flat_map: the datasets `fn` returns, one after the
+  /// other (interleave with cycle_length 1).
+  Dataset flat_map(std::function<Dataset(Element)> fn) const;
+  /// tf.data.Dataset.concatenate: this dataset's elements, then `other`'s
+  /// (opened when this one ends). Both must have the same component names
+  /// and dtypes (InvalidArgumentError naming the first difference).
+  Dataset concatenate(const Dataset& other) const;
+  /// tf.data.Dataset.unique: drops elements equal to an earlier one (first
+  /// occurrence kept, order kept). The element must have one component of
+  /// dtype int32 or int64 (tf), or uint8 (Strata's file names), any shape;
+  /// otherwise InvalidArgumentError. Remembers every distinct value.
+  Dataset unique() const;
+  /// tf.data.Dataset.assert_cardinality: passes elements through and fails
+  /// with FailedPreconditionError (tf's kind) as soon as the count is known
+  /// to differ from `n`: at element n + 1, or at an end before n elements.
+  /// `n` >= 0, or INFINITE_CARDINALITY (the end itself is the error).
+  /// cardinality() then reports `n`. Not checked when auto-sharding by
+  /// FILE, which changes the count (tf's rewrite removes it too).
+  Dataset assert_cardinality(std::int64_t n) const;
+  /// tf.data.Dataset.rebatch: this dataset's batches re-cut into batches of
+  /// `batch_sizes[0]`, `batch_sizes[1]`, ... (cycled), as
+  /// unbatch().batch(sizes) would but with one copy. Sizes >= 0, at least
+  /// one positive; a 0 gives an empty batch without reading input. The
+  /// last batch is shorter unless drop_remainder. Every component needs a
+  /// leading batch dimension, the same in all components of an element.
+  Dataset rebatch(std::vector<std::int64_t> batch_sizes, bool drop_remainder = false) const;
+  Dataset rebatch(std::int64_t batch_size, bool drop_remainder = false) const {
+    return rebatch(std::vector<std::int64_t>{batch_size}, drop_remainder);
+  }
   /// The options of the whole pipeline (tf: options are global); later
   /// transformations keep them.
   Dataset with_options(const DatasetOptions& options) const;

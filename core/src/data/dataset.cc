@@ -16,9 +16,11 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <glob.h>
 #include <mutex>
 #include <random>
 #include <thread>
+#include <unordered_set>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -36,7 +38,25 @@ struct DatasetIterator::Impl {
 
 namespace detail {
 
-enum class NodeKind { kSource, kShuffle, kBatch, kRepeat, kTake, kSkip, kMap, kPrefetch, kShard, kOptions };
+enum class NodeKind {
+  kSource,
+  kShuffle,
+  kBatch,
+  kRepeat,
+  kTake,
+  kSkip,
+  kMap,
+  kPrefetch,
+  kShard,
+  kOptions,
+  kListFiles,
+  kInterleave,
+  kZip,
+  kConcatenate,
+  kUnique,
+  kAssertCardinality,
+  kRebatch
+};
 
 /// How to open the source plugin of a recipe.
 struct SourceSpec {
@@ -61,6 +81,12 @@ struct DatasetNode {
   std::uint64_t seed = 0;
   bool flag = false;  ///< batch: drop_remainder; shuffle: reshuffle_each_iteration
   std::function<Element(Element)> fn;
+  /// zip: the datasets after `input`; concatenate: the one after `input`.
+  std::vector<std::shared_ptr<const DatasetNode>> inputs;
+  std::vector<std::string> files;    ///< list_files: the expanded, sorted file names
+  std::vector<std::int64_t> sizes;   ///< rebatch: the batch sizes, cycled
+  std::int64_t block = 1;            ///< interleave: block_length (count: cycle_length)
+  std::function<Dataset(Element)> dataset_fn;  ///< interleave / flat_map
   DatasetOptions options;
   /// Iterations started through make_iterator (the pass number of the next).
   mutable std::atomic<std::int64_t> passes{0};
@@ -597,6 +623,386 @@ class PrefetchStream : public ElementStream {
   double timeout_s_;
 };
 
+// ------------------------------------------------ composite datasets ---
+
+const char* const kFileNameComponent = "filename";
+
+Element file_name_element(const std::string& name) {
+  Element e;
+  e.add(kFileNameComponent, Tensor::from_bytes(name.data(), name.size(), {static_cast<std::int64_t>(name.size())},
+                                               DType::kUInt8));
+  return e;
+}
+
+/// list_files(): the file names, this worker's share of them when the
+/// pipeline is auto-sharded by FILE (the shard sits before list_files'
+/// shuffle, as tf's rewrite moves the shuffle after the shard it adds).
+class ListFilesStream : public ElementStream {
+ public:
+  ListFilesStream(NodePtr node, const OpenCtx& c) : node_(std::move(node)) {
+    const auto& files = node_->files;
+    for (std::size_t i = 0; i < files.size(); ++i)
+      if (c.req.source_policy != STRATA_SHARD_FILE ||
+          static_cast<std::int64_t>(i % static_cast<std::size_t>(c.req.num_shards)) == c.req.index)
+        mine_.push_back(i);
+  }
+  std::optional<Element> next() override {
+    if (pos_ >= mine_.size()) return std::nullopt;
+    return file_name_element(node_->files[mine_[pos_++]]);
+  }
+
+ private:
+  NodePtr node_;
+  std::vector<std::size_t> mine_;
+  std::size_t pos_ = 0;
+};
+
+/// Opens a dataset returned by an interleave()/flat_map() function: with
+/// its own options, the outer pass number and SHARD_HINT mapping, and never
+/// source sharding (auto-sharding shards the interleave's input instead).
+std::unique_ptr<ElementStream> open_inner(const Dataset& d, const OpenCtx& outer, std::int64_t pass) {
+  OpenCtx c;
+  c.ictx = outer.ictx;
+  c.req.hint = outer.req.hint;
+  c.req.pass = pass;
+  c.options = d.options();
+  return open_node(d.node(), c, pass);
+}
+
+/// interleave(fn, cycle_length, block_length), in the exact order of tf's
+/// InterleaveDataset: a slot whose dataset ends is left empty and the turn
+/// moves on; an empty slot is filled from the next input element when the
+/// turn reaches it.
+class InterleaveStream : public ElementStream {
+ public:
+  InterleaveStream(NodePtr node, std::unique_ptr<ElementStream> up, const OpenCtx& c, std::int64_t pass)
+      : node_(std::move(node)), up_(std::move(up)), ctx_(c), pass_(pass),
+        slots_(static_cast<std::size_t>(node_->count)) {}
+  std::optional<Element> next() override {
+    const std::size_t cycle = slots_.size();
+    while (!input_ended_ || open_ > 0) {
+      std::unique_ptr<ElementStream>& slot = slots_[cur_];
+      if (slot) {
+        std::optional<Element> e = slot->next();
+        if (e) {
+          if (++in_block_ == node_->block) advance(cycle);
+          return e;
+        }
+        slot.reset();
+        --open_;
+        advance(cycle);
+      } else if (!input_ended_) {
+        std::optional<Element> in = up_->next();
+        if (!in) {
+          input_ended_ = true;
+          up_.reset();
+          continue;
+        }
+        Dataset d = node_->dataset_fn(std::move(*in));
+        STRATA_ENFORCE(d.node() != nullptr, STRATA_ERR_INVALID_ARGUMENT,
+                       "interleave()/flat_map(): the function returned an empty Dataset; return one built with "
+                       "Dataset::from_* (e.g. from_records({Dataset::file_name(e)}))");
+        slot = open_inner(d, ctx_, pass_);
+        ++open_;
+      } else {
+        advance(cycle);
+      }
+    }
+    return std::nullopt;
+  }
+
+ private:
+  void advance(std::size_t cycle) {
+    in_block_ = 0;
+    cur_ = (cur_ + 1) % cycle;
+  }
+  NodePtr node_;
+  std::unique_ptr<ElementStream> up_;
+  OpenCtx ctx_;
+  std::int64_t pass_;
+  std::vector<std::unique_ptr<ElementStream>> slots_;
+  std::size_t cur_ = 0;
+  std::int64_t in_block_ = 0;
+  std::int64_t open_ = 0;
+  bool input_ended_ = false;
+};
+
+/// zip(): one element from every input; ends at the first input that ends.
+class ZipStream : public ElementStream {
+ public:
+  explicit ZipStream(std::vector<std::unique_ptr<ElementStream>> ups) : ups_(std::move(ups)) {}
+  std::optional<Element> next() override {
+    if (ended_) return std::nullopt;
+    Element out;
+    std::vector<std::size_t> from;  // which input each component came from
+    for (std::size_t k = 0; k < ups_.size(); ++k) {
+      std::optional<Element> e = ups_[k]->next();
+      if (!e) {
+        ended_ = true;
+        ups_.clear();
+        return std::nullopt;
+      }
+      for (std::size_t i = 0; i < e->tensors.size(); ++i) {
+        const auto dup = std::find(out.names.begin(), out.names.end(), e->names[i]);
+        if (dup != out.names.end())
+          STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "zip(): component '", e->names[i], "' is in dataset ",
+                       from[static_cast<std::size_t>(dup - out.names.begin())], " and dataset ", k,
+                       "; zipped elements are flat, so rename one of them with map() before zip()");
+        STRATA_ENFORCE(out.tensors.size() < STRATA_ELEMENT_MAX_COMPONENTS, STRATA_ERR_INVALID_ARGUMENT,
+                       "zip(): the zipped element would have more than ", STRATA_ELEMENT_MAX_COMPONENTS,
+                       " components; drop some with map() before zip()");
+        out.names.push_back(std::move(e->names[i]));
+        out.tensors.push_back(std::move(e->tensors[i]));
+        from.push_back(k);
+      }
+    }
+    return out;
+  }
+
+ private:
+  std::vector<std::unique_ptr<ElementStream>> ups_;
+  bool ended_ = false;
+};
+
+std::string layout_str(const Element& e) {
+  std::string s = "{";
+  for (std::size_t i = 0; i < e.tensors.size(); ++i)
+    s += (i ? ", " : "") + e.names[i] + ": " + dtype_name(e.tensors[i].dtype());
+  return s + "}";
+}
+
+/// concatenate(): the first input, then the second (opened only then).
+class ConcatenateStream : public ElementStream {
+ public:
+  ConcatenateStream(NodePtr node, std::unique_ptr<ElementStream> first, const OpenCtx& c, std::int64_t pass)
+      : node_(std::move(node)), up_(std::move(first)), ctx_(c), pass_(pass) {}
+  std::optional<Element> next() override {
+    while (up_) {
+      std::optional<Element> e = up_->next();
+      if (e) {
+        if (!second_ && !first_layout_) {
+          first_layout_ = layout_of(*e);
+          first_desc_ = layout_str(*e);
+        } else if (second_ && !checked_) {
+          checked_ = true;
+          if (first_layout_ && *first_layout_ != layout_of(*e))
+            STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "concatenate(): the datasets' elements differ: the first has ",
+                         first_desc_, ", the second ", layout_str(*e),
+                         "; both need the same component names and dtypes (convert one with map())");
+        }
+        return e;
+      }
+      if (second_) break;
+      second_ = true;
+      up_ = open_node(node_->inputs.at(0), ctx_, pass_);
+    }
+    up_.reset();
+    return std::nullopt;
+  }
+
+ private:
+  using Layout = std::vector<std::pair<std::string, DType>>;
+  static Layout layout_of(const Element& e) {
+    Layout l;
+    for (std::size_t i = 0; i < e.tensors.size(); ++i) l.emplace_back(e.names[i], e.tensors[i].dtype());
+    return l;
+  }
+  NodePtr node_;
+  std::unique_ptr<ElementStream> up_;
+  OpenCtx ctx_;
+  std::int64_t pass_;
+  bool second_ = false, checked_ = false;
+  std::optional<Layout> first_layout_;
+  std::string first_desc_;
+};
+
+/// unique(): keys are the dtype, shape and bytes of the one component.
+class UniqueStream : public ElementStream {
+ public:
+  explicit UniqueStream(std::unique_ptr<ElementStream> up) : up_(std::move(up)) {}
+  std::optional<Element> next() override {
+    for (;;) {
+      std::optional<Element> e = up_->next();
+      if (!e) return std::nullopt;
+      STRATA_ENFORCE(e->tensors.size() == 1, STRATA_ERR_INVALID_ARGUMENT, "unique(): the elements have ",
+                     e->tensors.size(), " components ", layout_str(*e),
+                     "; unique() needs exactly one (select it with map() first)");
+      const Tensor& t = e->tensors[0];
+      const DType d = t.dtype();
+      STRATA_ENFORCE(d == DType::kInt32 || d == DType::kInt64 || d == DType::kUInt8, STRATA_ERR_INVALID_ARGUMENT,
+                     "unique(): component '", e->names[0], "' is ", dtype_name(d),
+                     "; unique() supports int32, int64 and uint8 (file names) only (cast it with map())");
+      const TensorView v(t);
+      STRATA_ENFORCE(v.is_contiguous(), STRATA_ERR_INVALID_ARGUMENT, "unique(): component '", e->names[0],
+                     "' is not contiguous; make it compact (e.g. Tensor::copy_of) in map()");
+      std::string key(1, static_cast<char>(d));
+      for (std::int64_t dim : t.shape()) key.append(reinterpret_cast<const char*>(&dim), sizeof dim);
+      key.append(static_cast<const char*>(v.raw_data()), t.nbytes());
+      if (seen_.insert(std::move(key)).second) return e;
+    }
+  }
+
+ private:
+  std::unique_ptr<ElementStream> up_;
+  std::unordered_set<std::string> seen_;
+};
+
+std::string elements_str(std::int64_t n) {
+  if (n == INFINITE_CARDINALITY) return "an infinite number of elements";
+  return std::to_string(n) + (n == 1 ? " element" : " elements");
+}
+
+/// assert_cardinality(n).
+class AssertCardinalityStream : public ElementStream {
+ public:
+  AssertCardinalityStream(std::unique_ptr<ElementStream> up, std::int64_t n) : up_(std::move(up)), n_(n) {}
+  std::optional<Element> next() override {
+    std::optional<Element> e = up_->next();
+    if (!e) {
+      if (n_ != count_)
+        STRATA_THROW(STRATA_ERR_FAILED_PRECONDITION, "assert_cardinality(): the dataset was expected to have ",
+                     elements_str(n_), " but had only ", elements_str(count_),
+                     "; fix the count passed to assert_cardinality or the input");
+      return std::nullopt;
+    }
+    ++count_;
+    if (n_ != INFINITE_CARDINALITY && count_ > n_)
+      STRATA_THROW(STRATA_ERR_FAILED_PRECONDITION, "assert_cardinality(): the dataset was expected to have ",
+                   elements_str(n_), " but has at least ", elements_str(count_),
+                   "; fix the count passed to assert_cardinality or the input");
+    return e;
+  }
+
+ private:
+  std::unique_ptr<ElementStream> up_;
+  std::int64_t n_;
+  std::int64_t count_ = 0;
+};
+
+/// The leading dimension shared by every component of a batch.
+std::int64_t batch_rows(const Element& e, const char* op) {
+  std::int64_t rows = -1;
+  for (std::size_t i = 0; i < e.tensors.size(); ++i) {
+    const std::vector<std::int64_t> shape = e.tensors[i].shape();
+    STRATA_ENFORCE(!shape.empty(), STRATA_ERR_INVALID_ARGUMENT, op, ": component '", e.names[i],
+                   "' is a scalar; it needs a leading batch dimension (batch() the dataset first)");
+    STRATA_ENFORCE(rows < 0 || shape[0] == rows, STRATA_ERR_INVALID_ARGUMENT, op, ": component '", e.names[i],
+                   "' has ", shape[0], " rows but '", e.names[0], "' has ", rows,
+                   "; every component of a batch needs the same leading dimension");
+    rows = shape[0];
+  }
+  return rows < 0 ? 0 : rows;
+}
+
+/// rebatch(sizes): a queue of input rows cut into batches of the cycled
+/// sizes; each output batch is built with one copy per component.
+class RebatchStream : public ElementStream {
+ public:
+  RebatchStream(NodePtr node, std::unique_ptr<ElementStream> up) : node_(std::move(node)), up_(std::move(up)) {}
+  std::optional<Element> next() override {
+    if (ended_) return std::nullopt;
+    const std::int64_t want = node_->sizes[next_];
+    next_ = (next_ + 1) % node_->sizes.size();
+    // Rows [offset_, ...) of pending_[0], then the batches after it.
+    std::int64_t have = 0;
+    for (std::size_t i = 0; i < pending_.size(); ++i) have += rows_[i] - (i == 0 ? offset_ : 0);
+    while (have < want || (want == 0 && pending_.empty() && !layout_)) {
+      std::optional<Element> b = up_ ? up_->next() : std::nullopt;
+      if (!b) {
+        up_.reset();
+        break;
+      }
+      const std::int64_t r = batch_rows(*b, "rebatch()");
+      if (!layout_) layout_ = b->clone();
+      check_layout(*b);
+      if (r == 0) continue;
+      rows_.push_back(r);
+      pending_.push_back(std::move(*b));
+      have += r;
+    }
+    if (!layout_) {  // no input at all: nothing to describe an empty batch with
+      ended_ = true;
+      return std::nullopt;
+    }
+    if (have < want) {
+      ended_ = true;
+      if (have == 0 || node_->flag) return std::nullopt;
+    }
+    return take(std::min(want, have));
+  }
+
+ private:
+  void check_layout(const Element& b) const {
+    bool same = b.tensors.size() == layout_->tensors.size();
+    for (std::size_t i = 0; same && i < b.tensors.size(); ++i) {
+      const auto s0 = layout_->tensors[i].shape(), s1 = b.tensors[i].shape();
+      same = b.names[i] == layout_->names[i] && b.tensors[i].dtype() == layout_->tensors[i].dtype() &&
+             s0.size() == s1.size() && std::equal(s0.begin() + 1, s0.end(), s1.begin() + 1);
+    }
+    if (!same)
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "rebatch(): a batch has components ", layout_str(b), " of row shape ",
+                   row_shapes(b), " but the first had ", layout_str(*layout_), " of row shape ", row_shapes(*layout_),
+                   "; rebatch needs the same components, dtypes and row shapes in every batch");
+  }
+  static std::string row_shapes(const Element& e) {
+    std::string s;
+    for (const Tensor& t : e.tensors) {
+      auto shape = t.shape();
+      if (!shape.empty()) shape.erase(shape.begin());
+      s += (s.empty() ? "" : " ") + shape_str(shape);
+    }
+    return s;
+  }
+  Element take(std::int64_t n) {
+    Element out;
+    for (std::size_t k = 0; k < layout_->tensors.size(); ++k) {
+      std::vector<std::int64_t> shape = layout_->tensors[k].shape();
+      shape[0] = n;
+      Tensor t = Tensor::zeros(shape, layout_->tensors[k].dtype());
+      auto* dst = static_cast<char*>(t.raw_data());
+      std::int64_t got = 0, off = offset_;
+      for (std::size_t i = 0; got < n; ++i) {
+        const Tensor& src = pending_[i].tensors[k];
+        const TensorView v(src);
+        STRATA_ENFORCE(v.is_contiguous(), STRATA_ERR_INVALID_ARGUMENT, "rebatch(): component '", layout_->names[k],
+                       "' is not contiguous; make it compact (e.g. Tensor::copy_of) in map()");
+        const std::size_t row = src.nbytes() / static_cast<std::size_t>(rows_[i]);
+        const std::int64_t m = std::min(rows_[i] - off, n - got);
+        if (row != 0)
+          std::memcpy(dst + static_cast<std::size_t>(got) * row,
+                      static_cast<const char*>(v.raw_data()) + static_cast<std::size_t>(off) * row,
+                      static_cast<std::size_t>(m) * row);
+        got += m;
+        off = 0;
+      }
+      out.names.push_back(layout_->names[k]);
+      out.tensors.push_back(std::move(t));
+    }
+    // Drop the rows taken.
+    std::int64_t left = n;
+    while (left > 0) {
+      const std::int64_t m = std::min(rows_.front() - offset_, left);
+      offset_ += m;
+      left -= m;
+      if (offset_ == rows_.front()) {
+        pending_.pop_front();
+        rows_.pop_front();
+        offset_ = 0;
+      }
+    }
+    return out;
+  }
+
+  NodePtr node_;
+  std::unique_ptr<ElementStream> up_;
+  std::deque<Element> pending_;
+  std::deque<std::int64_t> rows_;
+  std::int64_t offset_ = 0;  // rows of pending_.front() already taken
+  std::optional<Element> layout_;  // the first batch (names, dtypes, row shapes)
+  std::size_t next_ = 0;
+  bool ended_ = false;
+};
+
 std::unique_ptr<ElementStream> open_node(const NodePtr& node, const OpenCtx& c, std::int64_t pass) {
   const DatasetNode& n = *node;
   switch (n.kind) {
@@ -604,6 +1010,14 @@ std::unique_ptr<ElementStream> open_node(const NodePtr& node, const OpenCtx& c, 
       return std::make_unique<SourceStream>(node, c);
     case NodeKind::kRepeat:
       return std::make_unique<RepeatStream>(node, c, pass);
+    case NodeKind::kListFiles:
+      return std::make_unique<ListFilesStream>(node, c);
+    case NodeKind::kZip: {
+      std::vector<std::unique_ptr<ElementStream>> ups;
+      ups.push_back(open_node(n.input, c, pass));
+      for (const NodePtr& in : n.inputs) ups.push_back(open_node(in, c, pass));
+      return std::make_unique<ZipStream>(std::move(ups));
+    }
     default:
       break;
   }
@@ -636,15 +1050,30 @@ std::unique_ptr<ElementStream> open_node(const NodePtr& node, const OpenCtx& c, 
     }
     case NodeKind::kOptions:
       return up;
+    case NodeKind::kInterleave:
+      return std::make_unique<InterleaveStream>(node, std::move(up), c, pass);
+    case NodeKind::kConcatenate:
+      return std::make_unique<ConcatenateStream>(node, std::move(up), c, pass);
+    case NodeKind::kUnique:
+      return std::make_unique<UniqueStream>(std::move(up));
+    case NodeKind::kAssertCardinality:
+      // Sharding by FILE changes the count; tf's rewrite drops the assertion.
+      if (c.req.source_policy == STRATA_SHARD_FILE) return up;
+      return std::make_unique<AssertCardinalityStream>(std::move(up), n.count);
+    case NodeKind::kRebatch:
+      return std::make_unique<RebatchStream>(node, std::move(up));
     default:
       break;
   }
   STRATA_THROW(STRATA_ERR_INTERNAL, "unknown dataset node kind ", static_cast<int>(n.kind));
 }
 
-const DatasetNode& source_of(const DatasetNode* n) {
-  while (n->kind != NodeKind::kSource) n = n->input.get();
-  return *n;
+bool has_shard_hint(const DatasetNode& n) {
+  if (n.kind == NodeKind::kShard && n.count == SHARD_HINT) return true;
+  if (n.input && has_shard_hint(*n.input)) return true;
+  for (const NodePtr& in : n.inputs)
+    if (has_shard_hint(*in)) return true;
+  return false;
 }
 
 const DatasetNode* last_batch(const DatasetNode* n) {
@@ -662,8 +1091,30 @@ std::int64_t node_cardinality(const DatasetNode& n) {
     if (!STRATA_HAS_FIELD(vt, strata_input_vtable, cardinality) || vt->cardinality == nullptr) return kUnknown;
     return vt->cardinality(static_cast<strata_input_t>(inst.handle()));
   }
+  if (n.kind == NodeKind::kListFiles) return static_cast<std::int64_t>(n.files.size());
+  if (n.kind == NodeKind::kAssertCardinality) return n.count;
   const std::int64_t in = node_cardinality(*n.input);
   switch (n.kind) {
+    case NodeKind::kZip: {  // tf: the shortest; unknown if any is unknown
+      std::int64_t r = in;
+      for (const NodePtr& other : n.inputs) {
+        const std::int64_t k = node_cardinality(*other);
+        if (r == kUnknown || k == kUnknown) return kUnknown;
+        if (k != kInfinite && (r == kInfinite || k < r)) r = k;
+      }
+      return r;
+    }
+    case NodeKind::kConcatenate: {
+      if (in == kUnknown) return kUnknown;
+      const std::int64_t k = node_cardinality(*n.inputs.at(0));
+      if (k == kUnknown) return kUnknown;
+      return in == kInfinite || k == kInfinite ? kInfinite : in + k;
+    }
+    case NodeKind::kInterleave:
+    case NodeKind::kUnique:
+      return kUnknown;
+    case NodeKind::kRebatch:
+      return in == kInfinite ? kInfinite : kUnknown;
     case NodeKind::kBatch:
       if (in < 0) return in;
       return n.flag ? in / n.count : (in + n.count - 1) / n.count;
@@ -699,13 +1150,14 @@ BatchInfo batch_info(const Dataset& ds) {
     bi.batch_size = b->count;
     bi.drop_remainder = b->flag;
   }
-  for (const DatasetNode* n = ds.node().get(); n != nullptr; n = n->input.get())
-    if (n->kind == NodeKind::kShard && n->count == SHARD_HINT) bi.has_shard_hint = true;
+  bi.has_shard_hint = has_shard_hint(*ds.node());
   return bi;
 }
 
-SourceShardInfo source_shard_info(const Dataset& ds, const InputContext& ctx) {
-  const DatasetNode& src = source_of(ds.node().get());
+namespace {
+
+/// One source plugin's own answer to shard_info().
+SourceShardInfo plugin_shard_info(const DatasetNode& src, const InputContext& ctx) {
   SourceShardInfo info;
   if (src.source.shard_flags) {
     info.flags = *src.source.shard_flags;
@@ -737,6 +1189,110 @@ SourceShardInfo source_shard_info(const Dataset& ds, const InputContext& ctx) {
                      "' returned a file list with a non-string entry: ", f.dump(), "; this is a plugin bug");
       info.files.push_back(f.get<std::string>());
     }
+  }
+  return info;
+}
+
+/// Transformations the reader search walks through (tf's auto_shard.cc
+/// pass-through ops; assert_cardinality is dropped when sharding by FILE).
+bool passes_through(NodeKind k) {
+  switch (k) {
+    case NodeKind::kShuffle:
+    case NodeKind::kBatch:
+    case NodeKind::kRepeat:
+    case NodeKind::kTake:
+    case NodeKind::kSkip:
+    case NodeKind::kMap:
+    case NodeKind::kPrefetch:
+    case NodeKind::kShard:
+    case NodeKind::kOptions:
+    case NodeKind::kRebatch:
+    case NodeKind::kAssertCardinality:
+      return true;
+    default:
+      return false;
+  }
+}
+
+/// The readers under `n`, as tf's auto-shard rewrite finds them walking up
+/// from the output: through pass-through ops, into every input of zip() and
+/// concatenate(), stopping at a file-based source (from_records, a plugin
+/// that shards by file) or at an interleave()/flat_map() over list_files().
+/// Anything else (an in-memory source, a generator, list_files() read
+/// directly, unique()) means no reader: `why` says which, and the search
+/// stops. `files` keeps the smallest reader's file list (each reader is
+/// sharded on its own, so the smallest limits the workers).
+struct ReaderSearch {
+  bool found = true;
+  bool any = false;
+  std::string why;
+  std::vector<std::string> files;
+};
+
+void not_found(ReaderSearch& r, std::string why) {
+  r.found = false;
+  r.why = std::move(why);
+}
+
+void add_reader(ReaderSearch& r, std::vector<std::string> files) {
+  if (!r.any || files.size() < r.files.size()) r.files = std::move(files);
+  r.any = true;
+}
+
+void find_readers(const DatasetNode& n, const InputContext& ctx, ReaderSearch& r) {
+  if (!r.found) return;
+  if (passes_through(n.kind)) return find_readers(*n.input, ctx, r);
+  switch (n.kind) {
+    case NodeKind::kSource: {
+      SourceShardInfo info = plugin_shard_info(n, ctx);
+      if ((info.flags & STRATA_INPUT_CAN_SHARD_BY_FILE) == 0)
+        return not_found(r, str_cat(n.source.label, " (input pipeline '", n.source.plugin,
+                                    "') does not read files, so it cannot be sharded by file"));
+      return add_reader(r, std::move(info.files));
+    }
+    case NodeKind::kZip:
+    case NodeKind::kConcatenate:
+      find_readers(*n.input, ctx, r);
+      for (const NodePtr& in : n.inputs) find_readers(*in, ctx, r);
+      return;
+    case NodeKind::kInterleave: {
+      const DatasetNode* in = n.input.get();
+      while (passes_through(in->kind)) in = in->input.get();
+      if (in->kind != NodeKind::kListFiles)
+        return not_found(r, "interleave()/flat_map() is not over list_files() file names, so its function is not "
+                            "known to read files");
+      return add_reader(r, in->files);
+    }
+    case NodeKind::kListFiles:
+      return not_found(r, "list_files() yields file names, not records (read them with interleave() or flat_map())");
+    case NodeKind::kUnique:
+      return not_found(r, "auto-sharding does not look through unique() (nor does tf's)");
+    default:
+      return not_found(r, str_cat("auto-sharding does not look through dataset node kind ", static_cast<int>(n.kind)));
+  }
+}
+
+}  // namespace
+
+SourceShardInfo source_shard_info(const Dataset& ds, const InputContext& ctx) {
+  const DatasetNode& top = *ds.node();
+  // A lone source answers for itself (its flags may say more than "file").
+  if (top.kind == NodeKind::kSource) {
+    SourceShardInfo info = plugin_shard_info(top, ctx);
+    if ((info.flags & STRATA_INPUT_CAN_SHARD_BY_FILE) == 0)
+      info.not_file_based =
+          str_cat(top.source.label, " (input pipeline '", top.source.plugin, "') does not read files");
+    return info;
+  }
+  ReaderSearch r;
+  find_readers(top, ctx, r);
+  SourceShardInfo info;
+  if (r.found && r.any) {
+    info.flags = STRATA_INPUT_CAN_SHARD_BY_FILE | STRATA_INPUT_CAN_SHARD_BY_DATA;
+    info.files = std::move(r.files);
+  } else {
+    info.flags = STRATA_INPUT_CAN_SHARD_BY_DATA;
+    info.not_file_based = r.why;
   }
   return info;
 }
@@ -898,6 +1454,57 @@ Dataset Dataset::from_plugin(const std::string& name, const std::string& options
   return Dataset(source_node(std::move(s)));
 }
 
+Dataset Dataset::list_files(const std::vector<std::string>& patterns, bool shuffle, std::uint64_t seed) {
+  STRATA_ENFORCE(!patterns.empty(), STRATA_ERR_INVALID_ARGUMENT,
+                 "list_files: no patterns; pass at least one glob such as \"data/train-*.rec\"");
+  std::vector<std::string> files;
+  std::string all;
+  for (const std::string& p : patterns) {
+    all += (all.empty() ? "" : ", ") + p;
+    glob_t g{};
+    const int rc = ::glob(p.c_str(), 0, nullptr, &g);
+    if (rc == 0)
+      for (std::size_t i = 0; i < g.gl_pathc; ++i) files.emplace_back(g.gl_pathv[i]);
+    globfree(&g);
+    STRATA_ENFORCE(rc == 0 || rc == GLOB_NOMATCH, STRATA_ERR_INVALID_ARGUMENT, "list_files: pattern '", p,
+                   "' could not be expanded (glob error ", rc, rc == GLOB_ABORTED ? ": a directory is unreadable" : "",
+                   ")");
+  }
+  STRATA_ENFORCE(!files.empty(), STRATA_ERR_INVALID_ARGUMENT, "list_files: no files match ", all,
+                 "; check the patterns and the working directory");
+  std::sort(files.begin(), files.end());
+  auto n = std::make_shared<DatasetNode>();
+  n->kind = NodeKind::kListFiles;
+  n->files = std::move(files);
+  const auto count = static_cast<std::int64_t>(n->files.size());
+  Dataset ds{std::shared_ptr<const DatasetNode>(std::move(n))};
+  return shuffle ? ds.shuffle(count, seed, /*reshuffle_each_iteration=*/true) : ds;
+}
+
+std::string Dataset::file_name(const Element& e) {
+  for (std::size_t i = 0; i < e.tensors.size(); ++i) {
+    if (e.names[i] != detail::kFileNameComponent) continue;
+    const Tensor& t = e.tensors[i];
+    STRATA_ENFORCE(t.dtype() == DType::kUInt8 && t.ndim() == 1, STRATA_ERR_INVALID_ARGUMENT,
+                   "Dataset::file_name: component 'filename' is ", dtype_name(t.dtype()), detail::shape_str(t.shape()),
+                   ", not a uint8 vector; pass an element of Dataset::list_files");
+    const TensorView v(t);
+    return std::string(static_cast<const char*>(v.raw_data()), t.nbytes());
+  }
+  STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT,
+               "Dataset::file_name: the element has no component 'filename'; pass an element of Dataset::list_files");
+}
+
+Dataset Dataset::zip(const std::vector<Dataset>& datasets) {
+  STRATA_ENFORCE(!datasets.empty(), STRATA_ERR_INVALID_ARGUMENT, "zip: no datasets; pass at least one");
+  auto n = std::make_shared<DatasetNode>();
+  n->kind = NodeKind::kZip;
+  n->input = checked(datasets[0].node());
+  n->options = n->input->options;
+  for (std::size_t i = 1; i < datasets.size(); ++i) n->inputs.push_back(checked(datasets[i].node()));
+  return Dataset(std::move(n));
+}
+
 namespace {
 
 std::shared_ptr<DatasetNode> op_node(const std::shared_ptr<const DatasetNode>& input, NodeKind kind) {
@@ -978,6 +1585,59 @@ Dataset Dataset::shard(std::int64_t num_shards, std::int64_t index) const {
   auto n = op_node(node_, NodeKind::kShard);
   n->count = num_shards;
   n->index = index;
+  return Dataset(std::move(n));
+}
+
+Dataset Dataset::interleave(std::function<Dataset(Element)> fn, std::int64_t cycle_length,
+                            std::int64_t block_length) const {
+  STRATA_ENFORCE(static_cast<bool>(fn), STRATA_ERR_INVALID_ARGUMENT,
+                 "interleave: the function is empty; pass a callable returning a Dataset");
+  STRATA_ENFORCE(cycle_length >= 1, STRATA_ERR_INVALID_ARGUMENT, "interleave: cycle_length is ", cycle_length,
+                 "; pass at least 1 (Strata has no AUTOTUNE here: the order would depend on the machine)");
+  STRATA_ENFORCE(block_length >= 1, STRATA_ERR_INVALID_ARGUMENT, "interleave: block_length is ", block_length,
+                 "; pass at least 1");
+  auto n = op_node(node_, NodeKind::kInterleave);
+  n->dataset_fn = std::move(fn);
+  n->count = cycle_length;
+  n->block = block_length;
+  return Dataset(std::move(n));
+}
+
+Dataset Dataset::flat_map(std::function<Dataset(Element)> fn) const {
+  STRATA_ENFORCE(static_cast<bool>(fn), STRATA_ERR_INVALID_ARGUMENT,
+                 "flat_map: the function is empty; pass a callable returning a Dataset");
+  return interleave(std::move(fn), 1, 1);
+}
+
+Dataset Dataset::concatenate(const Dataset& other) const {
+  auto n = op_node(node_, NodeKind::kConcatenate);
+  n->inputs.push_back(checked(other.node()));
+  return Dataset(std::move(n));
+}
+
+Dataset Dataset::unique() const { return Dataset(op_node(node_, NodeKind::kUnique)); }
+
+Dataset Dataset::assert_cardinality(std::int64_t n) const {
+  STRATA_ENFORCE(n >= 0 || n == INFINITE_CARDINALITY, STRATA_ERR_INVALID_ARGUMENT, "assert_cardinality: ", n,
+                 " is not a count; pass a count >= 0 or INFINITE_CARDINALITY");
+  auto node = op_node(node_, NodeKind::kAssertCardinality);
+  node->count = n;
+  return Dataset(std::move(node));
+}
+
+Dataset Dataset::rebatch(std::vector<std::int64_t> batch_sizes, bool drop_remainder) const {
+  STRATA_ENFORCE(!batch_sizes.empty(), STRATA_ERR_INVALID_ARGUMENT,
+                 "rebatch: no batch sizes; pass a size or a list of sizes");
+  bool positive = false;
+  for (std::int64_t b : batch_sizes) {
+    STRATA_ENFORCE(b >= 0, STRATA_ERR_INVALID_ARGUMENT, "rebatch: batch size ", b, " is negative; pass sizes >= 0");
+    positive = positive || b > 0;
+  }
+  STRATA_ENFORCE(positive, STRATA_ERR_INVALID_ARGUMENT,
+                 "rebatch: every batch size is 0, which would never read the input; give at least one positive size");
+  auto n = op_node(node_, NodeKind::kRebatch);
+  n->sizes = std::move(batch_sizes);
+  n->flag = drop_remainder;
   return Dataset(std::move(n));
 }
 

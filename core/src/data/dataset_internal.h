@@ -28,12 +28,18 @@ struct BatchInfo {
 };
 BatchInfo batch_info(const Dataset& ds);
 
-/// The source's answer to shard_info(): flags STRATA_INPUT_CAN_SHARD_* and
-/// its files (empty when not file-based). Opens the source once for `ctx`
-/// (cheap: no element is read).
+/// The recipe's answer to shard_info(), as tf's auto-shard rewrite looks for
+/// readers: through pass-through transformations and into every branch of
+/// zip()/concatenate(), a reader being a file-based source or an
+/// interleave()/flat_map() over list_files(). flags STRATA_INPUT_CAN_SHARD_*
+/// (BY_FILE only when every branch has a reader), the smallest reader's
+/// files, and otherwise why there is no reader. Opens each source once for
+/// `ctx` (cheap: no element is read).
 struct SourceShardInfo {
   std::uint32_t flags = 0;
   std::vector<std::string> files;
+  /// Why the recipe has no file reader to shard (empty when it has one).
+  std::string not_file_based;
 };
 SourceShardInfo source_shard_info(const Dataset& ds, const InputContext& ctx);
 

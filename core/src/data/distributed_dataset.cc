@@ -617,9 +617,10 @@ std::shared_ptr<DistributedDatasetImpl> make_distributed(StrategyImpl& s, const 
     const bool by_file = (info.flags & STRATA_INPUT_CAN_SHARD_BY_FILE) != 0;
     const auto nfiles = static_cast<std::int64_t>(info.files.size());
     if (requested == AutoShardPolicy::FILE) {
-      STRATA_ENFORCE(by_file, STRATA_ERR_INVALID_ARGUMENT,
-                     "AutoShardPolicy::FILE needs a file-based source, but this dataset's source cannot shard by "
-                     "file; use AutoShardPolicy::DATA (or AUTO)");
+      // tf's rewrite reports a pipeline without a reader as NotFound.
+      STRATA_ENFORCE(by_file, STRATA_ERR_NOT_FOUND,
+                     "AutoShardPolicy::FILE needs a file-based source, but this dataset has no reader to shard by "
+                     "file: ", info.not_file_based, "; use AutoShardPolicy::DATA (or AUTO)");
       STRATA_ENFORCE(nfiles >= workers, STRATA_ERR_INVALID_ARGUMENT, "AutoShardPolicy::FILE needs at least ",
                      workers, " files (one per worker) but the dataset has ", nfiles,
                      "; split the data into more files or use AutoShardPolicy::DATA");
@@ -632,7 +633,8 @@ std::shared_ptr<DistributedDatasetImpl> make_distributed(StrategyImpl& s, const 
       applied = AutoShardPolicy::DATA;
       reason = by_file ? "AUTO: only " + std::to_string(nfiles) + " files for " + std::to_string(workers) +
                              " workers, so every worker reads all data and keeps its share"
-                       : "AUTO: the source is not file-based, so every worker reads all data and keeps its share";
+                       : "AUTO: the source is not file-based (" + info.not_file_based +
+                             "), so every worker reads all data and keeps its share";
     }
   } else if (requested == AutoShardPolicy::AUTO) {
     applied = AutoShardPolicy::OFF;
