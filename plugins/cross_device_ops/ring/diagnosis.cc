@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "diagnosis.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -37,9 +39,30 @@ std::string read_line(const std::string& path) {
 
 // Fields of /proc/<pid>/stat after the command name (which may hold spaces
 // and parentheses, hence the last ')'): [0] is the state, [19] the start time.
+// Read with plain read(2): a process that exits while its file is read
+// makes read fail with ESRCH, which libstdc++'s filebuf throws from
+// underflow() as an uncaught ios_base::failure (seen in the fault matrix:
+// "basic_filebuf::underflow error reading the file: No such process").
+std::string read_proc_file(const std::string& path) {
+  std::string s;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return s;
+  char buf[512];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n > 0) {
+      s.append(buf, static_cast<size_t>(n));
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    break;
+  }
+  ::close(fd);
+  return s;
+}
+
 bool read_stat(int64_t pid, char* state, uint64_t* start) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const std::string s = read_proc_file("/proc/" + std::to_string(pid) + "/stat");
   const size_t close = s.rfind(')');
   if (close == std::string::npos) return false;
   std::istringstream in(s.substr(close + 1));
