@@ -844,19 +844,76 @@ void TcpComm::setup(int64_t timeout_ms) {
                    name_, "/secret') within ", timeout_ms, " ms; check that rank 0 creates this communicator");
     throw;
   }
-  // Addresses of the ranks this one connects to.
-  for (int p = rank_ + 1; p < world_; ++p) {
+  // Every rank's address and nonce in one store record, "name/peers": rank 0
+  // reads them one by one (it connects to all of them anyway) and publishes
+  // the list; every other rank reads that one key. So a job's setup makes
+  // O(world) store requests, not 2 per pair of ranks (256 ranks: 98,000).
+  // Each entry: the address, a NUL, the kHandshakeNonceBytes nonce.
+  std::vector<std::string> addrs(static_cast<size_t>(world_));
+  auto missing_addresses = [&] {
+    std::string m;
+    int n = 0;
+    for (int p = 0; p < world_; ++p) {
+      if (p == rank_) continue;
+      try {
+        host_.store_get(str_cat(name_, "/addr/", p), 0);
+      } catch (const Error& e) {
+        if (e.code() != STRATA_ERR_DEADLINE_EXCEEDED) throw;
+        m += str_cat(m.empty() ? "" : ", ", p);
+        ++n;
+      }
+    }
+    return m.empty() ? m : str_cat(n == 1 ? "rank " : "ranks ", m);
+  };
+  std::string peers;
+  if (rank_ == 0) {
+    for (int p = 0; p < world_; ++p) {
+      try {
+        const std::string a = p == 0 ? my_addr : host_.store_get(str_cat(name_, "/addr/", p), left_ms());
+        const std::string n = p == 0 ? my_nonce : host_.store_get(str_cat(name_, "/nonce/", p), left_ms());
+        peers += a;
+        peers.push_back('\0');
+        peers += n;
+      } catch (const Error& e) {
+        if (e.code() == STRATA_ERR_DEADLINE_EXCEEDED)
+          STRATA_THROW(STRATA_ERR_DEADLINE_EXCEEDED, who, ": rank ", p, " never published its address (key '",
+                       name_, "/addr/", p, "') within ", timeout_ms,
+                       " ms; check that every rank creates this communicator with the same name and world size");
+        throw;
+      }
+    }
+    host_.store_set(str_cat(name_, "/peers"), peers, left_ms());
+  } else {
     try {
-      peers_[p].address = host_.store_get(str_cat(name_, "/addr/", p), left_ms());
-      nonces[size_t(p)] = host_.store_get(str_cat(name_, "/nonce/", p), left_ms());
+      peers = host_.store_get(str_cat(name_, "/peers"), left_ms());
     } catch (const Error& e) {
-      if (e.code() == STRATA_ERR_DEADLINE_EXCEEDED)
-        STRATA_THROW(STRATA_ERR_DEADLINE_EXCEEDED, who, ": rank ", p, " never published its address (key '",
-                     name_, "/addr/", p, "') within ", timeout_ms,
+      if (e.code() != STRATA_ERR_DEADLINE_EXCEEDED) throw;
+      const std::string m = missing_addresses();
+      if (!m.empty())
+        STRATA_THROW(STRATA_ERR_DEADLINE_EXCEEDED, who, ": ", m, " never published an address within ", timeout_ms,
                      " ms; check that every rank creates this communicator with the same name and world size");
-      throw;
+      STRATA_THROW(STRATA_ERR_DEADLINE_EXCEEDED, who, ": rank 0 never published the list of addresses (key '",
+                   name_, "/peers') within ", timeout_ms, " ms; see rank 0's log for the reason");
     }
   }
+  {
+    size_t pos = 0;
+    for (int p = 0; p < world_; ++p) {
+      const size_t nul = peers.find('\0', pos);
+      if (nul == std::string::npos || nul + 1 + kHandshakeNonceBytes > peers.size())
+        STRATA_THROW(STRATA_ERR_DATA_LOSS, who, ": the list of addresses (key '", name_,
+                     "/peers') is malformed at rank ", p, "; every rank must run the same Strata version");
+      addrs[size_t(p)] = peers.substr(pos, nul - pos);
+      nonces[size_t(p)] = peers.substr(nul + 1, kHandshakeNonceBytes);
+      pos = nul + 1 + kHandshakeNonceBytes;
+    }
+    if (addrs[size_t(rank_)] != my_addr || nonces[size_t(rank_)] != my_nonce)
+      STRATA_THROW(STRATA_ERR_FAILED_PRECONDITION, who, ": the list of addresses names ", addrs[size_t(rank_)],
+                   " for this rank, which listens at ", my_addr,
+                   "; two processes joined communicator '", name_, "' as rank ", rank_);
+  }
+  for (int p = rank_ + 1; p < world_; ++p) peers_[p].address = addrs[size_t(p)];
+
 
   int pending = (world_ - 1) * nconn;
   std::string failure;
@@ -1061,7 +1118,7 @@ void TcpComm::setup(int64_t timeout_ms) {
   io_.poll();
   accepted.clear();
   io_.restart();
-  for (int p = 0; p < rank_; ++p) peers_[p].address = host_.store_get(str_cat(name_, "/addr/", p), left_ms());
+  for (int p = 0; p < rank_; ++p) peers_[p].address = addrs[size_t(p)];
   work_ = std::make_unique<asio::executor_work_guard<asio::io_context::executor_type>>(io_.get_executor());
   for (int p = 0; p < world_; ++p)
     for (auto& c : peers_[p].conns) {

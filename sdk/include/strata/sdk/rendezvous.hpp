@@ -79,9 +79,15 @@ inline void rendezvous_gate(const Host& host, const std::string& name, int rank,
   // so they read the same verdict from the store instead of losing it.
   const auto deadline = start + std::chrono::milliseconds(timeout_ms + (rank == 0 ? 1000 : 0));
   auto key = [&](int r) { return ::strata::detail::str_cat(name, "/joined/", r); };
+  // Each rank leaves its own key (to name the missing ones) and counts
+  // itself in; the rank that completes the count opens the gate, so every
+  // rank waits on one key and the store does O(world) work per gate, not
+  // world x world key checks.
   host.store_set(key(rank), "1", timeout_ms);
-  std::vector<std::string> keys;
-  for (int r = 0; r < world; ++r) keys.push_back(key(r));
+  const std::string open_key = ::strata::detail::str_cat(name, "/joined/all");
+  if (host.store_add(::strata::detail::str_cat(name, "/joined/count"), 1, timeout_ms) == world)
+    host.store_set(open_key, "1", timeout_ms);
+  const std::vector<std::string> keys{open_key};
   // "rank 3" or "ranks 2, 3" ("" when nobody is missing).
   auto missing = [&] {
     std::string m;
