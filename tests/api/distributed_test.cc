@@ -145,6 +145,37 @@ TEST_P(MirroredTest, ReduceAlongAnAxisWithUnevenBatches) {
   EXPECT_THROW(s().reduce(ReduceOp::SUM, v, 2), InvalidArgumentError);
 }
 
+// Several axes at once: each replica sums over all of them, and MEAN
+// divides by every element they held on all replicas (tf.reduce_mean's list
+// of axes applied to the concatenation of the replicas' values).
+TEST_P(MirroredTest, ReduceOverSeveralAxes) {
+  PerReplica v = s().run([](ReplicaContext& ctx) {
+    const int g = ctx.replica_id_in_sync_group();
+    std::vector<double> x;
+    for (int i = 0; i < (g + 1) * 3 * 2; ++i) x.push_back(g + 0.5 * i);
+    return Tensor::from_vector(x, {g + 1, 3, 2});
+  });
+  double total[2] = {0, 0}, count = 0;
+  for (int g = 0; g < n(); ++g)
+    for (int i = 0; i < (g + 1) * 3 * 2; ++i) {
+      total[i % 2] += g + 0.5 * i;
+      count += 0.5;  // each of the two kept entries sees half the elements
+    }
+  const auto sum = s().reduce(ReduceOp::SUM, v, std::vector<int>{0, -2}).to_vector<double>();
+  ASSERT_EQ(sum.size(), 2u);
+  EXPECT_DOUBLE_EQ(sum[0], total[0]);
+  EXPECT_DOUBLE_EQ(sum[1], total[1]);
+  const auto mean = s().reduce(ReduceOp::MEAN, v, std::vector<int>{1, 0}).to_vector<double>();
+  EXPECT_DOUBLE_EQ(mean[0], total[0] / count);
+  EXPECT_DOUBLE_EQ(mean[1], total[1] / count);
+  // One axis in a list is the single-axis reduce.
+  EXPECT_EQ(s().reduce(ReduceOp::MEAN, v, std::vector<int>{0}).to_vector<double>(),
+            s().reduce(ReduceOp::MEAN, v, 0).to_vector<double>());
+  EXPECT_THROW(s().reduce(ReduceOp::SUM, v, std::vector<int>{0, 0}), InvalidArgumentError);
+  EXPECT_THROW(s().reduce(ReduceOp::SUM, v, std::vector<int>{}), InvalidArgumentError);
+  EXPECT_THROW(s().reduce(ReduceOp::SUM, v, std::vector<int>{3}), InvalidArgumentError);
+}
+
 TEST_P(MirroredTest, ReduceOfANonDistributedValue) {
   Tensor plain = Tensor::from_vector<float>({2, 4});
   EXPECT_EQ(s().reduce(ReduceOp::MEAN, plain).to_vector<float>(), (std::vector<float>{2, 4}));

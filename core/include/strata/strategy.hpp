@@ -229,6 +229,12 @@ class STRATA_API Strategy {
   /// number of elements along `axis` (TF semantics). Cross-replica context
   /// only (FailedPreconditionError inside a replica function).
   Tensor reduce(ReduceOp op, const DistributedValues& value, std::optional<int> axis = std::nullopt);
+  /// As above over several axes at once (tf.reduce_sum/reduce_mean's list
+  /// of axes): each replica sums its value over `axes`, the sums are added
+  /// across replicas, and MEAN divides by the number of elements the axes
+  /// held on all replicas together. Each axis once; negative counts from
+  /// the end.
+  Tensor reduce(ReduceOp op, const DistributedValues& value, const std::vector<int>& axes);
   /// Reduce a non-distributed value (TF: the same value on every replica).
   /// One worker: MEAN returns it; SUM returns it with one replica in sync
   /// and throws InvalidArgumentError otherwise. Several workers (as TF's

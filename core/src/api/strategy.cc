@@ -581,6 +581,45 @@ Tensor Strategy::reduce(ReduceOp op, const DistributedValues& value, std::option
   return total;
 }
 
+Tensor Strategy::reduce(ReduceOp op, const DistributedValues& value, const std::vector<int>& axes) {
+  detail::StrategyImpl* s = checked();
+  detail::require_cross_replica(*s, "Strategy::reduce");
+  check_components(*s, value, "Strategy::reduce");
+  STRATA_ENFORCE(!axes.empty(), STRATA_ERR_INVALID_ARGUMENT,
+                 "Strategy::reduce: the list of axes is empty; pass at least one axis, or no axis at all");
+  const std::int64_t ndim = value[0].ndim();
+  std::vector<int> norm;
+  for (int a : axes) {
+    const int ax = normalise_axis(a, ndim);
+    STRATA_ENFORCE(std::find(norm.begin(), norm.end(), ax) == norm.end(), STRATA_ERR_INVALID_ARGUMENT,
+                   "Strategy::reduce: axis ", a, " is listed twice; list each axis once");
+    norm.push_back(ax);
+  }
+  // Highest first, so that summing one axis leaves the others' numbers valid.
+  std::sort(norm.rbegin(), norm.rend());
+  std::vector<Tensor> sums, counts;
+  for (std::size_t i = 0; i < value.size(); ++i) {
+    STRATA_ENFORCE(value[i].ndim() == ndim, STRATA_ERR_INVALID_ARGUMENT, "Strategy::reduce: replica ", i,
+                   " has rank ", value[i].ndim(), " but replica 0 has ", ndim,
+                   "; per-replica values must differ only along the reduced axes");
+    Tensor t = value[i].clone();
+    double count = 1;
+    for (int ax : norm) {
+      count *= static_cast<double>(t.shape()[static_cast<std::size_t>(ax)]);
+      t = detail::sum_along_axis(t.dl(), ax);
+    }
+    sums.push_back(std::move(t));
+    counts.push_back(Tensor::scalar<double>(count));
+  }
+  Tensor total = s->extended->reduce_to(ReduceOp::SUM, PerReplica(std::move(sums)));
+  if (op == ReduceOp::MEAN) {
+    // The mean over every element the axes held, on every replica.
+    Tensor n = s->extended->reduce_to(ReduceOp::SUM, PerReplica(std::move(counts)));
+    detail::divide_by(total.mutable_dl(), n.data<double>()[0]);
+  }
+  return total;
+}
+
 Tensor Strategy::reduce(ReduceOp op, const TensorView& value, std::optional<int> axis) {
   detail::StrategyImpl* s = checked();
   detail::require_cross_replica(*s, "Strategy::reduce");
