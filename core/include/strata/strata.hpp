@@ -2,6 +2,7 @@
 // The umbrella header of the Strata C++ API: include this one.
 #pragma once
 
+#include "strata/checkpoint.hpp"
 #include "strata/config.hpp"
 #include "strata/data.hpp"
 #include "strata/distribute.hpp"

@@ -1,0 +1,534 @@
+// SPDX-License-Identifier: Apache-2.0
+// Checkpoint and CheckpointManager (see strata/checkpoint.hpp for the
+// contract). Durability follows the usual POSIX recipe: write into a
+// temporary directory, fsync each file, fsync the directory, rename it into
+// place, fsync the parent; rename(2) of a directory is atomic, so a reader
+// sees either nothing or a complete checkpoint.
+#include "strata/checkpoint.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <regex>
+#include <system_error>
+
+#include "checkpoint/crc32c.h"
+#include "checkpoint/safetensors.h"
+#include "log.h"
+#include "strata/distribute.hpp"
+#include "strata/error.hpp"
+
+namespace strata {
+namespace fs = std::filesystem;
+using checkpoint::TensorEntry;
+
+namespace {
+
+constexpr const char* kFormat = "strata.checkpoint";
+constexpr const char* kStepName = "step";
+
+// errno -> the Error a caller can act on: a missing path is NotFound, a
+// refused one PermissionDenied; anything else (disk full, I/O error) is
+// Unavailable, which a caller may retry after freeing space.
+[[noreturn]] void throw_errno(int err, const std::string& what, const std::string& path) {
+  strata_status_t code = STRATA_ERR_UNAVAILABLE;
+  if (err == ENOENT || err == ENOTDIR) code = STRATA_ERR_NOT_FOUND;
+  if (err == EACCES || err == EPERM || err == EROFS) code = STRATA_ERR_PERMISSION_DENIED;
+  STRATA_THROW(code, "checkpoint: ", what, " ", path, ": ", std::strerror(err));
+}
+
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+  // close(2) can report a deferred write error: check it on the success path.
+  void close_checked(const std::string& path) {
+    const int fd = fd_;
+    fd_ = -1;
+    if (::close(fd) != 0) throw_errno(errno, "closing", path);
+  }
+
+ private:
+  int fd_;
+};
+
+void write_all(int fd, const void* data, std::size_t n, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      throw_errno(errno, "writing", path);
+    }
+    p += w;
+    n -= static_cast<std::size_t>(w);
+  }
+}
+
+void fsync_path(const std::string& path, bool directory) {
+  Fd fd(::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC));
+  if (fd.get() < 0) throw_errno(errno, "opening for fsync", path);
+  if (::fsync(fd.get()) != 0) throw_errno(errno, "fsync of", path);
+  fd.close_checked(path);
+}
+
+// Read a whole file; NotFoundError when it does not exist.
+std::string read_file(const std::string& path) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) throw_errno(errno, "opening", path);
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) throw_errno(errno, "stat of", path);
+  std::string out(static_cast<std::size_t>(st.st_size), '\0');
+  std::size_t got = 0;
+  while (got < out.size()) {
+    const ssize_t r = ::read(fd.get(), out.data() + got, out.size() - got);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      throw_errno(errno, "reading", path);
+    }
+    if (r == 0) break;  // shrank under us: the size check below reports it
+    got += static_cast<std::size_t>(r);
+  }
+  out.resize(got);
+  return out;
+}
+
+// "dir/" and "dir" name the same checkpoint.
+fs::path normalized(const std::string& dir) {
+  STRATA_ENFORCE(!dir.empty(), STRATA_ERR_INVALID_ARGUMENT, "checkpoint directory must not be empty");
+  fs::path p = fs::path(dir).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();
+  return p;
+}
+
+void check_cross_replica(const char* what) {
+  STRATA_ENFORCE(!has_strategy() || in_cross_replica_context(), STRATA_ERR_FAILED_PRECONDITION,
+                 "Checkpoint::", what,
+                 " was called inside a replica function; call it in cross-replica context (outside "
+                 "run, or inside strategy.scope())");
+}
+
+struct Manifest {
+  std::string tensor_file;
+  std::uint64_t bytes = 0;
+  std::uint32_t crc = 0;
+  std::optional<std::int64_t> step;
+};
+
+// Parse and validate dir/manifest.json. NotFoundError when it is absent,
+// DataLossError naming it when it is not a manifest we can trust.
+Manifest read_manifest(const fs::path& dir) {
+  const std::string path = (dir / Checkpoint::kManifestFile).string();
+  const std::string text = read_file(path);
+  auto fail = [&](const std::string& why) -> void {
+    STRATA_THROW(STRATA_ERR_DATA_LOSS, "checkpoint manifest ", path, " is corrupt: ", why);
+  };
+  const nlohmann::json m = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!m.is_object()) fail("it is not a JSON object");
+  if (!m.contains("format") || m["format"] != kFormat) fail(std::string("its \"format\" is not \"") + kFormat + "\"");
+  if (!m.contains("format_version") || !m["format_version"].is_number_integer())
+    fail("it has no integer \"format_version\"");
+  const int version = m["format_version"].get<int>();
+  STRATA_ENFORCE(version <= Checkpoint::kFormatVersion, STRATA_ERR_UNIMPLEMENTED, "checkpoint ", path,
+                 " has format version ", version, "; this Strata reads up to ", Checkpoint::kFormatVersion,
+                 "; upgrade Strata to restore it");
+  Manifest out;
+  if (!m.contains("tensor_file") || !m["tensor_file"].is_string()) fail("it has no \"tensor_file\"");
+  out.tensor_file = m["tensor_file"].get<std::string>();
+  if (out.tensor_file.empty() || out.tensor_file.find('/') != std::string::npos || out.tensor_file[0] == '.')
+    fail("its tensor_file '" + out.tensor_file + "' is not a plain file name");
+  if (!m.contains("files") || !m["files"].is_object() || !m["files"].contains(out.tensor_file))
+    fail("it does not describe " + out.tensor_file);
+  const nlohmann::json& f = m["files"][out.tensor_file];
+  if (!f.is_object() || !f.contains("bytes") || !f["bytes"].is_number_unsigned() || !f.contains("crc32c") ||
+      !f["crc32c"].is_number_unsigned() || f["crc32c"].get<std::uint64_t>() > 0xFFFFFFFFu)
+    fail("the entry of " + out.tensor_file + " lacks its bytes or crc32c");
+  out.bytes = f["bytes"].get<std::uint64_t>();
+  out.crc = static_cast<std::uint32_t>(f["crc32c"].get<std::uint64_t>());
+  if (m.contains("step")) {
+    if (!m["step"].is_number_integer()) fail("its \"step\" is not an integer");
+    out.step = m["step"].get<std::int64_t>();
+  }
+  return out;
+}
+
+std::atomic<unsigned> g_tmp_counter{0};
+
+bool is_temporary_name(const std::string& name) {
+  return !name.empty() && name[0] == '.' && name.find(".tmp-") != std::string::npos;
+}
+
+// Rename `from` onto `to`, replacing an existing directory `to` atomically
+// (RENAME_EXCHANGE, then the old one is deleted from its new name).
+void rename_into_place(const fs::path& from, const fs::path& to) {
+  if (::rename(from.c_str(), to.c_str()) == 0) return;
+  const int err = errno;
+  if (err != ENOTEMPTY && err != EEXIST) throw_errno(err, "renaming " + from.string() + " to", to.string());
+  std::error_code ec;
+  STRATA_ENFORCE(fs::is_directory(to, ec), STRATA_ERR_ALREADY_EXISTS, "checkpoint: ", to.string(),
+                 " exists and is not a directory; not replacing it");
+  if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_EXCHANGE) != 0)
+    throw_errno(errno, "exchanging " + from.string() + " with", to.string());
+  fs::remove_all(from, ec);  // the previous checkpoint, now under the temporary name
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- RestoreStatus
+
+const RestoreStatus& RestoreStatus::assert_consumed() const {
+  if (missing_.empty() && unused_.empty()) return *this;
+  auto join = [](const std::vector<std::string>& v) {
+    std::string s;
+    for (const std::string& x : v) s += (s.empty() ? "'" : ", '") + x + "'";
+    return s.empty() ? std::string("none") : s;
+  };
+  STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "checkpoint restore did not match every object: tracked but not in the checkpoint: ",
+               join(missing_), "; in the checkpoint but not tracked: ", join(unused_));
+}
+
+// ---------------------------------------------------------------- Checkpoint
+
+struct Checkpoint::Impl {
+  enum class Kind { kVariable, kInt64, kDouble };
+  struct Object {
+    std::string name;
+    Kind kind;
+    Variable* variable = nullptr;
+    std::int64_t* i64 = nullptr;
+    double* f64 = nullptr;
+
+    DType dtype() const {
+      return kind == Kind::kVariable ? variable->dtype() : kind == Kind::kInt64 ? DType::kInt64 : DType::kFloat64;
+    }
+    std::vector<std::int64_t> shape() const {
+      return kind == Kind::kVariable ? variable->shape() : std::vector<std::int64_t>{};
+    }
+    const char* kind_name() const {
+      return kind == Kind::kVariable ? "variable" : kind == Kind::kInt64 ? "int64" : "double";
+    }
+    std::string label() const {
+      return kind == Kind::kVariable ? "variable '" + name + "' (Variable '" + variable->name() + "')"
+                                     : std::string(kind_name()) + " '" + name + "'";
+    }
+  };
+  std::vector<Object> objects;
+
+  void add(Object o) {
+    STRATA_ENFORCE(!o.name.empty() && o.name != "__metadata__", STRATA_ERR_INVALID_ARGUMENT,
+                   "checkpoint object names must be non-empty and not \"__metadata__\"; got '", o.name, "'");
+    for (const Object& x : objects)
+      STRATA_ENFORCE(x.name != o.name, STRATA_ERR_INVALID_ARGUMENT, "checkpoint already tracks an object named '",
+                     o.name, "'; names must be unique");
+    objects.push_back(std::move(o));
+  }
+
+  const std::int64_t* step() const {
+    for (const Object& o : objects)
+      if (o.kind == Kind::kInt64 && o.name == kStepName) return o.i64;
+    return nullptr;
+  }
+
+  Strategy& strategy() const {
+    for (const Object& o : objects)
+      if (o.kind == Kind::kVariable) return o.variable->strategy();
+    return get_strategy();
+  }
+};
+
+Checkpoint::Checkpoint() : impl_(std::make_unique<Impl>()) {}
+Checkpoint::Checkpoint(Checkpoint&& o) noexcept = default;
+Checkpoint& Checkpoint::operator=(Checkpoint&& o) noexcept = default;
+Checkpoint::~Checkpoint() = default;
+
+Checkpoint& Checkpoint::track(const std::string& name, Variable& variable) {
+  Impl::Object o{name, Impl::Kind::kVariable};
+  o.variable = &variable;
+  impl_->add(std::move(o));
+  return *this;
+}
+
+Checkpoint& Checkpoint::track(const std::string& name, std::int64_t* value) {
+  STRATA_ENFORCE(value != nullptr, STRATA_ERR_INVALID_ARGUMENT, "checkpoint object '", name, "' is a null pointer");
+  Impl::Object o{name, Impl::Kind::kInt64};
+  o.i64 = value;
+  impl_->add(std::move(o));
+  return *this;
+}
+
+Checkpoint& Checkpoint::track(const std::string& name, double* value) {
+  STRATA_ENFORCE(value != nullptr, STRATA_ERR_INVALID_ARGUMENT, "checkpoint object '", name, "' is a null pointer");
+  Impl::Object o{name, Impl::Kind::kDouble};
+  o.f64 = value;
+  impl_->add(std::move(o));
+  return *this;
+}
+
+std::vector<std::string> Checkpoint::names() const {
+  std::vector<std::string> out;
+  for (const Impl::Object& o : impl_->objects) out.push_back(o.name);
+  return out;
+}
+
+bool Checkpoint::save(const std::string& dir) const {
+  check_cross_replica("save");
+  const fs::path final_path = normalized(dir);
+  // Read everything first, on every worker: an ON_READ read may be a
+  // collective, and a failed read must not leave a temporary behind.
+  std::vector<const Impl::Object*> order;
+  for (const Impl::Object& o : impl_->objects) order.push_back(&o);
+  std::sort(order.begin(), order.end(), [](const Impl::Object* a, const Impl::Object* b) { return a->name < b->name; });
+  std::vector<Tensor> values;
+  std::vector<TensorEntry> entries;
+  std::uint64_t at = 0;
+  for (const Impl::Object* o : order) {
+    Tensor t = o->kind == Impl::Kind::kVariable ? o->variable->value()
+               : o->kind == Impl::Kind::kInt64  ? Tensor::scalar(*o->i64)
+                                                : Tensor::scalar(*o->f64);
+    if (!TensorView(t).is_contiguous()) t = Tensor::copy_of(t);
+    TensorEntry e{o->name, t.dtype(), t.shape(), at, at + t.nbytes()};
+    at = e.end;
+    entries.push_back(std::move(e));
+    values.push_back(std::move(t));
+  }
+  Strategy& strategy = impl_->strategy();
+  StrategyExtended& ext = strategy.extended();
+  if (!ext.is_chief()) return false;
+
+  const fs::path parent = final_path.has_parent_path() ? final_path.parent_path() : fs::path(".");
+  std::error_code ec;
+  fs::create_directories(parent, ec);
+  if (ec) throw_errno(ec.value(), "creating directory", parent.string());
+  const fs::path tmp = parent / ("." + final_path.filename().string() + ".tmp-" + std::to_string(::getpid()) + "-" +
+                                 std::to_string(g_tmp_counter.fetch_add(1)));
+  if (::mkdir(tmp.c_str(), 0755) != 0) throw_errno(errno, "creating directory", tmp.string());
+  try {
+    std::map<std::string, std::string> metadata{{"format", kFormat},
+                                                {"format_version", std::to_string(kFormatVersion)}};
+    const std::string header = checkpoint::encode_header(entries, metadata);
+    const std::string tensor_path = (tmp / kTensorFile).string();
+    std::uint32_t crc = 0;
+    {
+      Fd fd(::open(tensor_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+      if (fd.get() < 0) throw_errno(errno, "creating", tensor_path);
+      write_all(fd.get(), header.data(), header.size(), tensor_path);
+      crc = checkpoint::crc32c_extend(crc, header.data(), header.size());
+      for (const Tensor& t : values) {
+        write_all(fd.get(), t.raw_data(), t.nbytes(), tensor_path);
+        crc = checkpoint::crc32c_extend(crc, t.raw_data(), t.nbytes());
+      }
+      if (::fsync(fd.get()) != 0) throw_errno(errno, "fsync of", tensor_path);
+      fd.close_checked(tensor_path);
+    }
+    nlohmann::json objects = nlohmann::json::object();
+    for (const Impl::Object* o : order) {
+      nlohmann::json j = {{"kind", o->kind_name()}};
+      if (o->kind == Impl::Kind::kVariable) {
+        j["variable"] = o->variable->name();
+        j["synchronization"] = synchronization_name(o->variable->synchronization());
+        j["aggregation"] = aggregation_name(o->variable->aggregation());
+      }
+      objects[o->name] = std::move(j);
+    }
+    nlohmann::json manifest = {
+        {"format", kFormat},
+        {"format_version", kFormatVersion},
+        {"tensor_file", kTensorFile},
+        {"files", {{kTensorFile, {{"bytes", header.size() + at}, {"crc32c", crc}}}}},
+        {"objects", std::move(objects)},
+        {"written_by",
+         {{"strategy", strategy.name()},
+          {"num_replicas_in_sync", strategy.num_replicas_in_sync()},
+          {"num_workers", ext.num_workers()},
+          {"worker_index", ext.worker_index()}}}};
+    if (const std::int64_t* step = impl_->step()) manifest["step"] = *step;
+    const std::string text = manifest.dump(2) + "\n";
+    const std::string manifest_path = (tmp / kManifestFile).string();
+    {
+      Fd fd(::open(manifest_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+      if (fd.get() < 0) throw_errno(errno, "creating", manifest_path);
+      write_all(fd.get(), text.data(), text.size(), manifest_path);
+      if (::fsync(fd.get()) != 0) throw_errno(errno, "fsync of", manifest_path);
+      fd.close_checked(manifest_path);
+    }
+    fsync_path(tmp.string(), /*directory=*/true);
+    rename_into_place(tmp, final_path);
+    fsync_path(parent.string(), /*directory=*/true);
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+  return true;
+}
+
+RestoreStatus Checkpoint::restore(const std::string& dir, const RestoreOptions& options) const {
+  check_cross_replica("restore");
+  const fs::path path = normalized(dir);
+  std::error_code ec;
+  STRATA_ENFORCE(fs::is_directory(path, ec), STRATA_ERR_NOT_FOUND, "checkpoint directory ", path.string(),
+                 " does not exist");
+  const Manifest manifest = read_manifest(path);
+  const std::string file = (path / manifest.tensor_file).string();
+  const std::string bytes = read_file(file);
+  STRATA_ENFORCE(bytes.size() == manifest.bytes, STRATA_ERR_DATA_LOSS, "checkpoint file ", file, " has ",
+                 bytes.size(), " bytes but its manifest says ", manifest.bytes, " (truncated or replaced)");
+  const std::uint32_t crc = checkpoint::crc32c_extend(0, bytes.data(), bytes.size());
+  STRATA_ENFORCE(crc == manifest.crc, STRATA_ERR_DATA_LOSS, "checkpoint file ", file, " is corrupt: its CRC32C is ",
+                 crc, " but its manifest says ", manifest.crc);
+  const auto* data = reinterpret_cast<const unsigned char*>(bytes.data());
+  const checkpoint::ParsedFile parsed = checkpoint::parse_file(data, bytes.size(), file);
+  std::map<std::string, const TensorEntry*> by_name;
+  for (const TensorEntry& e : parsed.entries) by_name[e.name] = &e;
+
+  // Check every object before assigning any (never a partial restore).
+  RestoreStatus status;
+  status.step_ = manifest.step;
+  std::vector<std::pair<const Impl::Object*, const TensorEntry*>> plan;
+  for (const Impl::Object& o : impl_->objects) {
+    auto it = by_name.find(o.name);
+    if (it == by_name.end()) {
+      STRATA_ENFORCE(options.allow_missing, STRATA_ERR_NOT_FOUND, "checkpoint ", path.string(), " has no ",
+                     o.label(), "; restore with RestoreOptions::expect_partial() to keep its current value");
+      status.missing_.push_back(o.name);
+      continue;
+    }
+    const TensorEntry& e = *it->second;
+    auto shape_str = [](const std::vector<std::int64_t>& s) {
+      std::string r = "[";
+      for (std::size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+      return r + "]";
+    };
+    STRATA_ENFORCE(e.dtype == o.dtype() && e.shape == o.shape(), STRATA_ERR_INVALID_ARGUMENT, "checkpoint ",
+                   file, " holds ", o.label(), " as ", dtype_name(e.dtype), shape_str(e.shape), " but it is ",
+                   dtype_name(o.dtype()), shape_str(o.shape()));
+    plan.emplace_back(&o, &e);
+    by_name.erase(it);
+  }
+  for (const auto& kv : by_name) status.unused_.push_back(kv.first);
+
+  for (const auto& [o, e] : plan) {
+    const unsigned char* src = data + parsed.data_start + e->begin;
+    switch (o->kind) {
+      case Impl::Kind::kVariable:
+        // A 64-byte-aligned copy: the file's offsets promise no alignment.
+        o->variable->assign(Tensor::from_bytes(src, e->end - e->begin, e->shape, e->dtype));
+        break;
+      case Impl::Kind::kInt64: std::memcpy(o->i64, src, sizeof(std::int64_t)); break;
+      case Impl::Kind::kDouble: std::memcpy(o->f64, src, sizeof(double)); break;
+    }
+    status.restored_.push_back(o->name);
+  }
+  return status;
+}
+
+bool is_checkpoint(const std::string& dir) {
+  try {
+    const fs::path path = normalized(dir);
+    const Manifest m = read_manifest(path);
+    std::error_code ec;
+    const std::uintmax_t size = fs::file_size(path / m.tensor_file, ec);
+    return !ec && size == m.bytes;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+// ---------------------------------------------------------------- CheckpointManager
+
+namespace {
+
+// Complete "ckpt-<step>" checkpoints under `directory`, oldest first.
+std::vector<std::pair<std::int64_t, std::string>> list_checkpoints(const std::string& directory) {
+  static const std::regex kName("ckpt-(0|[1-9][0-9]{0,17})");
+  std::vector<std::pair<std::int64_t, std::string>> out;
+  std::error_code ec;
+  for (fs::directory_iterator it(directory, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    std::smatch m;
+    if (!std::regex_match(name, m, kName)) continue;
+    if (!is_checkpoint(it->path().string())) continue;
+    out.emplace_back(std::stoll(m[1].str()), it->path().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Delete a checkpoint so that no moment of the deletion looks complete:
+// first rename it to a temporary name, then remove that.
+void delete_checkpoint(const fs::path& path) {
+  const fs::path doomed = path.parent_path() / ("." + path.filename().string() + ".tmp-del-" +
+                                                std::to_string(::getpid()) + "-" + std::to_string(g_tmp_counter.fetch_add(1)));
+  std::error_code ec;
+  fs::rename(path, doomed, ec);
+  if (ec) throw_errno(ec.value(), "renaming for deletion", path.string());
+  fs::remove_all(doomed, ec);
+}
+
+}  // namespace
+
+CheckpointManager::CheckpointManager(Checkpoint& checkpoint, std::string directory, int max_to_keep)
+    : checkpoint_(&checkpoint), directory_(std::move(directory)), max_to_keep_(max_to_keep) {
+  STRATA_ENFORCE(max_to_keep >= 0, STRATA_ERR_INVALID_ARGUMENT, "max_to_keep must be >= 0 (0 keeps every checkpoint); got ",
+                 max_to_keep);
+  STRATA_ENFORCE(!directory_.empty(), STRATA_ERR_INVALID_ARGUMENT, "checkpoint directory must not be empty");
+}
+
+std::string CheckpointManager::save(std::int64_t step) {
+  STRATA_ENFORCE(step >= 0, STRATA_ERR_INVALID_ARGUMENT, "checkpoint step must be >= 0; got ", step);
+  const std::string path = (fs::path(directory_) / ("ckpt-" + std::to_string(step))).string();
+  if (!checkpoint_->save(path)) return path;
+  // Temporaries of saves that crashed (this process is the only writer).
+  std::error_code ec;
+  for (fs::directory_iterator it(directory_, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.rfind(".ckpt-", 0) == 0 && is_temporary_name(name)) {
+      std::error_code rm;
+      fs::remove_all(it->path(), rm);
+      if (rm) detail::logger("core")->warn("checkpoint: could not remove temporary {}: {}", it->path().string(), rm.message());
+    }
+  }
+  if (max_to_keep_ > 0) {
+    auto all = list_checkpoints(directory_);
+    for (std::size_t i = 0; i + static_cast<std::size_t>(max_to_keep_) < all.size(); ++i)
+      delete_checkpoint(all[i].second);
+  }
+  return path;
+}
+
+std::optional<std::string> CheckpointManager::latest_checkpoint() const { return strata::latest_checkpoint(directory_); }
+
+std::vector<std::string> CheckpointManager::checkpoints() const {
+  std::vector<std::string> out;
+  for (auto& [step, path] : list_checkpoints(directory_)) out.push_back(std::move(path));
+  return out;
+}
+
+std::optional<RestoreStatus> CheckpointManager::restore_or_initialize(const RestoreOptions& options) {
+  const std::optional<std::string> latest = latest_checkpoint();
+  if (!latest) return std::nullopt;
+  return checkpoint_->restore(*latest, options);
+}
+
+std::optional<std::string> latest_checkpoint(const std::string& directory) {
+  auto all = list_checkpoints(directory);
+  if (all.empty()) return std::nullopt;
+  return all.back().second;
+}
+
+}  // namespace strata
