@@ -23,11 +23,11 @@
 #include <regex>
 #include <system_error>
 
-#include "checkpoint/crc32c.h"
 #include "checkpoint/safetensors.h"
 #include "log.h"
 #include "strata/distribute.hpp"
 #include "strata/error.hpp"
+#include "strata/sdk/records.hpp"
 
 namespace strata {
 namespace fs = std::filesystem;
@@ -328,10 +328,10 @@ bool Checkpoint::save(const std::string& dir) const {
       Fd fd(::open(tensor_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
       if (fd.get() < 0) throw_errno(errno, "creating", tensor_path);
       write_all(fd.get(), header.data(), header.size(), tensor_path);
-      crc = checkpoint::crc32c_extend(crc, header.data(), header.size());
+      crc = sdk::crc32c_extend(crc, header.data(), header.size());
       for (const Tensor& t : values) {
         write_all(fd.get(), t.raw_data(), t.nbytes(), tensor_path);
-        crc = checkpoint::crc32c_extend(crc, t.raw_data(), t.nbytes());
+        crc = sdk::crc32c_extend(crc, t.raw_data(), t.nbytes());
       }
       if (::fsync(fd.get()) != 0) throw_errno(errno, "fsync of", tensor_path);
       fd.close_checked(tensor_path);
@@ -388,7 +388,7 @@ RestoreStatus Checkpoint::restore(const std::string& dir, const RestoreOptions& 
   const std::string bytes = read_file(file);
   STRATA_ENFORCE(bytes.size() == manifest.bytes, STRATA_ERR_DATA_LOSS, "checkpoint file ", file, " has ",
                  bytes.size(), " bytes but its manifest says ", manifest.bytes, " (truncated or replaced)");
-  const std::uint32_t crc = checkpoint::crc32c_extend(0, bytes.data(), bytes.size());
+  const std::uint32_t crc = sdk::crc32c_extend(0, bytes.data(), bytes.size());
   STRATA_ENFORCE(crc == manifest.crc, STRATA_ERR_DATA_LOSS, "checkpoint file ", file, " is corrupt: its CRC32C is ",
                  crc, " but its manifest says ", manifest.crc);
   const auto* data = reinterpret_cast<const unsigned char*>(bytes.data());
