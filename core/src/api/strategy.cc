@@ -562,23 +562,7 @@ Tensor Strategy::reduce(ReduceOp op, const DistributedValues& value, std::option
   detail::require_cross_replica(*s, "Strategy::reduce");
   check_components(*s, value, "Strategy::reduce");
   if (!axis) return s->extended->reduce_to(op, value);
-  const std::int64_t ndim = value[0].ndim();
-  const int ax = normalise_axis(*axis, ndim);
-  std::vector<Tensor> sums, counts;
-  for (std::size_t i = 0; i < value.size(); ++i) {
-    STRATA_ENFORCE(value[i].ndim() == ndim, STRATA_ERR_INVALID_ARGUMENT,
-                   "Strategy::reduce: replica ", i, " has rank ", value[i].ndim(), " but replica 0 has ",
-                   ndim, "; per-replica values must differ only along the reduced axis");
-    sums.push_back(detail::sum_along_axis(value[i].dl(), ax));
-    counts.push_back(Tensor::scalar<double>(static_cast<double>(value[i].shape()[static_cast<std::size_t>(ax)])));
-  }
-  Tensor total = s->extended->reduce_to(ReduceOp::SUM, PerReplica(std::move(sums)));
-  if (op == ReduceOp::MEAN) {
-    // TF divides by the global count along the axis, not by the replica count.
-    Tensor n = s->extended->reduce_to(ReduceOp::SUM, PerReplica(std::move(counts)));
-    detail::divide_by(total.mutable_dl(), n.data<double>()[0]);
-  }
-  return total;
+  return reduce(op, value, std::vector<int>{*axis});
 }
 
 Tensor Strategy::reduce(ReduceOp op, const DistributedValues& value, const std::vector<int>& axes) {
@@ -602,18 +586,21 @@ Tensor Strategy::reduce(ReduceOp op, const DistributedValues& value, const std::
     STRATA_ENFORCE(value[i].ndim() == ndim, STRATA_ERR_INVALID_ARGUMENT, "Strategy::reduce: replica ", i,
                    " has rank ", value[i].ndim(), " but replica 0 has ", ndim,
                    "; per-replica values must differ only along the reduced axes");
-    Tensor t = value[i].clone();
     double count = 1;
+    Tensor t;
+    const DLTensor* cur = &value[i].dl();
     for (int ax : norm) {
-      count *= static_cast<double>(t.shape()[static_cast<std::size_t>(ax)]);
-      t = detail::sum_along_axis(t.dl(), ax);
+      count *= static_cast<double>(cur->shape[ax]);
+      t = detail::sum_along_axis(*cur, ax);
+      cur = &t.dl();
     }
     sums.push_back(std::move(t));
     counts.push_back(Tensor::scalar<double>(count));
   }
   Tensor total = s->extended->reduce_to(ReduceOp::SUM, PerReplica(std::move(sums)));
   if (op == ReduceOp::MEAN) {
-    // The mean over every element the axes held, on every replica.
+    // TF divides by the global count of elements the axes held, not by the
+    // replica count.
     Tensor n = s->extended->reduce_to(ReduceOp::SUM, PerReplica(std::move(counts)));
     detail::divide_by(total.mutable_dl(), n.data<double>()[0]);
   }
