@@ -24,6 +24,7 @@
 
 #include "frame.h"
 #include "strata/sdk/options.hpp"
+#include "strata/sdk/rendezvous.hpp"
 
 namespace strata::transport::tcp {
 
@@ -850,21 +851,6 @@ void TcpComm::setup(int64_t timeout_ms) {
   // O(world) store requests, not 2 per pair of ranks (256 ranks: 98,000).
   // Each entry: the address, a NUL, the kHandshakeNonceBytes nonce.
   std::vector<std::string> addrs(static_cast<size_t>(world_));
-  auto missing_addresses = [&] {
-    std::string m;
-    int n = 0;
-    for (int p = 0; p < world_; ++p) {
-      if (p == rank_) continue;
-      try {
-        host_.store_get(str_cat(name_, "/addr/", p), 0);
-      } catch (const Error& e) {
-        if (e.code() != STRATA_ERR_DEADLINE_EXCEEDED) throw;
-        m += str_cat(m.empty() ? "" : ", ", p);
-        ++n;
-      }
-    }
-    return m.empty() ? m : str_cat(n == 1 ? "rank " : "ranks ", m);
-  };
   std::string peers;
   if (rank_ == 0) {
     for (int p = 0; p < world_; ++p) {
@@ -888,7 +874,8 @@ void TcpComm::setup(int64_t timeout_ms) {
       peers = host_.store_get(str_cat(name_, "/peers"), left_ms());
     } catch (const Error& e) {
       if (e.code() != STRATA_ERR_DEADLINE_EXCEEDED) throw;
-      const std::string m = missing_addresses();
+      const std::string m =
+          sdk::missing_ranks(host_, world_, rank_, [&](int p) { return str_cat(name_, "/addr/", p); });
       if (!m.empty())
         STRATA_THROW(STRATA_ERR_DEADLINE_EXCEEDED, who, ": ", m, " never published an address within ", timeout_ms,
                      " ms; check that every rank creates this communicator with the same name and world size");

@@ -65,6 +65,25 @@ inline std::string refused_connections_text(const Host& host) {
   }
 }
 
+/// The ranks other than `self` whose key `key_of(r)` is not in the store
+/// yet, as "rank 3" or "ranks 2, 3" ("" when none). Looks without waiting
+/// (one store_get per rank): for error messages, not for hot paths.
+template <class KeyOf>
+std::string missing_ranks(const Host& host, int world, int self, KeyOf key_of) {
+  std::string m;
+  int n = 0;
+  for (int r = 0; r < world; ++r) {
+    if (r == self) continue;
+    try {
+      host.store_get(key_of(r), 0);
+    } catch (const Error& e) {
+      if (e.code() != STRATA_ERR_DEADLINE_EXCEEDED) throw;
+      m += (n++ == 0 ? "" : ", ") + std::to_string(r);
+    }
+  }
+  return m.empty() ? m : (n == 1 ? "rank " : "ranks ") + m;
+}
+
 /// Check in as `rank` of `world` under `name` and wait for every other rank
 /// to do the same, for at most `timeout_ms`. Rank 0 logs the missing ranks
 /// every `report_every_ms`. Throws DEADLINE_EXCEEDED naming the missing
@@ -88,21 +107,7 @@ inline void rendezvous_gate(const Host& host, const std::string& name, int rank,
   if (host.store_add(::strata::detail::str_cat(name, "/joined/count"), 1, timeout_ms) == world)
     host.store_set(open_key, "1", timeout_ms);
   const std::vector<std::string> keys{open_key};
-  // "rank 3" or "ranks 2, 3" ("" when nobody is missing).
-  auto missing = [&] {
-    std::string m;
-    int n = 0;
-    for (int r = 0; r < world; ++r) {
-      if (r == rank) continue;
-      try {
-        host.store_get(key(r), 0);
-      } catch (const Error& e) {
-        if (e.code() != STRATA_ERR_DEADLINE_EXCEEDED) throw;
-        m += (n++ == 0 ? "" : ", ") + std::to_string(r);
-      }
-    }
-    return m.empty() ? m : (n == 1 ? "rank " : "ranks ") + m;
-  };
+  auto missing = [&] { return missing_ranks(host, world, rank, key); };
   std::string last_missing;
   for (;;) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
