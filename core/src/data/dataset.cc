@@ -894,111 +894,30 @@ std::int64_t batch_rows(const Element& e, const char* op) {
   return rows < 0 ? 0 : rows;
 }
 
-/// rebatch(sizes): a queue of input rows cut into batches of the cycled
-/// sizes; each output batch is built with one copy per component.
+/// rebatch(sizes): the input's rows cut into batches of the cycled sizes.
 class RebatchStream : public ElementStream {
  public:
-  RebatchStream(NodePtr node, std::unique_ptr<ElementStream> up) : node_(std::move(node)), up_(std::move(up)) {}
+  RebatchStream(NodePtr node, std::unique_ptr<ElementStream> up)
+      : node_(std::move(node)), rows_(std::move(up), "rebatch()") {}
   std::optional<Element> next() override {
     if (ended_) return std::nullopt;
     const std::int64_t want = node_->sizes[next_];
     next_ = (next_ + 1) % node_->sizes.size();
-    // Rows [offset_, ...) of pending_[0], then the batches after it.
-    std::int64_t have = 0;
-    for (std::size_t i = 0; i < pending_.size(); ++i) have += rows_[i] - (i == 0 ? offset_ : 0);
-    while (have < want || (want == 0 && pending_.empty() && !layout_)) {
-      std::optional<Element> b = up_ ? up_->next() : std::nullopt;
-      if (!b) {
-        up_.reset();
-        break;
-      }
-      const std::int64_t r = batch_rows(*b, "rebatch()");
-      if (!layout_) layout_ = b->clone();
-      check_layout(*b);
-      if (r == 0) continue;
-      rows_.push_back(r);
-      pending_.push_back(std::move(*b));
-      have += r;
-    }
-    if (!layout_) {  // no input at all: nothing to describe an empty batch with
+    const bool full = rows_.fill(want);
+    if (rows_.layout() == nullptr) {  // no input at all: nothing to describe an empty batch with
       ended_ = true;
       return std::nullopt;
     }
-    if (have < want) {
+    if (!full) {
       ended_ = true;
-      if (have == 0 || node_->flag) return std::nullopt;
+      if (rows_.buffered() == 0 || node_->flag) return std::nullopt;
     }
-    return take(std::min(want, have));
+    return rows_.take(std::min(want, rows_.buffered()));
   }
 
  private:
-  void check_layout(const Element& b) const {
-    bool same = b.tensors.size() == layout_->tensors.size();
-    for (std::size_t i = 0; same && i < b.tensors.size(); ++i) {
-      const auto s0 = layout_->tensors[i].shape(), s1 = b.tensors[i].shape();
-      same = b.names[i] == layout_->names[i] && b.tensors[i].dtype() == layout_->tensors[i].dtype() &&
-             s0.size() == s1.size() && std::equal(s0.begin() + 1, s0.end(), s1.begin() + 1);
-    }
-    if (!same)
-      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "rebatch(): a batch has components ", layout_str(b), " of row shape ",
-                   row_shapes(b), " but the first had ", layout_str(*layout_), " of row shape ", row_shapes(*layout_),
-                   "; rebatch needs the same components, dtypes and row shapes in every batch");
-  }
-  static std::string row_shapes(const Element& e) {
-    std::string s;
-    for (const Tensor& t : e.tensors) {
-      auto shape = t.shape();
-      if (!shape.empty()) shape.erase(shape.begin());
-      s += (s.empty() ? "" : " ") + shape_str(shape);
-    }
-    return s;
-  }
-  Element take(std::int64_t n) {
-    Element out;
-    for (std::size_t k = 0; k < layout_->tensors.size(); ++k) {
-      std::vector<std::int64_t> shape = layout_->tensors[k].shape();
-      shape[0] = n;
-      Tensor t = Tensor::zeros(shape, layout_->tensors[k].dtype());
-      auto* dst = static_cast<char*>(t.raw_data());
-      std::int64_t got = 0, off = offset_;
-      for (std::size_t i = 0; got < n; ++i) {
-        const Tensor& src = pending_[i].tensors[k];
-        const TensorView v(src);
-        STRATA_ENFORCE(v.is_contiguous(), STRATA_ERR_INVALID_ARGUMENT, "rebatch(): component '", layout_->names[k],
-                       "' is not contiguous; make it compact (e.g. Tensor::copy_of) in map()");
-        const std::size_t row = src.nbytes() / static_cast<std::size_t>(rows_[i]);
-        const std::int64_t m = std::min(rows_[i] - off, n - got);
-        if (row != 0)
-          std::memcpy(dst + static_cast<std::size_t>(got) * row,
-                      static_cast<const char*>(v.raw_data()) + static_cast<std::size_t>(off) * row,
-                      static_cast<std::size_t>(m) * row);
-        got += m;
-        off = 0;
-      }
-      out.names.push_back(layout_->names[k]);
-      out.tensors.push_back(std::move(t));
-    }
-    // Drop the rows taken.
-    std::int64_t left = n;
-    while (left > 0) {
-      const std::int64_t m = std::min(rows_.front() - offset_, left);
-      offset_ += m;
-      left -= m;
-      if (offset_ == rows_.front()) {
-        pending_.pop_front();
-        rows_.pop_front();
-        offset_ = 0;
-      }
-    }
-    return out;
-  }
-
   NodePtr node_;
-  std::unique_ptr<ElementStream> up_;
-  std::deque<Element> pending_;
-  std::deque<std::int64_t> rows_;
-  std::int64_t offset_ = 0;  // rows of pending_.front() already taken
-  std::optional<Element> layout_;  // the first batch (names, dtypes, row shapes)
+  RowQueue rows_;
   std::size_t next_ = 0;
   bool ended_ = false;
 };
@@ -1307,6 +1226,97 @@ std::unique_ptr<ElementStream> open_stream(const Dataset& ds, const InputContext
                    "source sharding (", req.num_shards, ", ", req.index,
                    ") is invalid; need num_shards >= 1 and 0 <= index < num_shards");
   return open_node(ds.node(), c, req.pass);
+}
+
+
+// ------------------------------------------------------------ RowQueue ---
+
+bool RowQueue::fill(std::int64_t n) {
+  while ((buffered_ < n || !layout_) && up_) {
+    std::optional<Element> b = up_->next();
+    if (!b) {
+      up_.reset();
+      break;
+    }
+    const std::int64_t r = batch_rows(*b, op_);
+    if (!layout_) layout_ = b->clone();
+    check_layout(*b);
+    if (r == 0) continue;
+    rows_.push_back(r);
+    pending_.push_back(std::move(*b));
+    buffered_ += r;
+  }
+  return buffered_ >= n;
+}
+
+void RowQueue::check_layout(const Element& b) const {
+  bool same = b.tensors.size() == layout_->tensors.size();
+  for (std::size_t i = 0; same && i < b.tensors.size(); ++i) {
+    const auto s0 = layout_->tensors[i].shape(), s1 = b.tensors[i].shape();
+    same = b.names[i] == layout_->names[i] && b.tensors[i].dtype() == layout_->tensors[i].dtype() &&
+           s0.size() == s1.size();
+  }
+  if (!same)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, op_, ": a batch has components ", layout_str(b), " but the first had ",
+                 layout_str(*layout_), "; every batch needs the same components, dtypes and ranks");
+}
+
+Element RowQueue::take(std::int64_t n) {
+  STRATA_ENFORCE(layout_ && n <= buffered_, STRATA_ERR_INTERNAL, op_, ": took ", n, " rows of ", buffered_);
+  if (n > 0 && offset_ == 0 && rows_.front() == n) {  // exactly the next batch: no copy
+    Element out = std::move(pending_.front());
+    pending_.pop_front();
+    rows_.pop_front();
+    buffered_ -= n;
+    return out;
+  }
+  Element out;
+  for (std::size_t k = 0; k < layout_->tensors.size(); ++k) {
+    // Rows keep the shape of the batch they come from; rows from several
+    // batches need equal row shapes (batches may differ, e.g. padded ones).
+    std::vector<std::int64_t> shape = (n > 0 ? pending_.front() : *layout_).tensors[k].shape();
+    shape[0] = n;
+    Tensor t = Tensor::zeros(shape, layout_->tensors[k].dtype());
+    auto* dst = static_cast<char*>(t.raw_data());
+    std::int64_t got = 0, off = offset_;
+    for (std::size_t i = 0; got < n; ++i) {
+      const Tensor& src = pending_[i].tensors[k];
+      const std::vector<std::int64_t> ss = src.shape();
+      if (!std::equal(ss.begin() + 1, ss.end(), shape.begin() + 1))
+        STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, op_, ": component '", layout_->names[k], "' has rows of shape ",
+                     shape_str(std::vector<std::int64_t>(shape.begin() + 1, shape.end())), " in one batch and ",
+                     shape_str(std::vector<std::int64_t>(ss.begin() + 1, ss.end())),
+                     " in the next, and a new batch takes rows from both; give every batch the same row shape "
+                     "(pad to a fixed size)");
+      const TensorView v(src);
+      STRATA_ENFORCE(v.is_contiguous(), STRATA_ERR_INVALID_ARGUMENT, op_, ": component '", layout_->names[k],
+                     "' is not contiguous; make it compact (e.g. Tensor::copy_of) in map()");
+      const std::size_t row = src.nbytes() / static_cast<std::size_t>(rows_[i]);
+      const std::int64_t m = std::min(rows_[i] - off, n - got);
+      if (row != 0)
+        std::memcpy(dst + static_cast<std::size_t>(got) * row,
+                    static_cast<const char*>(v.raw_data()) + static_cast<std::size_t>(off) * row,
+                    static_cast<std::size_t>(m) * row);
+      got += m;
+      off = 0;
+    }
+    out.names.push_back(layout_->names[k]);
+    out.tensors.push_back(std::move(t));
+  }
+  // Drop the rows taken.
+  buffered_ -= n;
+  std::int64_t left = n;
+  while (left > 0) {
+    const std::int64_t m = std::min(rows_.front() - offset_, left);
+    offset_ += m;
+    left -= m;
+    if (offset_ == rows_.front()) {
+      pending_.pop_front();
+      rows_.pop_front();
+      offset_ = 0;
+    }
+  }
+  return out;
 }
 
 }  // namespace detail

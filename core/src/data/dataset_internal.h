@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -66,6 +67,35 @@ class ElementStream {
   virtual std::optional<Element> next() = 0;
 };
 std::unique_ptr<ElementStream> open_stream(const Dataset& ds, const InputContext& ctx, const StreamRequest& req);
+
+/// A stream of batches read as one sequence of rows, cut into batches of
+/// any size with one copy per component (tf.data's unbatch().batch(n)):
+/// what rebatch() and distribute_dataset's split of global batches share.
+/// Every batch must have the first batch's components, dtypes and row
+/// shapes (InvalidArgumentError naming `op` otherwise). One consumer.
+class RowQueue {
+ public:
+  RowQueue(std::unique_ptr<ElementStream> up, const char* op) : up_(std::move(up)), op_(op) {}
+  /// Read until `n` rows are buffered, or the layout is known when n is 0,
+  /// or the input ends; true when `n` rows are buffered.
+  bool fill(std::int64_t n);
+  std::int64_t buffered() const { return buffered_; }
+  /// The first batch read (names, dtypes, row shapes); nullptr before.
+  const Element* layout() const { return layout_ ? &*layout_ : nullptr; }
+  /// The next `n` (<= buffered()) rows; needs a layout when n is 0. A whole
+  /// buffered batch is moved out, not copied.
+  Element take(std::int64_t n);
+
+ private:
+  void check_layout(const Element& b) const;
+  std::unique_ptr<ElementStream> up_;
+  const char* op_;
+  std::deque<Element> pending_;
+  std::deque<std::int64_t> rows_;
+  std::int64_t offset_ = 0;  // rows of pending_.front() already taken
+  std::int64_t buffered_ = 0;
+  std::optional<Element> layout_;
+};
 
 /// A user-given timeout in seconds as a wait duration, clamped to a year so
 /// no conversion can overflow.

@@ -182,77 +182,6 @@ std::vector<std::int64_t> rebatch_sizes(std::int64_t global, int workers, int lo
   return out;
 }
 
-// Rows of every component of `parts` stacked in order (one copy).
-Element concat_rows(std::vector<Element>& parts) {
-  Element out;
-  out.names = parts[0].names;
-  for (std::size_t c = 0; c < parts[0].tensors.size(); ++c) {
-    const Tensor& first = parts[0].tensors[c];
-    std::vector<std::int64_t> shape = first.shape();
-    std::int64_t rows = 0;
-    std::vector<char> bytes;
-    for (Element& p : parts) {
-      const Tensor& t = p.tensors.at(c);
-      auto ts = t.shape();
-      STRATA_ENFORCE(t.dtype() == first.dtype() && ts.size() == shape.size() &&
-                         std::equal(ts.begin() + 1, ts.end(), shape.begin() + 1),
-                     STRATA_ERR_INVALID_ARGUMENT, "component '", out.names[c],
-                     "' changes its dtype or row shape between batches; every batch of a distributed dataset "
-                     "needs the same layout to be re-split across replicas");
-      rows += ts[0];
-      const auto* src = static_cast<const char*>(t.raw_data());
-      bytes.insert(bytes.end(), src, src + t.nbytes());
-    }
-    shape[0] = rows;
-    out.tensors.push_back(Tensor::from_bytes(bytes.data(), bytes.size(), shape, first.dtype()));
-  }
-  return out;
-}
-
-// A stream of batches read as one sequence of rows (tf.data's rebatch is
-// unbatch().batch(sizes) done with one copy).
-class RowQueue {
- public:
-  explicit RowQueue(std::unique_ptr<ElementStream> stream) : stream_(std::move(stream)) {}
-
-  // True while rows remain (reads the next batch when none is buffered).
-  bool has_rows(Spec& spec) {
-    while (pending_.empty()) {
-      std::optional<Element> b = stream_->next();
-      if (!b) return false;
-      if (!spec.known) spec = spec_of(*b);
-      if (rows_of(*b) > 0) pending_.push_back(std::move(*b));
-    }
-    return true;
-  }
-
-  // The next `k` rows, fewer (down to none) at the end of the stream.
-  Element take(std::int64_t k, Spec& spec) {
-    std::vector<Element> parts;
-    std::int64_t got = 0;
-    while (got < k && has_rows(spec)) {
-      Element& front = pending_.front();
-      const std::int64_t rows = rows_of(front);
-      const std::int64_t n = std::min(rows - offset_, k - got);
-      parts.push_back(slice_rows(front, offset_, offset_ + n, offset_ == 0 && n == rows));
-      offset_ += n;
-      got += n;
-      if (offset_ == rows) {
-        pending_.pop_front();
-        offset_ = 0;
-      }
-    }
-    if (parts.empty()) return empty_like(spec);
-    if (parts.size() == 1) return std::move(parts[0]);
-    return concat_rows(parts);
-  }
-
- private:
-  std::unique_ptr<ElementStream> stream_;
-  std::deque<Element> pending_;
-  std::int64_t offset_ = 0;  // rows of pending_.front() already taken
-};
-
 // One local step: an Element per local replica, or nullopt when this
 // worker's input is exhausted.
 using LocalStep = std::optional<std::vector<Element>>;
@@ -300,12 +229,15 @@ class DataShardProducer : public StepProducer {
 class RebatchProducer : public StepProducer {
  public:
   RebatchProducer(std::unique_ptr<ElementStream> stream, std::vector<std::int64_t> sizes, int local)
-      : rows_(std::move(stream)), sizes_(std::move(sizes)), local_(local) {}
+      : rows_(std::move(stream), "distribute_dataset"), sizes_(std::move(sizes)), local_(local) {}
   LocalStep next() override {
-    if (!rows_.has_rows(spec)) return std::nullopt;
+    const bool any = rows_.fill(1);
+    if (!spec.known && rows_.layout() != nullptr) spec = spec_of(*rows_.layout());
+    if (!any) return std::nullopt;
     std::vector<Element> out;
     for (int i = 0; i < local_; ++i) {
-      out.push_back(rows_.take(sizes_[next_], spec));
+      rows_.fill(sizes_[next_]);
+      out.push_back(rows_.take(std::min(sizes_[next_], rows_.buffered())));
       next_ = (next_ + 1) % sizes_.size();
     }
     return out;
