@@ -63,6 +63,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -126,8 +127,30 @@ class STRATA_API Checkpoint {
   Checkpoint& track(const std::string& name, Variable& variable);
   Checkpoint& track(const std::string& name, std::int64_t* value);
   Checkpoint& track(const std::string& name, double* value);
+  /// An object that serialises its own state (an input iterator, a user's
+  /// RNG, anything with a position): `save` returns this worker's state as
+  /// bytes; `restore` gets the states EVERY worker saved, in worker-index
+  /// order (their number is the worker count at save time, which may differ
+  /// from today's: the object decides whether it can continue and throws
+  /// otherwise). save() gathers the states of all workers to the chief (a
+  /// collective), so the checkpoint holds each worker's own position; it is
+  /// stored as one uint8 tensor `name` (see kStateMagic for its layout).
+  /// Both hooks are required (InvalidArgumentError otherwise). On restore,
+  /// state objects are restored before variables and scalars, so an object
+  /// that refuses its state fails the restore before any value changed
+  /// (state objects restored earlier in the same call keep theirs).
+  struct State {
+    std::function<std::string()> save;
+    std::function<void(const std::vector<std::string>& states_by_worker)> restore;
+  };
+  Checkpoint& track_state(const std::string& name, State state);
+  /// Layout of a state entry: "STST" magic, u32 version (1), u32 worker
+  /// count, then per worker a u64 byte count and the bytes (little endian).
+  static constexpr const char* kStateMagic = "STST";
   /// Tracked names, in tracking order.
   std::vector<std::string> names() const;
+  /// The current value of the int64 tracked as "step" (nullopt when none is).
+  std::optional<std::int64_t> step() const;
 
   /// Save into directory `dir` (see the file comment). Returns true when
   /// this process wrote it (the chief), false on the other workers.
@@ -136,6 +159,7 @@ class STRATA_API Checkpoint {
   RestoreStatus restore(const std::string& dir, const RestoreOptions& options = {}) const;
 
  private:
+  friend class BackupAndRestore;
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
@@ -175,6 +199,85 @@ class STRATA_API CheckpointManager {
   Checkpoint* checkpoint_;
   std::string directory_;
   int max_to_keep_;
+};
+
+/// Options of BackupAndRestore.
+struct BackupOptions {
+  /// Save a backup every this many steps (> 0).
+  std::int64_t save_every_steps = 0;
+  /// Keras' delete_checkpoint: training_end() deletes the backups, so that
+  /// the next run of the program starts from scratch. false keeps them (a
+  /// rerun then restores the final step and has nothing left to do).
+  bool delete_on_completion = true;
+  /// Backups kept (the newest ones; >= 1).
+  int max_to_keep = 1;
+  /// Save when the job is being stopped: after SIGTERM reaches any worker
+  /// (what Slurm sends before preempting or cancelling a job, what
+  /// strata-run forwards), every worker saves a backup at its next
+  /// step_end() and preempted() turns true, so the loop can exit and a
+  /// requeued job resumes from that very step (tf's
+  /// PreemptionCheckpointHandler). Costs one tiny all-reduce per step across
+  /// workers, to agree on the step. Installs a SIGTERM handler for the
+  /// helper's lifetime (the previous one is put back by the destructor).
+  bool save_on_sigterm = false;
+};
+
+/// Keras' BackupAndRestore callback for a custom training loop:
+///
+///   std::int64_t step = 0;
+///   strata::Checkpoint ckpt;
+///   ckpt.track("step", &step).track("w", w).track_state("input", ...);
+///   strata::BackupAndRestore backup(ckpt, "/shared/backup", 100);
+///   backup.restore();                       // resumes where a killed run stopped
+///   for (; step < total; ) {
+///     train_one_step();
+///     ++step;
+///     backup.step_end();                    // every 100 steps: a backup
+///   }
+///   backup.training_end();                  // deletes the backups
+///
+/// The Checkpoint must track the loop's step counter as the int64 "step"
+/// (InvalidArgumentError otherwise): backups are named after it and
+/// restore() sets it. Every worker makes the same calls at the same steps
+/// (saves are collective; only the chief writes, see Checkpoint::save).
+/// Every worker must be able to read `directory` (one machine, or a shared
+/// file system, as Keras requires). A restarted job (strata-run
+/// --max-restarts, Slurm --requeue) runs the same program, which restores
+/// the newest backup and continues as if nothing had happened, provided
+/// everything that influences the run (weights, optimizer slots, the input
+/// position, RNG state) is tracked by the Checkpoint.
+class STRATA_API BackupAndRestore {
+ public:
+  BackupAndRestore(Checkpoint& checkpoint, std::string directory, std::int64_t save_every_steps);
+  BackupAndRestore(Checkpoint& checkpoint, std::string directory, const BackupOptions& options);
+  ~BackupAndRestore();
+  BackupAndRestore(const BackupAndRestore&) = delete;
+  BackupAndRestore& operator=(const BackupAndRestore&) = delete;
+
+  /// Restore the newest backup, if there is one (every worker). Returns the
+  /// step it resumes from (the restored "step"), or nullopt when there was
+  /// no backup and nothing changed. Errors as Checkpoint::restore.
+  std::optional<std::int64_t> restore();
+  /// Call after every training step, once the step counter counts it.
+  /// Saves when step % save_every_steps == 0 (or SIGTERM was seen, see
+  /// BackupOptions::save_on_sigterm). Returns true when it saved.
+  bool step_end();
+  /// True once a SIGTERM-triggered backup has been saved: stop training
+  /// and exit (the backup is kept for the next run).
+  bool preempted() const { return preempted_; }
+  /// Training finished: delete the backups (chief) unless
+  /// delete_on_completion is false. Not after preempted().
+  void training_end();
+
+  const std::string& directory() const { return manager_.directory(); }
+
+ private:
+  Checkpoint* checkpoint_;
+  BackupOptions options_;
+  CheckpointManager manager_;
+  std::int64_t last_saved_ = -1;
+  bool preempted_ = false;
+  bool handler_installed_ = false;
 };
 
 /// tf.train.latest_checkpoint: the newest "ckpt-<step>" checkpoint under

@@ -7,6 +7,7 @@
 #include "strata/checkpoint.hpp"
 
 #include <dirent.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <sys/stat.h>
@@ -117,6 +118,88 @@ fs::path normalized(const std::string& dir) {
   return p;
 }
 
+// Every worker's state bytes, gathered to every worker in worker order and
+// framed as Checkpoint::kStateMagic says. Local replica 0 carries this
+// worker's bytes, the others nothing, so the gather (replica order across
+// workers) lists one state per worker.
+void put_u32(std::string& out, std::uint32_t v) {
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
+}
+void put_u64(std::string& out, std::uint64_t v) {
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
+}
+std::uint64_t get_le(const unsigned char* p, int n) {
+  std::uint64_t v = 0;
+  for (int i = n - 1; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+Tensor gather_states(Strategy& strategy, const std::string& name, const std::string& mine) {
+  const int local = strategy.num_local_replicas();
+  const int workers = strategy.extended().num_workers();
+  std::vector<std::string> all;
+  if (workers <= 1) {
+    all.push_back(mine);
+  } else {
+    // Collectives carry no uint8: the bytes travel as int32 words (zero
+    // padded), their exact count alongside.
+    std::vector<Tensor> bytes, lens;
+    for (int r = 0; r < local; ++r) {
+      const std::int64_t n = r == 0 ? static_cast<std::int64_t>(mine.size()) : 0;
+      Tensor words = Tensor::zeros({(n + 3) / 4}, DType::kInt32);
+      if (n > 0) std::memcpy(words.raw_data(), mine.data(), static_cast<std::size_t>(n));
+      bytes.push_back(std::move(words));
+      lens.push_back(r == 0 ? Tensor::from_vector(std::vector<std::int64_t>{n}, {1})
+                            : Tensor::zeros({0}, DType::kInt64));
+    }
+    const Tensor sizes = strategy.gather(PerReplica(std::move(lens)), 0);
+    const Tensor joined = strategy.gather(PerReplica(std::move(bytes)), 0);
+    STRATA_ENFORCE(sizes.numel() == workers, STRATA_ERR_INTERNAL, "checkpoint state '", name, "': gathered ",
+                   sizes.numel(), " sizes from ", workers, " workers");
+    const char* p = static_cast<const char*>(joined.raw_data());
+    std::size_t at = 0;
+    for (std::int64_t w = 0; w < workers; ++w) {
+      const auto n = static_cast<std::size_t>(sizes.data<std::int64_t>()[w]);
+      STRATA_ENFORCE(at + n <= joined.nbytes(), STRATA_ERR_INTERNAL, "checkpoint state '", name,
+                     "': gathered sizes exceed the gathered bytes");
+      all.emplace_back(p + at, n);
+      at += (n + 3) / 4 * 4;
+    }
+  }
+  std::string framed(Checkpoint::kStateMagic, 4);
+  put_u32(framed, 1);
+  put_u32(framed, static_cast<std::uint32_t>(all.size()));
+  for (const std::string& s : all) {
+    put_u64(framed, s.size());
+    framed += s;
+  }
+  const auto n = static_cast<std::int64_t>(framed.size());
+  return Tensor::from_bytes(framed.data(), framed.size(), {n}, DType::kUInt8);
+}
+
+std::vector<std::string> split_states(const unsigned char* p, std::uint64_t n, const std::string& file,
+                                      const std::string& name) {
+  auto fail = [&](const std::string& why) -> void {
+    STRATA_THROW(STRATA_ERR_DATA_LOSS, "checkpoint file ", file, ": state '", name, "' is corrupt: ", why);
+  };
+  if (n < 12 || std::memcmp(p, Checkpoint::kStateMagic, 4) != 0) fail("it does not start with a state header");
+  if (get_le(p + 4, 4) != 1) fail("unknown state layout version " + std::to_string(get_le(p + 4, 4)));
+  const std::uint64_t count = get_le(p + 8, 4);
+  std::vector<std::string> out;
+  std::uint64_t at = 12;
+  for (std::uint64_t w = 0; w < count; ++w) {
+    if (n - at < 8) fail("worker " + std::to_string(w) + "'s length is cut off");
+    const std::uint64_t len = get_le(p + at, 8);
+    at += 8;
+    if (len > n - at) fail("worker " + std::to_string(w) + "'s state runs past the entry");
+    out.emplace_back(reinterpret_cast<const char*>(p + at), static_cast<std::size_t>(len));
+    at += len;
+  }
+  if (at != n) fail(std::to_string(n - at) + " bytes follow the last worker's state");
+  if (count == 0) fail("it holds no worker's state");
+  return out;
+}
+
 void check_cross_replica(const char* what) {
   STRATA_ENFORCE(!has_strategy() || in_cross_replica_context(), STRATA_ERR_FAILED_PRECONDITION,
                  "Checkpoint::", what,
@@ -206,22 +289,38 @@ const RestoreStatus& RestoreStatus::assert_consumed() const {
 // ---------------------------------------------------------------- Checkpoint
 
 struct Checkpoint::Impl {
-  enum class Kind { kVariable, kInt64, kDouble };
+  enum class Kind { kVariable, kInt64, kDouble, kState };
   struct Object {
+    Object(std::string n, Kind k) : name(std::move(n)), kind(k) {}
     std::string name;
     Kind kind;
     Variable* variable = nullptr;
     std::int64_t* i64 = nullptr;
     double* f64 = nullptr;
+    State state;
 
     DType dtype() const {
-      return kind == Kind::kVariable ? variable->dtype() : kind == Kind::kInt64 ? DType::kInt64 : DType::kFloat64;
+      switch (kind) {
+        case Kind::kVariable: return variable->dtype();
+        case Kind::kInt64: return DType::kInt64;
+        case Kind::kDouble: return DType::kFloat64;
+        case Kind::kState: break;
+      }
+      return DType::kUInt8;
     }
-    std::vector<std::int64_t> shape() const {
+    // A state's length is only known once saved: its shape is not checked.
+    std::optional<std::vector<std::int64_t>> shape() const {
+      if (kind == Kind::kState) return std::nullopt;
       return kind == Kind::kVariable ? variable->shape() : std::vector<std::int64_t>{};
     }
     const char* kind_name() const {
-      return kind == Kind::kVariable ? "variable" : kind == Kind::kInt64 ? "int64" : "double";
+      switch (kind) {
+        case Kind::kVariable: return "variable";
+        case Kind::kInt64: return "int64";
+        case Kind::kDouble: return "double";
+        case Kind::kState: break;
+      }
+      return "state";
     }
     std::string label() const {
       return kind == Kind::kVariable ? "variable '" + name + "' (Variable '" + variable->name() + "')"
@@ -272,12 +371,26 @@ Checkpoint& Checkpoint::track(const std::string& name, std::int64_t* value) {
   return *this;
 }
 
+Checkpoint& Checkpoint::track_state(const std::string& name, State state) {
+  STRATA_ENFORCE(state.save && state.restore, STRATA_ERR_INVALID_ARGUMENT, "checkpoint state '", name,
+                 "' needs both a save and a restore function");
+  Impl::Object o{name, Impl::Kind::kState};
+  o.state = std::move(state);
+  impl_->add(std::move(o));
+  return *this;
+}
+
 Checkpoint& Checkpoint::track(const std::string& name, double* value) {
   STRATA_ENFORCE(value != nullptr, STRATA_ERR_INVALID_ARGUMENT, "checkpoint object '", name, "' is a null pointer");
   Impl::Object o{name, Impl::Kind::kDouble};
   o.f64 = value;
   impl_->add(std::move(o));
   return *this;
+}
+
+std::optional<std::int64_t> Checkpoint::step() const {
+  if (const std::int64_t* s = impl_->step()) return *s;
+  return std::nullopt;
 }
 
 std::vector<std::string> Checkpoint::names() const {
@@ -297,17 +410,18 @@ bool Checkpoint::save(const std::string& dir) const {
   std::vector<Tensor> values;
   std::vector<TensorEntry> entries;
   std::uint64_t at = 0;
+  Strategy& strategy = impl_->strategy();
   for (const Impl::Object* o : order) {
     Tensor t = o->kind == Impl::Kind::kVariable ? o->variable->value()
                : o->kind == Impl::Kind::kInt64  ? Tensor::scalar(*o->i64)
-                                                : Tensor::scalar(*o->f64);
+               : o->kind == Impl::Kind::kDouble ? Tensor::scalar(*o->f64)
+                                                : gather_states(strategy, o->name, o->state.save());
     if (!TensorView(t).is_contiguous()) t = Tensor::copy_of(t);
     TensorEntry e{o->name, t.dtype(), t.shape(), at, at + t.nbytes()};
     at = e.end;
     entries.push_back(std::move(e));
     values.push_back(std::move(t));
   }
-  Strategy& strategy = impl_->strategy();
   StrategyExtended& ext = strategy.extended();
   if (!ext.is_chief()) return false;
 
@@ -414,17 +528,30 @@ RestoreStatus Checkpoint::restore(const std::string& dir, const RestoreOptions& 
       for (std::size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
       return r + "]";
     };
-    STRATA_ENFORCE(e.dtype == o.dtype() && e.shape == o.shape(), STRATA_ERR_INVALID_ARGUMENT, "checkpoint ",
-                   file, " holds ", o.label(), " as ", dtype_name(e.dtype), shape_str(e.shape), " but it is ",
-                   dtype_name(o.dtype()), shape_str(o.shape()));
+    const std::optional<std::vector<std::int64_t>> shape = o.shape();
+    STRATA_ENFORCE(e.dtype == o.dtype() && (shape ? e.shape == *shape : e.shape.size() == 1),
+                   STRATA_ERR_INVALID_ARGUMENT, "checkpoint ", file, " holds ", o.label(), " as ", dtype_name(e.dtype),
+                   shape_str(e.shape), " but it is ", dtype_name(o.dtype()),
+                   shape ? shape_str(*shape) : std::string("[bytes]"));
     plan.emplace_back(&o, &e);
     by_name.erase(it);
   }
   for (const auto& kv : by_name) status.unused_.push_back(kv.first);
 
+  // States first: the objects most likely to refuse (an input saved by
+  // another number of workers) refuse before any variable changed. Every
+  // state is decoded before the first is handed over.
+  std::vector<std::vector<std::string>> states(plan.size());
+  for (std::size_t i = 0; i < plan.size(); ++i)
+    if (plan[i].first->kind == Impl::Kind::kState)
+      states[i] = split_states(data + parsed.data_start + plan[i].second->begin,
+                               plan[i].second->end - plan[i].second->begin, file, plan[i].first->name);
+  for (std::size_t i = 0; i < plan.size(); ++i)
+    if (plan[i].first->kind == Impl::Kind::kState) plan[i].first->state.restore(states[i]);
   for (const auto& [o, e] : plan) {
     const unsigned char* src = data + parsed.data_start + e->begin;
     switch (o->kind) {
+      case Impl::Kind::kState: break;
       case Impl::Kind::kVariable:
         // A 64-byte-aligned copy: the file's offsets promise no alignment.
         o->variable->assign(Tensor::from_bytes(src, e->end - e->begin, e->shape, e->dtype));
@@ -529,6 +656,97 @@ std::optional<std::string> latest_checkpoint(const std::string& directory) {
   auto all = list_checkpoints(directory);
   if (all.empty()) return std::nullopt;
   return all.back().second;
+}
+
+// ---------------------------------------------------------------- BackupAndRestore
+
+namespace {
+
+// SIGTERM seen since the first BackupAndRestore with save_on_sigterm
+// installed the handler; shared by all of them (a process has one).
+std::atomic<bool> g_sigterm_seen{false};
+std::atomic<int> g_handler_users{0};
+struct sigaction g_previous_sigterm {};
+
+extern "C" void strata_backup_on_sigterm(int) { g_sigterm_seen.store(true); }
+
+BackupOptions every_n(std::int64_t n) {
+  BackupOptions o;
+  o.save_every_steps = n;
+  return o;
+}
+
+}  // namespace
+
+BackupAndRestore::BackupAndRestore(Checkpoint& checkpoint, std::string directory, std::int64_t save_every_steps)
+    : BackupAndRestore(checkpoint, std::move(directory), every_n(save_every_steps)) {}
+
+BackupAndRestore::BackupAndRestore(Checkpoint& checkpoint, std::string directory, const BackupOptions& options)
+    : checkpoint_(&checkpoint),
+      options_(options),
+      manager_(checkpoint, std::move(directory), std::max(options.max_to_keep, 1)) {
+  STRATA_ENFORCE(options.save_every_steps > 0, STRATA_ERR_INVALID_ARGUMENT,
+                 "BackupAndRestore: save_every_steps must be > 0; got ", options.save_every_steps);
+  STRATA_ENFORCE(options.max_to_keep >= 1, STRATA_ERR_INVALID_ARGUMENT,
+                 "BackupAndRestore: max_to_keep must be >= 1; got ", options.max_to_keep);
+  STRATA_ENFORCE(checkpoint.step().has_value(), STRATA_ERR_INVALID_ARGUMENT,
+                 "BackupAndRestore: the checkpoint tracks no int64 named \"step\"; track the training loop's step "
+                 "counter with checkpoint.track(\"step\", &step) so that a backup knows where to resume");
+  if (options.save_on_sigterm && g_handler_users.fetch_add(1) == 0) {
+    struct sigaction sa {};
+    sa.sa_handler = strata_backup_on_sigterm;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    ::sigaction(SIGTERM, &sa, &g_previous_sigterm);
+  }
+  handler_installed_ = options.save_on_sigterm;
+}
+
+BackupAndRestore::~BackupAndRestore() {
+  if (handler_installed_ && g_handler_users.fetch_sub(1) == 1) ::sigaction(SIGTERM, &g_previous_sigterm, nullptr);
+}
+
+std::optional<std::int64_t> BackupAndRestore::restore() {
+  const std::optional<std::string> latest = manager_.latest_checkpoint();
+  if (!latest) return std::nullopt;
+  checkpoint_->restore(*latest);
+  last_saved_ = *checkpoint_->step();
+  detail::logger("core")->info("BackupAndRestore: resumed from {} (step {})", *latest, last_saved_);
+  return last_saved_;
+}
+
+bool BackupAndRestore::step_end() {
+  const std::int64_t step = *checkpoint_->step();
+  bool stop = false;
+  if (handler_installed_) {
+    // Workers see the signal at different steps: agree on it, so that all
+    // of them save the same step (a collective, as the save itself).
+    const double mine = g_sigterm_seen.load() ? 1.0 : 0.0;
+    Strategy& strategy = checkpoint_->impl_->strategy();
+    stop = strategy.reduce(ReduceOp::MEAN, Tensor::scalar(mine)).data<double>()[0] > 0;
+  }
+  if (!stop && step % options_.save_every_steps != 0) return false;
+  if (step == last_saved_) {  // e.g. restored at this very step
+    preempted_ = stop;
+    return false;
+  }
+  manager_.save(step);
+  last_saved_ = step;
+  if (stop) {
+    preempted_ = true;
+    detail::logger("core")->warn("BackupAndRestore: SIGTERM received; saved a backup at step {} in {}", step,
+                                 manager_.directory());
+  }
+  return true;
+}
+
+void BackupAndRestore::training_end() {
+  if (!options_.delete_on_completion || preempted_) return;
+  Strategy& strategy = checkpoint_->impl_->strategy();
+  if (!strategy.extended().is_chief()) return;
+  for (const std::string& path : manager_.checkpoints()) delete_checkpoint(path);
+  std::error_code ec;
+  fs::remove(manager_.directory(), ec);  // only when empty: never the user's other files
 }
 
 }  // namespace strata
