@@ -33,6 +33,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -63,6 +64,11 @@ struct Args {
   bool quiet = false;
   int log_every = 0;
   std::vector<std::string> switch_transport;  // raw --switch-transport values
+  std::string checkpoint_dir;                 // --checkpoint-dir
+  int checkpoint_every = 100;
+  int keep_checkpoints = 2;
+  std::string restore;        // --restore
+  std::string fault_kill_at;  // --fault-kill-at STEP:RANK (tests)
 };
 
 // One --switch-transport entry.
@@ -165,13 +171,14 @@ strata::Config make_config(const Args& a) {
 
 class Progress {
  public:
-  Progress(int total, bool quiet, int log_every)
-      : total_(total), quiet_(quiet), tty_(isatty(2) != 0), log_every_(log_every > 0 ? log_every : std::max(1, total / 10)),
-        start_(std::chrono::steady_clock::now()) {}
+  // `first`: the step this run starts at (after a restore).
+  Progress(int total, bool quiet, int log_every, int first = 0)
+      : total_(total), first_(first), quiet_(quiet), tty_(isatty(2) != 0),
+        log_every_(log_every > 0 ? log_every : std::max(1, total / 10)), start_(std::chrono::steady_clock::now()) {}
   void update(int step, double loss) {
     if (quiet_) return;
     const double secs = elapsed();
-    const double rate = secs > 0 ? step / secs : 0.0;
+    const double rate = secs > 0 ? (step - first_) / secs : 0.0;
     if (tty_) {
       const int width = 30, filled = total_ ? width * step / total_ : width;
       std::fprintf(stderr, "\r[%s%s] step %d/%d  loss %.4f  %.1f steps/s ", std::string(filled, '#').c_str(),
@@ -186,7 +193,7 @@ class Progress {
   }
 
  private:
-  int total_;
+  int total_, first_;
   bool quiet_, tty_;
   int log_every_;
   std::chrono::steady_clock::time_point start_;
@@ -332,6 +339,54 @@ int export_data(const Args& a) {
   return 0;
 }
 
+// Where training starts: the newest checkpoint in --checkpoint-dir (a
+// restarted job), else --restore (a checkpoint, or a directory of them),
+// else step 0. Every worker restores the same checkpoint.
+int resume(const Args& a, strata::Checkpoint& ckpt, std::optional<strata::BackupAndRestore>& backup) {
+  std::string from;
+  if (backup) {
+    if (std::optional<std::string> latest = strata::latest_checkpoint(a.checkpoint_dir)) {
+      backup->restore();
+      from = *latest;
+    }
+  }
+  if (from.empty() && !a.restore.empty()) {
+    from = a.restore;
+    if (!strata::is_checkpoint(from)) {
+      std::optional<std::string> latest = strata::latest_checkpoint(from);
+      if (!latest)
+        STRATA_THROW(STRATA_ERR_NOT_FOUND, "--restore '", a.restore,
+                     "' is neither a checkpoint nor a directory holding one (ckpt-<step>); pass a path that "
+                     "--checkpoint-dir wrote");
+      from = *latest;
+    }
+    ckpt.restore(from);
+  }
+  if (from.empty()) return 0;
+  const std::int64_t step = *ckpt.step();
+  if (step > a.steps)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "checkpoint ", from, " is at step ", step, ", beyond --steps ", a.steps,
+                 "; raise --steps to train further");
+  if (!a.quiet) std::fprintf(stderr, "strata-train: resumed from %s at step %lld\n", from.c_str(), static_cast<long long>(step));
+  return static_cast<int>(step);
+}
+
+// --fault-kill-at STEP:RANK: the step at which this worker SIGKILLs itself,
+// on the first attempt of a job only (STRATA_RESTART_COUNT unset or 0), or -1.
+int fault_kill_step(const Args& a, int worker) {
+  if (a.fault_kill_at.empty()) return -1;
+  const char* restarts = std::getenv("STRATA_RESTART_COUNT");
+  if (restarts != nullptr && std::string(restarts) != "0") return -1;
+  const size_t colon = a.fault_kill_at.find(':');
+  try {
+    const int step = std::stoi(a.fault_kill_at.substr(0, colon));
+    const int rank = colon == std::string::npos ? 0 : std::stoi(a.fault_kill_at.substr(colon + 1));
+    return rank == worker ? step : -1;
+  } catch (const std::exception&) {
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "--fault-kill-at '", a.fault_kill_at, "' is not STEP:RANK");
+  }
+}
+
 int train(const Args& a) {
   if (a.global_batch <= 0 || a.steps < 0 || a.dataset_size <= 0)
     STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "--global-batch and --dataset-size must be positive and --steps non-negative");
@@ -375,11 +430,39 @@ int train(const Args& a) {
     g.push_back(strata::Tensor::zeros({1}, strata::DType::kFloat32));
   }
 
-  Progress progress(a.steps, a.quiet, a.log_every);
+  // What a checkpoint holds: the weights, the step, the last loss and the
+  // input's position, so that a resumed run continues bit for bit.
   double loss = std::nan("");
+  std::int64_t step64 = 0;
+  strata::Checkpoint ckpt;
+  for (int i = 0; i < 4; ++i) ckpt.track(strata::train::param_name(i), vars[i]);
+  ckpt.track("step", &step64).track("loss", &loss);
+  std::optional<strata::BackupAndRestore> backup;
+  if (!a.checkpoint_dir.empty()) {
+    strata::BackupOptions o;
+    o.save_every_steps = a.checkpoint_every;
+    o.delete_on_completion = false;  // the final checkpoint stays for --restore
+    o.max_to_keep = a.keep_checkpoints;
+    o.save_on_sigterm = true;
+    backup.emplace(ckpt, a.checkpoint_dir, o);
+  }
+  const int start = resume(a, ckpt, backup);
+  const int fault_step = fault_kill_step(a, strategy.extended().worker_index());
+
+  Progress progress(a.steps, a.quiet, a.log_every, start);
   const double scale = 1.0 / static_cast<double>(a.global_batch);
   size_t next_switch = 0;
-  for (int step = 0; step < a.steps; ++step) {
+  for (; next_switch < switches.size() && switches[next_switch].step < start; ++next_switch)
+    if (!a.quiet)
+      std::fprintf(stderr, "strata-train: --switch-transport %s is before the resumed step %d; not applied\n",
+                   switches[next_switch].text.c_str(), start);
+  for (int step = start; step < a.steps; ++step) {
+    if (step == fault_step) {
+      std::fprintf(stderr, "strata-train: --fault-kill-at: worker %d kills itself (SIGKILL) at step %d\n",
+                   strategy.extended().worker_index(), step);
+      std::fflush(stderr);
+      ::raise(SIGKILL);
+    }
     for (; next_switch < switches.size() && switches[next_switch].step == step; ++next_switch) {
       const TransportSwitch& sw = switches[next_switch];
       try {
@@ -436,11 +519,25 @@ int train(const Args& a) {
     if (!std::isfinite(loss))
       STRATA_THROW(STRATA_ERR_DATA_LOSS, "the loss became ", loss, " at step ", step + 1, ": lower --lr");
     progress.update(step + 1, loss);
+    step64 = step + 1;
+    if (backup) {
+      backup->step_end();
+      if (backup->preempted()) {
+        std::fprintf(stderr,
+                     "strata-train: worker %d: stopped by SIGTERM after step %d; a checkpoint of that step is in "
+                     "%s and the same command resumes from it\n",
+                     strategy.extended().worker_index(), step + 1, a.checkpoint_dir.c_str());
+        return 128 + SIGTERM;
+      }
+    }
   }
+  if (backup && start < a.steps) backup->save();  // the final step, unless it was just saved
   const double secs = progress.elapsed();
-  std::printf("trained %d steps in %.2f s (%.1f steps/s, %.0f examples/s) with %s on %d replica(s); final loss %.6f\n",
-              a.steps, secs, secs > 0 ? a.steps / secs : 0.0, secs > 0 ? a.steps * a.global_batch / secs : 0.0,
-              strategy.name().c_str(), replicas, loss);
+  const int trained = a.steps - start;
+  std::printf("trained %d steps in %.2f s (%.1f steps/s, %.0f examples/s) with %s on %d replica(s); final loss %.6f%s\n",
+              trained, secs, secs > 0 ? trained / secs : 0.0, secs > 0 ? trained * a.global_batch / secs : 0.0,
+              strategy.name().c_str(), replicas, loss,
+              start > 0 ? (" (resumed at step " + std::to_string(start) + ")").c_str() : "");
   if (!a.save.empty()) {
     auto scope = strategy.scope();
     // The chief saves; an evaluator is the chief of its own one-process
@@ -504,6 +601,25 @@ int main(int argc, char** argv) {
                  "the old transport")
       ->type_name("STEP:NAME[:{OPTS}]")
       ->take_all();
+  app.add_option("--checkpoint-dir", a.checkpoint_dir,
+                 "Save a checkpoint (weights, step, input position) every --checkpoint-every steps and at the end "
+                 "into DIR/ckpt-<step>, and resume from the newest one there when started again (e.g. by "
+                 "strata-run --max-restarts or a requeued Slurm job). SIGTERM saves at the next step and exits 143. "
+                 "Every worker must see DIR (one machine or a shared file system)");
+  app.add_option("--checkpoint-every", a.checkpoint_every, "Steps between checkpoints")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--keep-checkpoints", a.keep_checkpoints, "Newest checkpoints kept in --checkpoint-dir")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--restore", a.restore,
+                 "Start from this checkpoint (or the newest in this directory) unless --checkpoint-dir already "
+                 "holds one; --steps counts from 0, so training continues up to --steps");
+  app.add_option("--fault-kill-at", a.fault_kill_at,
+                 "Fault injection for tests: worker RANK SIGKILLs itself at the start of step STEP, on a job's "
+                 "first attempt only ($STRATA_RESTART_COUNT unset or 0)")
+      ->type_name("STEP:RANK")
+      ->group("");
   app.add_flag("-q,--quiet", a.quiet, "No progress output");
   CLI11_PARSE(app, argc, argv);
   try {

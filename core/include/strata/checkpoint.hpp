@@ -262,6 +262,10 @@ class STRATA_API BackupAndRestore {
   /// Saves when step % save_every_steps == 0 (or SIGTERM was seen, see
   /// BackupOptions::save_on_sigterm). Returns true when it saved.
   bool step_end();
+  /// Save a backup of the current step now, whatever the step (every
+  /// worker; e.g. the final step when delete_on_completion is false).
+  /// Returns the checkpoint's path.
+  std::string save();
   /// True once a SIGTERM-triggered backup has been saved: stop training
   /// and exit (the backup is kept for the next run).
   bool preempted() const { return preempted_; }

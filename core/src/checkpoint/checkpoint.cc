@@ -740,6 +740,13 @@ bool BackupAndRestore::step_end() {
   return true;
 }
 
+std::string BackupAndRestore::save() {
+  const std::int64_t step = *checkpoint_->step();
+  const std::string path = manager_.save(step);
+  last_saved_ = step;
+  return path;
+}
+
 void BackupAndRestore::training_end() {
   if (!options_.delete_on_completion || preempted_) return;
   Strategy& strategy = checkpoint_->impl_->strategy();
