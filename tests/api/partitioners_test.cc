@@ -197,9 +197,10 @@ TEST(PartitionerTest, NeverMoreShardsThanRows) {
       for (DType d : dtypes)
         for (std::int64_t limit : {1, 2, 5, 64, 1000}) {
           const Shape shape{rows, cols};
-          for (const auto& parts : {FixedShardsPartitioner(limit)(shape, d), MinSizePartitioner(1, limit)(shape, d),
-                                    MinSizePartitioner(limit, 1000)(shape, d), MaxSizePartitioner(limit)(shape, d),
-                                    MaxSizePartitioner(limit, limit)(shape, d)}) {
+          for (const auto& parts :
+               {FixedShardsPartitioner(limit)(shape, d), MinSizePartitioner(1, limit)(shape, d),
+                MinSizePartitioner(limit, 1000)(shape, d), MaxSizePartitioner(limit)(shape, d),
+                MaxSizePartitioner(limit, limit)(shape, d)}) {
             ASSERT_EQ(parts.size(), 2u);
             EXPECT_GE(parts[0], 1);
             EXPECT_LE(parts[0], rows) << rows << "x" << cols << " limit " << limit;
@@ -229,8 +230,9 @@ TEST(PartitionerTest, ZeroRowVariables) {
 }
 
 TEST(PartitionerTest, UsableAsPartitioner) {
+  auto custom = [](const Shape&, DType) { return Shape{2, 1}; };
   std::vector<Partitioner> all = {FixedShardsPartitioner(3), MinSizePartitioner(4, 3), MaxSizePartitioner(8),
-                                  [](const Shape&, DType) { return Shape{2, 1}; }};
+                                  custom};
   EXPECT_EQ(all[0]({6, 2}, DType::kFloat32), (Shape{3, 1}));
   EXPECT_EQ(all[1]({6, 2}, DType::kFloat32), (Shape{3, 1}));  // 48 B / 4 = 12, capped at 3
   EXPECT_EQ(all[2]({6, 2}, DType::kFloat32), (Shape{6, 1}));  // row 8 B -> 1 row per shard
@@ -262,8 +264,8 @@ TEST(PartitionerTest, ConstructorErrorsNameTheArgument) {
 }
 
 TEST(PartitionerTest, CallErrors) {
-  for (const auto& p : std::vector<Partitioner>{FixedShardsPartitioner(2), MinSizePartitioner(),
-                                                MaxSizePartitioner(16)}) {
+  for (const auto& p :
+       std::vector<Partitioner>{FixedShardsPartitioner(2), MinSizePartitioner(), MaxSizePartitioner(16)}) {
     expect_invalid([&] { p({}, DType::kFloat32); }, {"axis 0", "[]"});
     expect_invalid([&] { p({4, -1}, DType::kFloat32); }, {"`shape`", "[4, -1]", "negative"});
   }
@@ -273,8 +275,8 @@ TEST(PartitionerTest, CallErrors) {
 TEST(PartitionerTest, ValidatePartitions) {
   // testInvalidPartitioner: a rank-3 variable and [], [0, 1, 1], [2, 2, 1].
   const Shape shape{2, 2, 2};
-  for (const Shape& bad : {Shape{}, Shape{0, 1, 1}, Shape{2, 2, 1}, Shape{-1, 1, 1}, Shape{2, 1}, Shape{2, 1, 1, 1},
-                           Shape{1, 1, 0}})
+  for (const Shape& bad : {Shape{}, Shape{0, 1, 1}, Shape{2, 2, 1}, Shape{-1, 1, 1}, Shape{2, 1},
+                           Shape{2, 1, 1, 1}, Shape{1, 1, 0}})
     expect_invalid([&] { validate_partitions(bad, shape); }, {"variable_partitioner", "[2, 2, 2]"});
   EXPECT_NO_THROW(validate_partitions({2, 1, 1}, shape));
   EXPECT_NO_THROW(validate_partitions({1, 1, 1}, shape));
@@ -419,8 +421,10 @@ TEST(PartitionVariableTest, TfStrategyCases) {
   EXPECT_FALSE(p.sharded);
   EXPECT_EQ(rows_of(p.layout), (Shape{10}));
   // testBasic: FixedShardsPartitioner(2) on [5, 2] and [6, 1].
-  EXPECT_EQ(rows_of(partition_variable({5, 2}, DType::kInt64, FixedShardsPartitioner(2)).layout), (Shape{3, 2}));
-  EXPECT_EQ(rows_of(partition_variable({6, 1}, DType::kInt64, FixedShardsPartitioner(2)).layout), (Shape{3, 3}));
+  EXPECT_EQ(rows_of(partition_variable({5, 2}, DType::kInt64, FixedShardsPartitioner(2)).layout),
+            (Shape{3, 2}));
+  EXPECT_EQ(rows_of(partition_variable({6, 1}, DType::kInt64, FixedShardsPartitioner(2)).layout),
+            (Shape{3, 3}));
   // testInvalidPartitioner.
   for (const Shape& bad : {Shape{}, Shape{0, 1, 1}, Shape{2, 2, 1}}) {
     Partitioner user = [bad](const Shape&, DType) { return bad; };
@@ -431,7 +435,9 @@ TEST(PartitionVariableTest, TfStrategyCases) {
 TEST(PartitionVariableTest, TfOrderOfChecks) {
   // TF compares partitions[0] with 1 before capping at the row count: a
   // custom {5, 1} on one row is a sharded variable of one shard.
-  VariablePartition p = partition_variable({1, 3}, DType::kFloat32, [](const Shape&, DType) { return Shape{5, 1}; });
+  VariablePartition p = partition_variable({1, 3}, DType::kFloat32, [](const Shape&, DType) {
+    return Shape{5, 1};
+  });
   EXPECT_TRUE(p.sharded);
   EXPECT_EQ(rows_of(p.layout), (Shape{1}));
 }
@@ -442,13 +448,23 @@ TEST(PartitionVariableTest, ZeroRows) {
   EXPECT_FALSE(p.sharded);
   EXPECT_EQ(rows_of(p.layout), (Shape{0}));
   // FixedShards returns {0, 1}: the strategy's check rejects it.
-  expect_invalid([] { partition_variable({0, 5}, DType::kFloat32, FixedShardsPartitioner(3)); },
-                 {"variable_partitioner", "[0, 1]"});
+  expect_invalid(
+      [] {
+        partition_variable({0, 5}, DType::kFloat32, FixedShardsPartitioner(3));
+      },
+      {"variable_partitioner", "[0, 1]"});
   // MaxSize: no row size.
-  expect_invalid([] { partition_variable({0, 5}, DType::kFloat32, MaxSizePartitioner(8)); }, {"MaxSizePartitioner"});
+  expect_invalid(
+      [] {
+        partition_variable({0, 5}, DType::kFloat32, MaxSizePartitioner(8));
+      },
+      {"MaxSizePartitioner"});
   // A custom partitioner asking for several shards of nothing.
-  expect_invalid([] { partition_variable({0, 5}, DType::kFloat32, [](const Shape&, DType) { return Shape{3, 1}; }); },
-                 {"0 rows"});
+  expect_invalid(
+      [] {
+        partition_variable({0, 5}, DType::kFloat32, [](const Shape&, DType) { return Shape{3, 1}; });
+      },
+      {"0 rows"});
 }
 
 // ---------------------------------------------------------------------------
@@ -506,7 +522,8 @@ TEST(PlacementTest, ShardsContinueTheRoundRobin) {
   EXPECT_EQ(three.place(), 1);
   EXPECT_EQ(three.created(), 8);
   // The same as asking ps_task_for_variable for indices 8, 9, ...
-  EXPECT_EQ(three.place_shards(2), (std::vector<int>{ps_task_for_variable(8, 3), ps_task_for_variable(9, 3)}));
+  EXPECT_EQ(three.place_shards(2),
+            (std::vector<int>{ps_task_for_variable(8, 3), ps_task_for_variable(9, 3)}));
 }
 
 TEST(PlacementTest, ConcurrentShardsStayConsecutive) {

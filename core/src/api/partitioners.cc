@@ -47,7 +47,8 @@ std::int64_t checked_product(const char* who, const std::vector<std::int64_t>& s
   std::int64_t n = scale;
   for (std::size_t i = from; i < shape.size(); ++i)
     STRATA_ENFORCE(!__builtin_mul_overflow(n, shape[i], &n), STRATA_ERR_INVALID_ARGUMENT, who,
-                   ": argument `shape` ", shape_str(shape), " is too large (its size in bytes overflows int64)");
+                   ": argument `shape` ", shape_str(shape),
+                   " is too large (its size in bytes overflows int64)");
   return n;
 }
 
@@ -76,13 +77,14 @@ MinSizePartitioner::MinSizePartitioner(std::int64_t min_shard_bytes, std::int64_
                                        std::int64_t bytes_per_string)
     : min_shard_bytes_(min_shard_bytes), max_shards_(max_shards), bytes_per_string_(bytes_per_string) {
   // Checked in TF's order, so the first bad argument is the one reported.
-  STRATA_ENFORCE(min_shard_bytes >= 1, STRATA_ERR_INVALID_ARGUMENT,
-                 "MinSizePartitioner: argument `min_shard_bytes` must be positive. Received: ", min_shard_bytes);
+  STRATA_ENFORCE(
+      min_shard_bytes >= 1, STRATA_ERR_INVALID_ARGUMENT,
+      "MinSizePartitioner: argument `min_shard_bytes` must be positive. Received: ", min_shard_bytes);
   STRATA_ENFORCE(max_shards >= 1, STRATA_ERR_INVALID_ARGUMENT,
                  "MinSizePartitioner: argument `max_shards` must be positive. Received: ", max_shards);
-  STRATA_ENFORCE(bytes_per_string >= 1, STRATA_ERR_INVALID_ARGUMENT,
-                 "MinSizePartitioner: argument `bytes_per_string` must be positive. Received: ",
-                 bytes_per_string);
+  STRATA_ENFORCE(
+      bytes_per_string >= 1, STRATA_ERR_INVALID_ARGUMENT,
+      "MinSizePartitioner: argument `bytes_per_string` must be positive. Received: ", bytes_per_string);
 }
 
 std::vector<std::int64_t> MinSizePartitioner::operator()(const std::vector<std::int64_t>& shape,
@@ -99,16 +101,17 @@ std::vector<std::int64_t> MinSizePartitioner::operator()(const std::vector<std::
 MaxSizePartitioner::MaxSizePartitioner(std::int64_t max_shard_bytes, std::int64_t max_shards,
                                        std::int64_t bytes_per_string)
     : max_shard_bytes_(max_shard_bytes), max_shards_(max_shards), bytes_per_string_(bytes_per_string) {
-  STRATA_ENFORCE(max_shard_bytes >= 1, STRATA_ERR_INVALID_ARGUMENT,
-                 "MaxSizePartitioner: argument `max_shard_bytes` must be positive. Received: ", max_shard_bytes);
+  STRATA_ENFORCE(
+      max_shard_bytes >= 1, STRATA_ERR_INVALID_ARGUMENT,
+      "MaxSizePartitioner: argument `max_shard_bytes` must be positive. Received: ", max_shard_bytes);
   // TF tests `if max_shards and max_shards < 1`: 0 (like None) means no
   // limit, only a negative count is an error.
   STRATA_ENFORCE(max_shards >= 0, STRATA_ERR_INVALID_ARGUMENT,
                  "MaxSizePartitioner: argument `max_shards` must be positive (or 0 for no limit). Received: ",
                  max_shards);
-  STRATA_ENFORCE(bytes_per_string >= 1, STRATA_ERR_INVALID_ARGUMENT,
-                 "MaxSizePartitioner: argument `bytes_per_string` must be positive. Received: ",
-                 bytes_per_string);
+  STRATA_ENFORCE(
+      bytes_per_string >= 1, STRATA_ERR_INVALID_ARGUMENT,
+      "MaxSizePartitioner: argument `bytes_per_string` must be positive. Received: ", bytes_per_string);
 }
 
 std::vector<std::int64_t> MaxSizePartitioner::operator()(const std::vector<std::int64_t>& shape,
@@ -120,15 +123,16 @@ std::vector<std::int64_t> MaxSizePartitioner::operator()(const std::vector<std::
   // TF divides by the row count and then by the row size; either being 0 is
   // a ZeroDivisionError there.
   STRATA_ENFORCE(rows > 0 && row_bytes > 0, STRATA_ERR_INVALID_ARGUMENT,
-                 "MaxSizePartitioner: can not partition a variable with no elements (shape ", shape_str(shape),
-                 "): its row size is undefined");
+                 "MaxSizePartitioner: can not partition a variable with no elements (shape ",
+                 shape_str(shape), "): its row size is undefined");
   const std::int64_t rows_per_shard = std::max<std::int64_t>(1, max_shard_bytes_ / row_bytes);
   std::int64_t shards = ceil_div(rows, rows_per_shard);
   if (max_shards_ > 0) shards = std::min(shards, max_shards_);
   return axis0(shape.size(), shards);
 }
 
-void validate_partitions(const std::vector<std::int64_t>& partitions, const std::vector<std::int64_t>& shape) {
+void validate_partitions(const std::vector<std::int64_t>& partitions,
+                         const std::vector<std::int64_t>& shape) {
   bool ok = !partitions.empty() && partitions.size() == shape.size() && partitions[0] >= 1;
   for (std::size_t i = 1; ok && i < partitions.size(); ++i) ok = partitions[i] == 1;
   STRATA_ENFORCE(ok, STRATA_ERR_INVALID_ARGUMENT,
