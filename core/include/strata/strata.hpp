@@ -9,6 +9,8 @@
 #include "strata/distributed_data.hpp"
 #include "strata/records.hpp"
 #include "strata/error.hpp"
+#include "strata/optimizers.hpp"
+#include "strata/partitioners.hpp"
 #include "strata/strategy.hpp"
 #include "strata/tensor.hpp"
 #include "strata/values.hpp"
