@@ -9,6 +9,7 @@
 #include "strata/distributed_data.hpp"
 #include "strata/records.hpp"
 #include "strata/error.hpp"
+#include "strata/metrics.hpp"
 #include "strata/optimizers.hpp"
 #include "strata/partitioners.hpp"
 #include "strata/strategy.hpp"
