@@ -117,6 +117,9 @@ class STRATA_API Optimizer {
   std::int64_t iterations() const;
   /// The learning rate the next update uses.
   double learning_rate() const;
+  /// Replace the learning rate or schedule (Keras' LearningRateScheduler
+  /// callback sets a constant every epoch).
+  void set_learning_rate(LearningRate lr);
   /// Track iterations and every slot in `checkpoint` as "<prefix>/iterations"
   /// and "<prefix>/<variable name>/<slot>" (build() first).
   void track(Checkpoint& checkpoint, const std::string& prefix = "optimizer");

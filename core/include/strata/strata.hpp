@@ -2,6 +2,7 @@
 // The umbrella header of the Strata C++ API: include this one.
 #pragma once
 
+#include "strata/callbacks.hpp"
 #include "strata/checkpoint.hpp"
 #include "strata/config.hpp"
 #include "strata/data.hpp"
@@ -14,5 +15,6 @@
 #include "strata/partitioners.hpp"
 #include "strata/strategy.hpp"
 #include "strata/tensor.hpp"
+#include "strata/trainer.hpp"
 #include "strata/values.hpp"
 #include "strata/variable.hpp"

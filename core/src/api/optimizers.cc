@@ -171,6 +171,8 @@ std::int64_t Optimizer::iterations() const {
 
 double Optimizer::learning_rate() const { return impl_->lr(iterations()); }
 
+void Optimizer::set_learning_rate(LearningRate lr) { impl_->lr = std::move(lr); }
+
 void Optimizer::track(Checkpoint& checkpoint, const std::string& prefix) {
   STRATA_ENFORCE(impl_->iterations != nullptr, STRATA_ERR_FAILED_PRECONDITION, name(),
                  ": build(variables) before track(), so that its slots exist");
@@ -203,7 +205,7 @@ void Optimizer::apply_gradients(const std::vector<Tensor>& grads, const std::vec
   }
   if (vars.empty()) return;
   ReplicaContext* ctx = get_replica_context();
-  if (has_strategy() && !in_cross_replica_context() && ctx != nullptr) {
+  if (ctx != nullptr && !in_cross_replica_context()) {
     // Replica context: sum across replicas (one batched collective), then
     // one update from cross-replica context. Every replica's sum is the
     // same, so the merge function may use any replica's.

@@ -1,0 +1,231 @@
+// SPDX-License-Identifier: Apache-2.0
+// strata::Trainer: Keras' Model.fit / evaluate / predict for a C++ model, on
+// any strategy.
+//
+//   auto scope = strategy.scope();
+//   MyModel model;                                   // creates its Variables here
+//   strata::Adam opt(1e-3);
+//   strata::Trainer trainer(strategy, model, opt, {"accuracy"});
+//   scope.reset();                                   // (or keep it: either works)
+//   strata::History h = trainer.fit(train.batch(256), {.epochs = 5, .validation_data = test.batch(256)});
+//   auto logs = trainer.evaluate(test.batch(256));   // {"loss": ..., "accuracy": ...}
+//
+// The model is the user's (no autodiff here): a Model gives its trainable
+// variables and computes, for one replica's share of a batch, predictions,
+// per-example losses and the gradients of loss_scale * sum(per-example
+// loss). The default train_step (each replica, inside strategy.run):
+// forward_backward with loss_scale = 1 / global batch (tf.nn.
+// compute_average_loss), optimizer.apply_gradients (one batched all-reduce
+// of every gradient, then one update), then the metrics. test_step:
+// forward, then the metrics. Both are virtual: subclass Trainer to write
+// your own, as Keras users override train_step.
+//
+// Data: datasets are batched by the GLOBAL batch size and distributed with
+// strategy.distribute_dataset (sharded across workers by their
+// AutoShardPolicy). Every component the model's input_keys() names must be
+// in the dataset (InvalidArgumentError naming the missing one, before any
+// step). Labels are the component `label_key` (default "y").
+//
+// Metrics: "loss" (the mean per-example loss) always; compiled metrics by
+// name: "accuracy" / "sparse_categorical_accuracy" (integer labels,
+// [batch, classes] predictions), "sparse_categorical_crossentropy" (of
+// probabilities) and "sparse_categorical_crossentropy_from_logits". They
+// are metrics.hpp's sync-on-read metrics, so the epoch values are over the
+// whole global data on every worker. Validation logs are prefixed "val_".
+// Logs also carry "learning_rate".
+//
+// Callbacks see Keras' hooks with Keras' logs (std::map<std::string,
+// double>). Epoch-end logs hold the epoch's metrics; batch-end logs hold the
+// running metrics only on the batches a callback asks for
+// (Callback::wants_batch_logs), because reading a metric is a collective
+// across workers: that decision must be the same on every worker (it
+// depends only on the batch number). Every worker runs every callback;
+// callbacks that write or print (ProgressBar, CSVLogger, TensorBoard,
+// ModelCheckpoint) do so on the chief only.
+//
+// Errors: a model whose gradients do not match its variables, a dataset
+// without the model's components, fit with epochs <= initial_epoch (then
+// nothing runs, as Keras), steps_per_epoch == 0, validation_freq < 1:
+// InvalidArgumentError. Every call of fit/evaluate/predict is made by every
+// worker (they are collectives).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "strata/data.hpp"
+#include "strata/export.hpp"
+#include "strata/metrics.hpp"
+#include "strata/optimizers.hpp"
+#include "strata/strategy.hpp"
+#include "strata/tensor.hpp"
+#include "strata/variable.hpp"
+
+namespace strata {
+
+class Trainer;
+class DistributedIterator;
+
+using Logs = std::map<std::string, double>;
+
+/// One replica's share of a step's batch: named tensors.
+class STRATA_API Features {
+ public:
+  Features(const std::vector<std::string>* names, std::vector<const Tensor*> tensors);
+  /// The component `name` (NotFoundError listing the names).
+  const Tensor& operator[](const std::string& name) const;
+  bool contains(const std::string& name) const;
+  /// Rows in this share (first dimension of the first component; 0 for a
+  /// replica that got no rows this step).
+  std::int64_t batch_size() const;
+  const std::vector<std::string>& names() const { return *names_; }
+
+ private:
+  const std::vector<std::string>* names_;
+  std::vector<const Tensor*> tensors_;
+};
+
+/// What a model computes for one replica's share.
+struct ForwardResult {
+  /// [batch, ...]: what compiled metrics compare with the labels, and what
+  /// predict() returns.
+  Tensor predictions;
+  /// [batch]: the loss of every example (empty in predict when there are
+  /// no labels).
+  Tensor per_example_loss;
+};
+
+/// The user's model.
+class STRATA_API Model {
+ public:
+  virtual ~Model();
+  /// The trainable variables, created in the strategy's scope, in a fixed
+  /// order (the order of the gradients).
+  virtual std::vector<Variable*> trainable_variables() = 0;
+  /// Components of the input the model reads (the labels included).
+  virtual std::vector<std::string> input_keys() const { return {"x", "y"}; }
+  /// Forward and backward pass: predictions, per-example losses, and into
+  /// `grads` (zeros, one per variable, shaped like it) the gradient of
+  /// loss_scale * sum(per_example_loss). Called on every replica thread at
+  /// once: read variables with value()/read_view() only.
+  virtual ForwardResult forward_backward(const Features& batch, double loss_scale, std::vector<Tensor>& grads) = 0;
+  /// Forward pass only. `batch` may lack the labels (predict).
+  virtual ForwardResult forward(const Features& batch) = 0;
+};
+
+/// Keras' Callback. Every hook runs on every worker, in cross-replica
+/// context, in the order the callbacks were given.
+class STRATA_API Callback {
+ public:
+  virtual ~Callback();
+  virtual void on_train_begin(const Logs&) {}
+  virtual void on_train_end(const Logs&) {}
+  virtual void on_epoch_begin(int /*epoch*/, const Logs&) {}
+  virtual void on_epoch_end(int /*epoch*/, const Logs&) {}
+  virtual void on_train_batch_begin(std::int64_t /*batch*/, const Logs&) {}
+  virtual void on_train_batch_end(std::int64_t /*batch*/, const Logs&) {}
+  virtual void on_test_begin(const Logs&) {}
+  virtual void on_test_end(const Logs&) {}
+  virtual void on_test_batch_end(std::int64_t /*batch*/, const Logs&) {}
+  /// Whether on_train_batch_end(batch) needs the running metrics. Must
+  /// depend only on `batch` and the callback's settings (see the file
+  /// comment).
+  virtual bool wants_batch_logs(std::int64_t /*batch*/) const { return false; }
+  /// The trainer running this callback (set by fit/evaluate).
+  Trainer* trainer() const { return trainer_; }
+
+ private:
+  friend class Trainer;
+  Trainer* trainer_ = nullptr;
+};
+
+struct FitOptions {
+  int epochs = 1;
+  /// Steps per epoch; -1: until the data ends (a new pass every epoch).
+  /// With a number, one pass continues across epochs (repeat() the dataset
+  /// for more); data ending early stops training with a warning.
+  std::int64_t steps_per_epoch = -1;
+  std::optional<Dataset> validation_data;
+  /// Validate after every validation_freq-th epoch (>= 1).
+  int validation_freq = 1;
+  /// Epoch to start from (epochs are numbered from 0; fit runs
+  /// initial_epoch .. epochs - 1).
+  int initial_epoch = 0;
+  std::vector<Callback*> callbacks;
+  /// Add a ProgressBar (chief only) unless one is in `callbacks`.
+  bool verbose = true;
+};
+
+/// Keras' History: every epoch's logs.
+struct STRATA_API History {
+  std::vector<int> epochs;
+  std::map<std::string, std::vector<double>> history;
+  /// The last value of `key` (NotFoundError when it was never logged).
+  double last(const std::string& key) const;
+};
+
+class STRATA_API Trainer {
+ public:
+  /// `model` and `optimizer` must outlive the trainer; the model's
+  /// variables must belong to `strategy` (InvalidArgumentError naming one
+  /// that does not). Metrics are created in the strategy.
+  Trainer(Strategy& strategy, Model& model, Optimizer& optimizer, std::vector<std::string> metrics = {},
+          std::string label_key = "y");
+  virtual ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  History fit(const Dataset& dataset, const FitOptions& options = {});
+  /// The mean loss and metrics over the whole dataset (one pass).
+  Logs evaluate(const Dataset& dataset, const std::vector<Callback*>& callbacks = {});
+  /// Every example's predictions, in dataset order, concatenated (this
+  /// worker's share under multi-worker sharding; rows of all workers on
+  /// the chief via gather would need a collective, so each worker returns
+  /// what it saw).
+  Tensor predict(const Dataset& dataset);
+
+  Strategy& strategy() const { return *strategy_; }
+  Model& model() const { return *model_; }
+  Optimizer& optimizer() const { return *optimizer_; }
+  /// Set by a callback to end fit() after the current epoch (EarlyStopping).
+  bool stop_training = false;
+  /// The metrics (loss first), for callbacks and custom steps.
+  std::vector<Metric*> metrics();
+  /// The current logs of every metric (a collective across workers).
+  Logs metric_logs(const std::string& prefix = "");
+  /// The epoch fit() is in (or last ran).
+  int epoch() const { return epoch_; }
+  /// Training steps run by fit() so far (across epochs).
+  std::int64_t global_step() const { return global_step_; }
+
+ protected:
+  /// One replica's training step (runs inside strategy.run).
+  virtual void train_step(ReplicaContext& ctx, const Features& batch);
+  /// One replica's evaluation step.
+  virtual void test_step(ReplicaContext& ctx, const Features& batch);
+  /// Update the compiled metrics from labels and predictions.
+  void update_metrics(const Features& batch, const ForwardResult& result);
+  std::int64_t global_batch_size() const { return global_batch_; }
+
+ private:
+  struct CompiledMetric;
+  void check_dataset(const Dataset& dataset, const char* what) const;
+  void run_step(DistributedIterator& it, bool training, bool* ended);
+  void reset_metrics();
+  Strategy* strategy_;
+  Model* model_;
+  Optimizer* optimizer_;
+  std::string label_key_;
+  std::unique_ptr<Mean> loss_;
+  std::vector<std::unique_ptr<CompiledMetric>> compiled_;
+  std::int64_t global_batch_ = 0;
+  int epoch_ = 0;
+  std::int64_t global_step_ = 0;
+};
+
+}  // namespace strata

@@ -1,0 +1,303 @@
+// SPDX-License-Identifier: Apache-2.0
+// strata::Trainer (see strata/trainer.hpp): Keras' fit loop over a
+// distributed dataset, with the default train_step written as the README's
+// hand-written loop is (one batched all-reduce, one optimizer update).
+#include "strata/trainer.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "data/dataset_internal.h"
+#include "log.h"
+#include "strata/callbacks.hpp"
+#include "strata/distribute.hpp"
+#include "strata/distributed_data.hpp"
+#include "strata/error.hpp"
+
+namespace strata {
+
+// ---------------------------------------------------------------- Features, History
+
+Features::Features(const std::vector<std::string>* names, std::vector<const Tensor*> tensors)
+    : names_(names), tensors_(std::move(tensors)) {}
+
+const Tensor& Features::operator[](const std::string& name) const {
+  for (std::size_t i = 0; i < names_->size(); ++i)
+    if ((*names_)[i] == name) return *tensors_[i];
+  std::string all;
+  for (const std::string& n : *names_) all += (all.empty() ? "" : ", ") + n;
+  STRATA_THROW(STRATA_ERR_NOT_FOUND, "the batch has no component '", name, "'; it has: ", all);
+}
+
+bool Features::contains(const std::string& name) const {
+  return std::find(names_->begin(), names_->end(), name) != names_->end();
+}
+
+std::int64_t Features::batch_size() const {
+  if (tensors_.empty() || tensors_[0]->ndim() == 0) return 0;
+  return tensors_[0]->shape()[0];
+}
+
+double History::last(const std::string& key) const {
+  auto it = history.find(key);
+  STRATA_ENFORCE(it != history.end() && !it->second.empty(), STRATA_ERR_NOT_FOUND, "History has no '", key, "'");
+  return it->second.back();
+}
+
+Model::~Model() = default;
+Callback::~Callback() = default;
+
+// ---------------------------------------------------------------- Trainer
+
+struct Trainer::CompiledMetric {
+  std::string name;
+  std::unique_ptr<Metric> metric;
+  std::function<void(const TensorView& y, const TensorView& pred)> update;
+};
+
+Trainer::Trainer(Strategy& strategy, Model& model, Optimizer& optimizer, std::vector<std::string> metrics,
+                 std::string label_key)
+    : strategy_(&strategy), model_(&model), optimizer_(&optimizer), label_key_(std::move(label_key)) {
+  std::vector<Variable*> vars = model.trainable_variables();
+  STRATA_ENFORCE(!vars.empty(), STRATA_ERR_INVALID_ARGUMENT, "Trainer: the model has no trainable variables");
+  for (Variable* v : vars)
+    STRATA_ENFORCE(v != nullptr && v->strategy() == strategy, STRATA_ERR_INVALID_ARGUMENT, "Trainer: variable '",
+                   v ? v->name() : std::string("(null)"), "' does not belong to strategy '", strategy.name(),
+                   "'; create the model's variables inside strategy.scope()");
+  std::optional<Scope> scope;
+  if (get_strategy() != strategy) scope.emplace(strategy.scope());
+  loss_ = std::make_unique<Mean>("loss");
+  for (const std::string& name : metrics) {
+    auto c = std::make_unique<CompiledMetric>();
+    c->name = name;
+    if (name == "accuracy" || name == "sparse_categorical_accuracy") {
+      auto* m = new SparseCategoricalAccuracy(name);
+      c->metric.reset(m);
+      c->update = [m](const TensorView& y, const TensorView& p) { m->update_state(y, p); };
+    } else if (name == "sparse_categorical_crossentropy" || name == "sparse_categorical_crossentropy_from_logits") {
+      auto* m = new SparseCategoricalCrossentropy(name, name.find("logits") != std::string::npos);
+      c->metric.reset(m);
+      c->update = [m](const TensorView& y, const TensorView& p) { m->update_state(y, p); };
+    } else {
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "Trainer: unknown metric '", name,
+                   "'; use accuracy, sparse_categorical_accuracy, sparse_categorical_crossentropy or "
+                   "sparse_categorical_crossentropy_from_logits");
+    }
+    for (const auto& other : compiled_)
+      STRATA_ENFORCE(other->name != name, STRATA_ERR_INVALID_ARGUMENT, "Trainer: metric '", name, "' given twice");
+    compiled_.push_back(std::move(c));
+  }
+  optimizer.build(vars);
+}
+
+Trainer::~Trainer() = default;
+
+std::vector<Metric*> Trainer::metrics() {
+  std::vector<Metric*> out{loss_.get()};
+  for (auto& c : compiled_) out.push_back(c->metric.get());
+  return out;
+}
+
+Logs Trainer::metric_logs(const std::string& prefix) {
+  Logs logs;
+  for (Metric* m : metrics()) logs[prefix + m->name()] = m->result();
+  return logs;
+}
+
+void Trainer::reset_metrics() {
+  for (Metric* m : metrics()) m->reset_state();
+}
+
+void Trainer::update_metrics(const Features& batch, const ForwardResult& result) {
+  if (result.per_example_loss.defined()) loss_->update_state(result.per_example_loss);
+  if (compiled_.empty() || !batch.contains(label_key_) || !result.predictions.defined()) return;
+  for (auto& c : compiled_) c->update(batch[label_key_], result.predictions);
+}
+
+void Trainer::train_step(ReplicaContext& ctx, const Features& batch) {
+  const std::vector<Variable*> vars = model_->trainable_variables();
+  std::vector<Tensor> grads;
+  grads.reserve(vars.size());
+  for (Variable* v : vars) grads.push_back(Tensor::zeros(v->shape(), v->dtype()));
+  const ForwardResult r = model_->forward_backward(batch, 1.0 / static_cast<double>(global_batch_), grads);
+  optimizer_->apply_gradients(grads, vars);
+  update_metrics(batch, r);
+  (void)ctx;
+}
+
+void Trainer::test_step(ReplicaContext& ctx, const Features& batch) {
+  update_metrics(batch, model_->forward(batch));
+  (void)ctx;
+}
+
+void Trainer::check_dataset(const Dataset& dataset, const char* what) const {
+  const detail::BatchInfo bi = detail::batch_info(dataset);
+  STRATA_ENFORCE(bi.batched, STRATA_ERR_INVALID_ARGUMENT, "Trainer::", what,
+                 ": the dataset is not batched; call .batch(global_batch_size) on it");
+}
+
+// One step: the next distributed batch through train_step/test_step on
+// every replica. *ended when the data is over (on every worker at once).
+void Trainer::run_step(DistributedIterator& it, bool training, bool* ended) {
+  std::optional<DistributedElement> e = it.get_next_as_optional();
+  if (!e) {
+    *ended = true;
+    return;
+  }
+  const std::vector<std::string>& names = e->names();
+  for (const std::string& key : model_->input_keys())
+    if (training || key != label_key_)
+      STRATA_ENFORCE(std::find(names.begin(), names.end(), key) != names.end(), STRATA_ERR_INVALID_ARGUMENT,
+                     "Trainer: the dataset has no component '", key, "' that the model reads (it has ",
+                     [&] {
+                       std::string s;
+                       for (const std::string& n : names) s += (s.empty() ? "" : ", ") + n;
+                       return s;
+                     }(),
+                     "); map() the dataset to name it so");
+  strategy_->run([&](ReplicaContext& ctx) {
+    std::vector<const Tensor*> ts;
+    for (std::size_t i = 0; i < e->size(); ++i) ts.push_back(&(*e)[i][ctx.local_replica_id()]);
+    const Features f(&names, std::move(ts));
+    if (training) {
+      train_step(ctx, f);
+    } else {
+      test_step(ctx, f);
+    }
+  });
+}
+
+History Trainer::fit(const Dataset& dataset, const FitOptions& options) {
+  check_dataset(dataset, "fit");
+  STRATA_ENFORCE(options.steps_per_epoch == -1 || options.steps_per_epoch > 0, STRATA_ERR_INVALID_ARGUMENT,
+                 "Trainer::fit: steps_per_epoch must be -1 (until the data ends) or > 0; got ",
+                 options.steps_per_epoch);
+  STRATA_ENFORCE(options.validation_freq >= 1, STRATA_ERR_INVALID_ARGUMENT,
+                 "Trainer::fit: validation_freq must be >= 1; got ", options.validation_freq);
+  STRATA_ENFORCE(options.initial_epoch >= 0, STRATA_ERR_INVALID_ARGUMENT,
+                 "Trainer::fit: initial_epoch must be >= 0; got ", options.initial_epoch);
+  if (options.validation_data) check_dataset(*options.validation_data, "fit (validation_data)");
+  global_batch_ = detail::batch_info(dataset).batch_size;
+  std::vector<Callback*> callbacks = options.callbacks;
+  std::unique_ptr<ProgressBar> bar;
+  if (options.verbose && std::none_of(callbacks.begin(), callbacks.end(),
+                                      [](Callback* c) { return dynamic_cast<ProgressBar*>(c) != nullptr; })) {
+    bar = std::make_unique<ProgressBar>();
+    callbacks.insert(callbacks.begin(), bar.get());
+  }
+  for (Callback* c : callbacks) c->trainer_ = this;
+  stop_training = false;
+  DistributedDataset dist = strategy_->distribute_dataset(dataset);
+  std::optional<DistributedIterator> it;
+  if (options.steps_per_epoch > 0) it.emplace(dist.make_iterator());
+
+  History history;
+  Logs logs;
+  for (Callback* c : callbacks) c->on_train_begin({});
+  for (int epoch = options.initial_epoch; epoch < options.epochs && !stop_training; ++epoch) {
+    epoch_ = epoch;
+    reset_metrics();
+    for (Callback* c : callbacks) c->on_epoch_begin(epoch, {});
+    if (options.steps_per_epoch < 0) it.emplace(dist.make_iterator());
+    std::int64_t step = 0;
+    bool ended = false;
+    while (options.steps_per_epoch < 0 || step < options.steps_per_epoch) {
+      for (Callback* c : callbacks) c->on_train_batch_begin(step, {});
+      run_step(*it, /*training=*/true, &ended);
+      if (ended) break;
+      ++global_step_;
+      Logs batch_logs;
+      if (std::any_of(callbacks.begin(), callbacks.end(), [&](Callback* c) { return c->wants_batch_logs(step); }))
+        batch_logs = metric_logs();
+      for (Callback* c : callbacks) c->on_train_batch_end(step, batch_logs);
+      ++step;
+    }
+    STRATA_ENFORCE(step > 0 || epoch > options.initial_epoch, STRATA_ERR_INVALID_ARGUMENT,
+                   "Trainer::fit: the dataset yielded no batch; check that it is not empty");
+    if (ended && options.steps_per_epoch > 0) {
+      detail::logger("core")->warn(
+          "Trainer::fit: the data ran out after {} of {} steps of epoch {}; training stops (repeat() the "
+          "dataset to train for more epochs)",
+          step, options.steps_per_epoch, epoch);
+      stop_training = true;
+    }
+    if (step == 0) break;
+    logs = metric_logs();
+    logs["learning_rate"] = optimizer_->learning_rate();
+    if (options.validation_data && (epoch + 1) % options.validation_freq == 0) {
+      const Logs val = evaluate(*options.validation_data, callbacks);
+      for (const auto& [k, v] : val) logs["val_" + k] = v;
+    }
+    history.epochs.push_back(epoch);
+    for (const auto& [k, v] : logs) history.history[k].push_back(v);
+    for (Callback* c : callbacks) c->on_epoch_end(epoch, logs);
+  }
+  for (Callback* c : callbacks) c->on_train_end(logs);
+  for (Callback* c : callbacks) c->trainer_ = nullptr;
+  return history;
+}
+
+Logs Trainer::evaluate(const Dataset& dataset, const std::vector<Callback*>& callbacks) {
+  check_dataset(dataset, "evaluate");
+  const std::int64_t saved_batch = global_batch_;
+  global_batch_ = detail::batch_info(dataset).batch_size;
+  for (Callback* c : callbacks) c->trainer_ = this;
+  reset_metrics();
+  for (Callback* c : callbacks) c->on_test_begin({});
+  DistributedDataset dist = strategy_->distribute_dataset(dataset);
+  DistributedIterator it = dist.make_iterator();
+  bool ended = false;
+  for (std::int64_t step = 0;; ++step) {
+    run_step(it, /*training=*/false, &ended);
+    if (ended) break;
+    for (Callback* c : callbacks) c->on_test_batch_end(step, {});
+  }
+  Logs logs = metric_logs();
+  for (Callback* c : callbacks) c->on_test_end(logs);
+  global_batch_ = saved_batch;
+  return logs;
+}
+
+Tensor Trainer::predict(const Dataset& dataset) {
+  check_dataset(dataset, "predict");
+  DistributedDataset dist = strategy_->distribute_dataset(dataset);
+  DistributedIterator it = dist.make_iterator();
+  std::vector<Tensor> parts;  // step-major, local replica order: dataset order
+  const std::size_t local = static_cast<std::size_t>(strategy_->num_local_replicas());
+  for (;;) {
+    std::optional<DistributedElement> e = it.get_next_as_optional();
+    if (!e) break;
+    const std::vector<std::string>& names = e->names();
+    std::vector<Tensor> step(local);
+    strategy_->run([&](ReplicaContext& ctx) {
+      std::vector<const Tensor*> ts;
+      for (std::size_t i = 0; i < e->size(); ++i) ts.push_back(&(*e)[i][ctx.local_replica_id()]);
+      step[ctx.local_replica_id()] = std::move(model_->forward(Features(&names, std::move(ts))).predictions);
+    });
+    for (Tensor& t : step) parts.push_back(std::move(t));
+  }
+  STRATA_ENFORCE(!parts.empty() && parts[0].defined(), STRATA_ERR_INVALID_ARGUMENT,
+                 "Trainer::predict: no predictions (an empty dataset, or forward() returned none)");
+  std::vector<std::int64_t> shape = parts[0].shape();
+  STRATA_ENFORCE(!shape.empty(), STRATA_ERR_INVALID_ARGUMENT,
+                 "Trainer::predict: predictions need a batch dimension");
+  std::int64_t rows = 0;
+  for (const Tensor& t : parts) {
+    std::vector<std::int64_t> s = t.shape();
+    STRATA_ENFORCE(t.dtype() == parts[0].dtype() && s.size() == shape.size() &&
+                       std::equal(s.begin() + 1, s.end(), shape.begin() + 1),
+                   STRATA_ERR_INVALID_ARGUMENT, "Trainer::predict: predictions of different steps differ in dtype or row shape");
+    rows += s[0];
+  }
+  shape[0] = rows;
+  Tensor out = Tensor::zeros(shape, parts[0].dtype());
+  auto* dst = static_cast<unsigned char*>(out.raw_data());
+  for (const Tensor& t : parts) {
+    const Tensor c = Tensor::copy_of(t);
+    std::memcpy(dst, c.raw_data(), c.nbytes());
+    dst += c.nbytes();
+  }
+  return out;
+}
+
+}  // namespace strata

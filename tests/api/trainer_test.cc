@@ -1,0 +1,345 @@
+// SPDX-License-Identifier: Apache-2.0
+// strata::Trainer and its callbacks: fit/evaluate/predict under every
+// single-process strategy against the Default strategy (same global batch),
+// History, each callback doing what it says (EarlyStopping's epoch, the
+// scheduler's rates in the optimizer, CSV rows and TensorBoard scalars equal
+// to History, decoded by protoc-generated Python, the progress bar on a
+// pseudo-terminal and in a pipe), checkpoints that resume bit for bit, and
+// the errors.
+#include <fcntl.h>
+#include <pty.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <optional>
+#include <sstream>
+
+#include "softmax_model.h"
+#include "strata/strata.hpp"
+#include "test_support.h"
+
+namespace strata {
+namespace {
+
+using test::SoftmaxModel;
+
+constexpr std::int64_t kFeatures = 4, kClasses = 3;
+
+Dataset train_data(std::int64_t batch = 32) {
+  return Dataset::from_tensor_slices(test::clusters(512, kFeatures, kClasses, 7)).batch(batch);
+}
+Dataset test_data() { return Dataset::from_tensor_slices(test::clusters(256, kFeatures, kClasses, 7 + 100)).batch(64); }
+
+std::string devices(int n) {
+  std::string s = R"({"devices": [)";
+  for (int i = 0; i < n; ++i) s += (i ? ", " : "") + std::string("\"cpu:") + std::to_string(i) + "\"";
+  return s + "]}";
+}
+
+struct FitRun {
+  History history;
+  std::vector<std::vector<float>> weights;
+  Logs eval;
+};
+
+// Three epochs of SGD with momentum on `strategy` (nullopt: the Default).
+FitRun train_on(std::optional<Strategy>& strategy, std::vector<Callback*> callbacks = {}, int epochs = 3) {
+  Strategy& s = strategy ? *strategy : get_strategy();
+  std::optional<Scope> scope;
+  if (strategy) scope.emplace(s.scope());
+  SoftmaxModel model(kFeatures, kClasses);
+  SGD opt(0.1, 0.9);
+  Trainer trainer(s, model, opt, {"accuracy"});
+  scope.reset();
+  FitOptions o;
+  o.epochs = epochs;
+  o.validation_data = test_data();
+  o.callbacks = std::move(callbacks);
+  o.verbose = false;
+  FitRun r;
+  r.history = trainer.fit(train_data(), o);
+  for (Variable* v : model.trainable_variables()) r.weights.push_back(v->value().to_vector<float>());
+  r.eval = trainer.evaluate(test_data());
+  return r;
+}
+
+TEST(TrainerTest, LearnsAndEveryStrategyMatchesTheDefaultStrategy) {
+  std::optional<Strategy> none;
+  const FitRun ref = train_on(none);
+  ASSERT_EQ(ref.history.epochs, (std::vector<int>{0, 1, 2}));
+  EXPECT_LT(ref.history.history.at("loss")[2], ref.history.history.at("loss")[0]);
+  EXPECT_GT(ref.history.last("val_accuracy"), 0.9);  // chance is 1/3
+  EXPECT_EQ(ref.eval.at("accuracy"), ref.history.last("val_accuracy"));
+  for (const char* key : {"loss", "accuracy", "val_loss", "val_accuracy", "learning_rate"})
+    EXPECT_EQ(ref.history.history.at(key).size(), 3u) << key;
+  for (auto [name, opts] : {std::pair<std::string, std::string>{"one_device", R"({"device": "cpu:0"})"},
+                            {"mirrored", devices(2)}, {"mirrored", devices(4)}, {"central_storage", devices(2)}}) {
+    SCOPED_TRACE(name + " " + opts);
+    std::optional<Strategy> s(Strategy::create(name, opts));
+    const FitRun got = train_on(s);
+    // The replicas' gradient sum is added in another order than one
+    // replica's: float32 rounding only (measured differences ~1e-7).
+    for (std::size_t v = 0; v < got.weights.size(); ++v)
+      for (std::size_t i = 0; i < got.weights[v].size(); ++i)
+        EXPECT_NEAR(got.weights[v][i], ref.weights[v][i], 1e-5) << "variable " << v << " element " << i;
+    for (const auto& [key, values] : ref.history.history)
+      for (std::size_t e = 0; e < values.size(); ++e)
+        EXPECT_NEAR(got.history.history.at(key)[e], values[e], 1e-5) << key << " epoch " << e;
+  }
+}
+
+TEST(TrainerTest, EvaluateAndPredictEqualADirectComputation) {
+  SoftmaxModel model(kFeatures, kClasses);
+  SGD opt(0.1);
+  Trainer trainer(get_strategy(), model, opt, {"accuracy", "sparse_categorical_crossentropy_from_logits"});
+  const Element data = test::clusters(100, kFeatures, kClasses, 3);
+  const Tensor pred = trainer.predict(Dataset::from_tensor_slices(data.clone()).batch(30));
+  ASSERT_EQ(pred.shape(), (std::vector<std::int64_t>{100, kClasses}));
+  // The same forward pass over all 100 rows at once.
+  const std::vector<std::string> names{"x", "y"};
+  const Features all(&names, {&data["x"], &data["y"]});
+  const ForwardResult direct = model.forward(all);
+  EXPECT_EQ(pred.to_vector<float>(), direct.predictions.to_vector<float>());
+  const Logs logs = trainer.evaluate(Dataset::from_tensor_slices(data.clone()).batch(30));
+  double loss = 0, hits = 0;
+  const float* lp = direct.predictions.data<float>();
+  for (std::int64_t r = 0; r < 100; ++r) {
+    loss += direct.per_example_loss.data<float>()[r];
+    hits += (std::max_element(lp + r * kClasses, lp + (r + 1) * kClasses) - (lp + r * kClasses)) ==
+            data["y"].data<std::int32_t>()[r];
+  }
+  EXPECT_NEAR(logs.at("loss"), loss / 100, 1e-6);
+  EXPECT_NEAR(logs.at("sparse_categorical_crossentropy_from_logits"), loss / 100, 1e-6);
+  EXPECT_DOUBLE_EQ(logs.at("accuracy"), hits / 100);
+}
+
+// Records what each hook saw.
+struct Recorder : Callback {
+  std::vector<std::string> events;
+  std::vector<double> lr_seen;
+  std::vector<std::vector<float>> weights_at_epoch_end;
+  void on_train_begin(const Logs&) override { events.push_back("train_begin"); }
+  void on_train_end(const Logs&) override { events.push_back("train_end"); }
+  void on_epoch_begin(int e, const Logs&) override {
+    events.push_back("epoch_begin " + std::to_string(e));
+    lr_seen.push_back(trainer()->optimizer().learning_rate());
+  }
+  void on_epoch_end(int e, const Logs&) override {
+    events.push_back("epoch_end " + std::to_string(e));
+    std::vector<float> w;
+    for (Variable* v : trainer()->model().trainable_variables())
+      for (float x : v->value().to_vector<float>()) w.push_back(x);
+    weights_at_epoch_end.push_back(w);
+  }
+  void on_test_begin(const Logs&) override { events.push_back("test_begin"); }
+};
+
+TEST(TrainerTest, HooksRunInKerasOrderAndTheSchedulerReachesTheOptimizer) {
+  const std::vector<double> rates{0.5, 0.4, 0.45, 0.45, 0.45, 0.45};
+  LearningRateScheduler sched([&](int epoch, double) { return rates[static_cast<std::size_t>(epoch)]; });
+  Recorder rec;
+  // Monitor the learning rate: best 0.4 at epoch 1, then no improvement for
+  // 2 epochs (patience 2): stops after epoch 3 and puts epoch 1's weights back.
+  EarlyStopping stop("learning_rate", 0, 2, "min", std::nullopt, /*restore_best_weights=*/true);
+  SoftmaxModel model(kFeatures, kClasses);
+  SGD opt(0.01);
+  Trainer trainer(get_strategy(), model, opt, {"accuracy"});
+  FitOptions o;
+  o.epochs = 6;
+  o.validation_data = test_data();
+  o.validation_freq = 2;
+  o.callbacks = {&sched, &rec, &stop};
+  o.verbose = false;
+  const History h = trainer.fit(train_data(), o);
+  EXPECT_EQ(stop.stopped_epoch(), 3);
+  EXPECT_EQ(stop.best_epoch(), 1);
+  EXPECT_EQ(h.epochs, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(h.history.at("learning_rate"), (std::vector<double>{0.5, 0.4, 0.45, 0.45}));
+  EXPECT_EQ(rec.lr_seen, (std::vector<double>{0.5, 0.4, 0.45, 0.45}));
+  EXPECT_EQ(h.history.at("val_loss").size(), 2u);  // after epochs 1 and 3
+  EXPECT_EQ(rec.events.front(), "train_begin");
+  EXPECT_EQ(rec.events.back(), "train_end");
+  EXPECT_EQ(rec.events[1], "epoch_begin 0");
+  EXPECT_EQ(rec.events[2], "epoch_end 0");
+  EXPECT_EQ(rec.events[4], "test_begin");  // epoch 1 validates before its end
+  std::vector<float> now;
+  for (Variable* v : model.trainable_variables())
+    for (float x : v->value().to_vector<float>()) now.push_back(x);
+  EXPECT_EQ(now, rec.weights_at_epoch_end[1]);
+  EXPECT_NE(now, rec.weights_at_epoch_end[3]);
+}
+
+TEST(TrainerTest, CsvRowsAndTensorBoardScalarsMatchHistory) {
+  test::TempDir dir;
+  CSVLogger csv((dir.path() / "log.csv").string());
+  TensorBoard tb((dir.path() / "tb").string());
+  std::optional<Strategy> none;
+  const FitRun r = train_on(none, {&csv, &tb});
+  std::ifstream in(dir.path() / "log.csv");
+  std::string header;
+  std::getline(in, header);
+  EXPECT_EQ(header, "epoch,accuracy,learning_rate,loss,val_accuracy,val_loss");
+  for (int e = 0; e < 3; ++e) {
+    std::string row;
+    ASSERT_TRUE(std::getline(in, row));
+    std::stringstream ss(row);
+    std::string cell;
+    std::getline(ss, cell, ',');
+    EXPECT_EQ(cell, std::to_string(e));
+    for (const char* key : {"accuracy", "learning_rate", "loss", "val_accuracy", "val_loss"}) {
+      std::getline(ss, cell, ',');
+      EXPECT_EQ(std::stod(cell), r.history.history.at(key)[static_cast<std::size_t>(e)]) << key;
+    }
+  }
+  // Decode the event files with protoc-generated Python (python3-protobuf)
+  // against the Event schema, written out in event.proto.
+  const std::string script = (dir.path() / "decode.py").string();
+  {
+    std::ofstream proto(dir.path() / "event.proto");
+    proto << "syntax = \"proto3\";\n"
+             "message SummaryValue { string tag = 1; float simple_value = 2; }\n"
+             "message Summary { repeated SummaryValue value = 1; }\n"
+             "message Event { double wall_time = 1; int64 step = 2; string file_version = 3; Summary summary = 5; }\n";
+    std::ofstream py(script);
+    py << "import glob, os, struct, sys\n"
+          "sys.path.insert(0, sys.argv[1])\n"
+          "import event_pb2\n"
+          "for sub in ('train', 'validation'):\n"
+          "    files = glob.glob(os.path.join(sys.argv[2], sub, 'events.out.tfevents.*'))\n"
+          "    assert len(files) == 1, files\n"
+          "    data = open(files[0], 'rb').read()\n"
+          "    at, first = 0, True\n"
+          "    while at < len(data):\n"
+          "        (n,) = struct.unpack('<Q', data[at:at + 8]); at += 12\n"
+          "        e = event_pb2.Event(); e.ParseFromString(data[at:at + n]); at += n + 4\n"
+          "        if first:\n"
+          "            assert e.file_version == 'brain.Event:2', e; first = False; continue\n"
+          "        for v in e.summary.value:\n"
+          "            print(sub, e.step, v.tag, repr(v.simple_value))\n";
+  }
+  const std::string cmd = "cd '" + dir.str() + "' && protoc --python_out=. event.proto && /usr/bin/python3 '" + script +
+                          "' . '" + (dir.path() / "tb").string() + "' 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  for (size_t k; (k = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, k);
+  ASSERT_EQ(::pclose(p), 0) << out;
+  std::map<std::string, float> seen;
+  std::stringstream lines(out);
+  for (std::string sub, tag, value; lines >> sub;) {
+    int step = 0;
+    lines >> step >> tag >> value;
+    seen[sub + " " + std::to_string(step) + " " + tag] = std::stof(value);
+  }
+  for (int e = 0; e < 3; ++e) {
+    const auto i = static_cast<std::size_t>(e);
+    EXPECT_EQ(seen.at("train " + std::to_string(e) + " epoch_loss"), static_cast<float>(r.history.history.at("loss")[i]));
+    EXPECT_EQ(seen.at("train " + std::to_string(e) + " epoch_accuracy"),
+              static_cast<float>(r.history.history.at("accuracy")[i]));
+    EXPECT_EQ(seen.at("validation " + std::to_string(e) + " epoch_loss"),
+              static_cast<float>(r.history.history.at("val_loss")[i]));
+  }
+  EXPECT_EQ(seen.size(), 3u * 5u) << out;
+}
+
+TEST(TrainerTest, ProgressBarOnAPseudoTerminalAndInAPipe) {
+  int master = -1, slave = -1;
+  ASSERT_EQ(::openpty(&master, &slave, nullptr, nullptr, nullptr), 0);
+  std::FILE* tty = ::fdopen(slave, "w");
+  ProgressBar on_tty(tty, std::nullopt, 4);  // isatty decides: a terminal
+  test::TempDir dir;
+  std::FILE* pipe_like = std::fopen((dir.path() / "bar.txt").c_str(), "w");
+  ProgressBar in_file(pipe_like, std::nullopt, 4);
+  std::optional<Strategy> none;
+  const FitRun r = train_on(none, {&on_tty, &in_file}, 2);
+  std::fclose(tty);
+  ::fcntl(master, F_SETFL, O_NONBLOCK);
+  std::string term;
+  char buf[65536];
+  for (ssize_t k; (k = ::read(master, buf, sizeof buf)) > 0;) term.append(buf, static_cast<size_t>(k));
+  ::close(master);
+  std::fclose(pipe_like);
+  EXPECT_NE(term.find("Epoch 1"), std::string::npos) << term;
+  EXPECT_NE(term.find("Epoch 2"), std::string::npos) << term;
+  EXPECT_NE(term.find("\r4/Unknown"), std::string::npos) << term;  // epoch 1 does not know its length yet
+  EXPECT_NE(term.find("\r4/16 "), std::string::npos) << term;      // epoch 2 does (512 / 32 steps)
+  EXPECT_NE(term.find("ETA: "), std::string::npos) << term;
+  EXPECT_NE(term.find("\u2501"), std::string::npos) << term;
+  EXPECT_NE(term.find("val_accuracy: "), std::string::npos) << term;
+  std::ifstream in(dir.path() / "bar.txt");
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  ASSERT_EQ(lines.size(), 2u);  // one line per epoch, no carriage returns
+  EXPECT_EQ(lines[0].rfind("Epoch 1 - 16/16 - ", 0), 0u) << lines[0];
+  EXPECT_EQ(lines[1].find('\r'), std::string::npos);
+  char loss[32];
+  std::snprintf(loss, sizeof loss, "loss: %.4f", r.history.history.at("loss")[1]);
+  EXPECT_NE(lines[1].find(loss), std::string::npos) << lines[1];
+}
+
+TEST(TrainerTest, ModelCheckpointResumesBitForBit) {
+  test::TempDir dir;
+  auto fit = [&](int initial, int epochs, bool restore, std::vector<float>* weights) {
+    SoftmaxModel model(kFeatures, kClasses);
+    Adam opt(0.05);
+    Trainer trainer(get_strategy(), model, opt, {});
+    ModelCheckpoint ckpt((dir.path() / "ck").string(), "loss", false, "auto", 2);
+    if (restore) {
+      EXPECT_EQ(ModelCheckpoint::restore_latest(trainer, (dir.path() / "ck").string()), initial);
+    }
+    FitOptions o;
+    o.epochs = epochs;
+    o.initial_epoch = initial;
+    o.callbacks = {&ckpt};
+    o.verbose = false;
+    trainer.fit(train_data(), o);
+    weights->clear();
+    for (Variable* v : model.trainable_variables())
+      for (float x : v->value().to_vector<float>()) weights->push_back(x);
+  };
+  std::vector<float> straight, first, resumed;
+  fit(0, 4, false, &straight);
+  std::filesystem::remove_all(dir.path() / "ck");
+  fit(0, 2, false, &first);
+  EXPECT_TRUE(std::filesystem::exists(dir.path() / "ck" / "ckpt-2"));
+  fit(2, 4, true, &resumed);
+  EXPECT_EQ(resumed, straight);
+  EXPECT_FALSE(std::filesystem::exists(dir.path() / "ck" / "ckpt-2"));  // max_to_keep 2: ckpt-3, ckpt-4
+}
+
+TEST(TrainerTest, BadUseIsAClearError) {
+  Strategy s = Strategy::create("mirrored", devices(2));
+  SoftmaxModel outside(kFeatures, kClasses);  // made outside the scope
+  SGD opt(0.1);
+  try {
+    Trainer t(s, outside, opt);
+    FAIL();
+  } catch (const InvalidArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find("create the model's variables inside strategy.scope()"), std::string::npos)
+        << e.what();
+  }
+  SoftmaxModel model(kFeatures, kClasses);
+  Trainer t(get_strategy(), model, opt);
+  Element no_x;
+  no_x.add("features", Tensor::zeros({8, kFeatures}, DType::kFloat32));
+  no_x.add("y", Tensor::zeros({8}, DType::kInt32));
+  FitOptions o;
+  o.verbose = false;
+  try {
+    t.fit(Dataset::from_tensor_slices(std::move(no_x)).batch(4), o);
+    FAIL();
+  } catch (const InvalidArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find("no component 'x'"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(t.fit(Dataset::from_tensor_slices(test::clusters(8, kFeatures, kClasses, 1)), o), InvalidArgumentError);
+  EXPECT_THROW(Trainer(get_strategy(), model, opt, {"auc"}), InvalidArgumentError);
+  o.validation_freq = 0;
+  EXPECT_THROW(t.fit(train_data(), o), InvalidArgumentError);
+}
+
+}  // namespace
+}  // namespace strata
