@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "fit.h"
 #include "input.h"
 #include "multiproc.h"
 #include "sizes.h"
@@ -279,8 +280,24 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(std::int64_t{4096}, std::int64_t{1} << 30));
 
+  auto* fit = app.add_subcommand(
+      "fit", "Trainer::fit step time vs the hand-written training loop on the same model, data and strategy");
+  strata::bench::FitBenchOptions fo;
+  fit->add_option("--strategy", fo.strategy, "Strategy (one_device, mirrored, central_storage)")->capture_default_str();
+  fit->add_option("--devices", fo.devices, "Comma-separated devices")->capture_default_str();
+  fit->add_option("--steps", fo.steps, "Timed steps per run")->capture_default_str()->check(CLI::PositiveNumber);
+  fit->add_option("--global-batch", fo.global_batch, "Global batch size")->capture_default_str()->check(CLI::PositiveNumber);
+  fit->add_option("--features", fo.features, "MLP input features")->capture_default_str()->check(CLI::PositiveNumber);
+  fit->add_option("--hidden", fo.hidden, "MLP hidden units")->capture_default_str()->check(CLI::PositiveNumber);
+  fit->add_option("--classes", fo.classes, "MLP classes")->capture_default_str()->check(CLI::Range(2, 1000));
+
   CLI11_PARSE(app, argc, argv);
   try {
+    if (fit->parsed()) {
+      fo.repeats = repeats_opt->count() > 0 ? repeats : 5;
+      fo.json = json;
+      return strata::bench::run_fit_bench(fo);
+    }
     if (input->parsed()) {
       in.repeats = repeats_opt->count() > 0 ? repeats : 3;
       in.json = json;

@@ -76,7 +76,8 @@ std::vector<float> initial_param(const ModelShape& m, int i, std::uint64_t seed)
 }
 
 double forward_backward(const ModelShape& m, const float* const params[4], const float* xs,
-                        const std::int32_t* labels, std::int64_t count, double scale, float* const grads[4]) {
+                        const std::int32_t* labels, std::int64_t count, double scale, float* const grads[4],
+                        float* logits_out, float* losses_out) {
   const int F = m.features, H = m.hidden, C = m.classes;
   const float* W1 = params[0];
   const float* b1 = params[1];
@@ -110,7 +111,12 @@ double forward_backward(const ModelShape& m, const float* const params[4], const
     if (y < 0 || y >= C)
       throw std::out_of_range("label " + std::to_string(y) + " of an example is outside [0, " + std::to_string(C) +
                               "); check --classes against the data");
-    loss += std::log(denom) - (logits[y] - max_logit);
+    const double example_loss = std::log(denom) - (logits[y] - max_logit);
+    loss += example_loss;
+    if (logits_out)
+      for (int c = 0; c < C; ++c) logits_out[static_cast<std::size_t>(e) * C + c] = static_cast<float>(logits[c]);
+    if (losses_out) losses_out[e] = static_cast<float>(example_loss);
+    if (grads == nullptr) continue;
     // dlogits = softmax - onehot, scaled.
     for (int c = 0; c < C; ++c) logits[c] = (std::exp(logits[c] - max_logit) / denom - (c == y ? 1.0 : 0.0)) * scale;
     for (int j = 0; j < H; ++j) {
@@ -129,6 +135,7 @@ double forward_backward(const ModelShape& m, const float* const params[4], const
       for (int j = 0; j < H; ++j) g[j] += xf * dh[j];
     }
   }
+  if (grads == nullptr) return loss * scale;
   const std::vector<double>* acc[4] = {&gW1, &gb1, &gW2, &gb2};
   for (int p = 0; p < 4; ++p)
     for (std::size_t j = 0; j < acc[p]->size(); ++j) grads[p][j] += static_cast<float>((*acc[p])[j]);

@@ -50,8 +50,11 @@ std::vector<float> initial_param(const ModelShape& m, int i, std::uint64_t seed)
 /// row-major and their labels. Adds d(loss)/d(param) * scale into grads[0..3] (float, same shapes as the
 /// parameters; accumulated in double internally) and returns the sum of the
 /// per-example cross-entropy losses times `scale`. params[i] point at the
-/// four parameters.
+/// four parameters. grads == nullptr: forward only. logits_out ([count,
+/// classes]) and losses_out ([count], unscaled) receive the forward pass
+/// when not null.
 double forward_backward(const ModelShape& m, const float* const params[4], const float* x,
-                        const std::int32_t* labels, std::int64_t count, double scale, float* const grads[4]);
+                        const std::int32_t* labels, std::int64_t count, double scale, float* const grads[4],
+                        float* logits_out = nullptr, float* losses_out = nullptr);
 
 }  // namespace strata::train

@@ -224,6 +224,7 @@ class STRATA_API Trainer {
   std::unique_ptr<Mean> loss_;
   std::vector<std::unique_ptr<CompiledMetric>> compiled_;
   std::int64_t global_batch_ = 0;
+  std::vector<std::vector<Tensor>> grads_;  // per local replica, reused by train_step
   int epoch_ = 0;
   std::int64_t global_step_ = 0;
 };

@@ -116,13 +116,17 @@ void Trainer::update_metrics(const Features& batch, const ForwardResult& result)
 
 void Trainer::train_step(ReplicaContext& ctx, const Features& batch) {
   const std::vector<Variable*> vars = model_->trainable_variables();
-  std::vector<Tensor> grads;
-  grads.reserve(vars.size());
-  for (Variable* v : vars) grads.push_back(Tensor::zeros(v->shape(), v->dtype()));
+  // Gradient buffers per local replica, kept across steps and zeroed here.
+  std::vector<Tensor>& grads = grads_.at(ctx.local_replica_id());
+  if (grads.size() != vars.size()) {
+    grads.clear();
+    for (Variable* v : vars) grads.push_back(Tensor::zeros(v->shape(), v->dtype()));
+  } else {
+    for (Tensor& g : grads) std::memset(g.raw_data(), 0, g.nbytes());
+  }
   const ForwardResult r = model_->forward_backward(batch, 1.0 / static_cast<double>(global_batch_), grads);
   optimizer_->apply_gradients(grads, vars);
   update_metrics(batch, r);
-  (void)ctx;
 }
 
 void Trainer::test_step(ReplicaContext& ctx, const Features& batch) {
@@ -187,6 +191,7 @@ History Trainer::fit(const Dataset& dataset, const FitOptions& options) {
   }
   for (Callback* c : callbacks) c->trainer_ = this;
   stop_training = false;
+  grads_.assign(static_cast<std::size_t>(strategy_->num_local_replicas()), {});
   DistributedDataset dist = strategy_->distribute_dataset(dataset);
   std::optional<DistributedIterator> it;
   if (options.steps_per_epoch > 0) it.emplace(dist.make_iterator());
