@@ -191,7 +191,8 @@ History Trainer::fit(const Dataset& dataset, const FitOptions& options) {
   }
   for (Callback* c : callbacks) c->trainer_ = this;
   stop_training = false;
-  grads_.assign(static_cast<std::size_t>(strategy_->num_local_replicas()), {});
+  grads_.clear();
+  grads_.resize(static_cast<std::size_t>(strategy_->num_local_replicas()));
   DistributedDataset dist = strategy_->distribute_dataset(dataset);
   std::optional<DistributedIterator> it;
   if (options.steps_per_epoch > 0) it.emplace(dist.make_iterator());
