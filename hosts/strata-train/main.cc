@@ -69,6 +69,7 @@ struct Args {
   int keep_checkpoints = 2;
   std::string restore;        // --restore
   std::string fault_kill_at;  // --fault-kill-at STEP:RANK (tests)
+  std::int64_t eval_size = 4096;
 };
 
 // One --switch-transport entry.
@@ -538,6 +539,20 @@ int train(const Args& a) {
               trained, secs, secs > 0 ? trained / secs : 0.0, secs > 0 ? trained * a.global_batch / secs : 0.0,
               strategy.name().c_str(), replicas, loss,
               start > 0 ? (" (resumed at step " + std::to_string(start) + ")").c_str() : "");
+  {
+    // Held-out examples of the same task (the teacher of --seed, inputs of
+    // another stream): how well the model learnt, against chance.
+    const strata::train::SyntheticData held_out(m, a.eval_size, a.seed, /*stream=*/1);
+    std::vector<strata::Tensor> values;
+    const float* params[4];
+    for (int i = 0; i < 4; ++i) {
+      values.push_back(vars[i].value());
+      params[i] = values.back().data<float>();
+    }
+    if (a.eval_size > 0 && strategy.extended().is_chief())
+      std::printf("held-out accuracy %.4f on %lld examples (chance %.4f)\n",
+                  strata::train::accuracy(m, params, held_out), static_cast<long long>(a.eval_size), 1.0 / m.classes);
+  }
   if (!a.save.empty()) {
     auto scope = strategy.scope();
     // The chief saves; an evaluator is the chief of its own one-process
@@ -601,6 +616,10 @@ int main(int argc, char** argv) {
                  "the old transport")
       ->type_name("STEP:NAME[:{OPTS}]")
       ->take_all();
+  app.add_option("--eval-size", a.eval_size,
+                 "Held-out examples (same task, other inputs) whose accuracy is printed at the end; 0: none")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--checkpoint-dir", a.checkpoint_dir,
                  "Save a checkpoint (weights, step, input position) every --checkpoint-every steps and at the end "
                  "into DIR/ckpt-<step>, and resume from the newest one there when started again (e.g. by "

@@ -30,7 +30,9 @@ std::vector<std::int64_t> param_shape(const ModelShape& m, int i);
 /// and a label in [0, classes).
 class SyntheticData {
  public:
-  SyntheticData(const ModelShape& m, std::int64_t size, std::uint64_t seed);
+  /// The teacher (the labelling rule) comes from `seed`; the inputs from
+  /// `seed` and `stream`, so stream 1 is a held-out set of the same task.
+  SyntheticData(const ModelShape& m, std::int64_t size, std::uint64_t seed, std::uint64_t stream = 0);
   std::int64_t size() const { return size_; }
   /// [size, features] row-major.
   const std::vector<float>& features() const { return x_; }
@@ -56,5 +58,9 @@ std::vector<float> initial_param(const ModelShape& m, int i, std::uint64_t seed)
 double forward_backward(const ModelShape& m, const float* const params[4], const float* x,
                         const std::int32_t* labels, std::int64_t count, double scale, float* const grads[4],
                         float* logits_out = nullptr, float* losses_out = nullptr);
+
+/// The fraction of `data` the model `params` classifies right (arg-max of
+/// the logits, the first maximum winning).
+double accuracy(const ModelShape& m, const float* const params[4], const SyntheticData& data);
 
 }  // namespace strata::train
