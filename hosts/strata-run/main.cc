@@ -496,11 +496,21 @@ class Launcher {
     return restart;
   }
 
-  /// --restart-delay, unless the run's --timeout or a signal ends it first.
+  /// --restart-delay, unless the run's --timeout or a signal ends it first
+  /// (also one that came while the attempt was summarized, even with no delay).
   bool wait_restart_delay() {
     const auto until =
         Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opt_.restart_delay_s));
     for (;;) {
+      signalfd_siginfo si;
+      while (::read(sfd_, &si, sizeof si) == static_cast<ssize_t>(sizeof si)) {
+        if (si.ssi_signo == SIGCHLD) continue;  // every child of the attempt is reaped already
+        std::cerr << "strata-run: received " << signal_name(static_cast<int>(si.ssi_signo))
+                  << " during the restart delay; not restarting the job" << std::endl;
+        exit_code_ = 128 + static_cast<int>(si.ssi_signo);
+        interrupted_ = true;
+        return false;
+      }
       const auto now = Clock::now();
       if (deadline_ && now >= *deadline_) {
         std::cerr << "strata-run: timeout: the job ran longer than --timeout " << opt_.timeout_s
@@ -516,15 +526,6 @@ class Launcher {
       pollfd p{sfd_, POLLIN, 0};
       if (::poll(&p, 1, static_cast<int>(std::min<int64_t>(wait_ms, 1000))) < 0 && errno != EINTR)
         throw RunError("poll failed: " + errno_text(errno));
-      signalfd_siginfo si;
-      while (::read(sfd_, &si, sizeof si) == static_cast<ssize_t>(sizeof si)) {
-        if (si.ssi_signo == SIGCHLD) continue;  // every child of the attempt is reaped already
-        std::cerr << "strata-run: received " << signal_name(static_cast<int>(si.ssi_signo))
-                  << " during the restart delay; not restarting the job" << std::endl;
-        exit_code_ = 128 + static_cast<int>(si.ssi_signo);
-        interrupted_ = true;
-        return false;
-      }
     }
   }
 
