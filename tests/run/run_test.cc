@@ -608,7 +608,7 @@ TEST_F(RunTest, TimeoutCoversTheWholeRestartLoopAndIsNeverRestarted) {
   auto start = std::chrono::steady_clock::now();
   test::ProcResult r = test::run_program(
       run_args(2, {"--fail-rank", "1", "--fail-after", "0.3"},
-               {"--max-restarts", "100", "--restart-delay", "0.2", "--timeout", "2", "--grace", "1"}),
+               {"--max-restarts", "100", "--restart-delay", "0.2", "--timeout", "3", "--grace", "1"}),
       {}, 60);
   ASSERT_FALSE(r.timed_out) << r.err;
   EXPECT_EQ(r.exit_code, 124) << r.err;
@@ -617,8 +617,8 @@ TEST_F(RunTest, TimeoutCoversTheWholeRestartLoopAndIsNeverRestarted) {
   std::set<int> attempts;
   for (const auto& [key, rec] : rs) attempts.insert(key.first);
   EXPECT_GE(attempts.size(), 2u) << r.err;
-  EXPECT_LT(attempts.size(), 20u) << r.err;
-  const auto timeout_at = r.err.find("strata-run: timeout: the job ran longer than --timeout 2 s (all attempts together)");
+  EXPECT_LT(attempts.size(), 30u) << r.err;
+  const auto timeout_at = r.err.find("strata-run: timeout: the job ran longer than --timeout 3 s (all attempts together)");
   ASSERT_NE(timeout_at, std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("strata-run: restarting the job", timeout_at), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("starting attempt", timeout_at), std::string::npos) << r.err;
