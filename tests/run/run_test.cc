@@ -559,7 +559,12 @@ TEST_F(RunTest, ExhaustedRestartsExitWithTheLastAttemptsCodeAndSaySo) {
   EXPECT_EQ(r.exit_code, 3) << r.err;
   const auto rs = runs(dir_.path());
   EXPECT_EQ(rs.size(), 6u) << "N+1 attempts of every rank: " << r.err;
-  for (int attempt = 0; attempt < 3; ++attempt) EXPECT_EQ(rs.count({attempt, 1}), 1u) << attempt;
+  for (int attempt = 0; attempt < 3; ++attempt)
+    for (int rank = 0; rank < 2; ++rank) {
+      ASSERT_EQ(rs.count({attempt, rank}), 1u) << attempt << " " << rank;
+      EXPECT_EQ(rs.at({attempt, rank}).restart, std::to_string(attempt));
+      EXPECT_EQ(rs.at({attempt, rank}).max_restarts, "2");
+    }
   EXPECT_EQ(rs.count({3, 0}), 0u);
   EXPECT_NE(r.err.find("restarting the job (restart 1 of 2) in 0.1 s: rank 1 exited with code 3\n"), std::string::npos)
       << r.err;
