@@ -31,6 +31,30 @@
 // which strata-run creates and removes again unless a failed job left trace
 // files in it; a directory the user named is never removed.
 //
+// Restarts (--max-restarts N, as torchrun's --max-restarts): a job that
+// failed (a child exited non-zero or by a signal) is stopped and summarized
+// exactly as above, and then, while fewer than N restarts happened, started
+// again whole after --restart-delay seconds: every rank, new free ports (none
+// that an earlier attempt of this run used, so no lingering socket of the
+// previous attempt can clash, and a fresh rendezvous), the same auth token.
+// Children see STRATA_RESTART_COUNT (0, 1, ...) and STRATA_MAX_RESTARTS (as
+// TORCHELASTIC_RESTART_COUNT / _MAX_RESTARTS); the program must resume from
+// its own latest checkpoint (strata::BackupAndRestore does). Never restarted:
+// a success, --timeout (which covers all attempts together, delays
+// included), SIGINT/SIGTERM/SIGHUP to strata-run (also during the delay), a
+// failure to fork. With restarts exhausted strata-run exits with the last
+// attempt's code. The restart line names the reason with the summary's
+// logic: the verdict most ranks agreed on, else the first rank to exit. The
+// children's STRATA_TRACE_DIR stays the same; the trace files of a failed
+// attempt that is restarted are moved to <trace dir>/attempt-<k>/ (k = its
+// STRATA_RESTART_COUNT) before the next starts, so the directory itself
+// always holds the latest attempt's traces. A default directory with
+// attempt-* traces is kept even when the job succeeds at last.
+// Under Slurm the same is `sbatch --requeue` (Slurm starts the batch script
+// again after a node failure or preemption, or after `scontrol requeue
+// $SLURM_JOB_ID`, and sets SLURM_RESTART_COUNT) with the same program-side
+// resume from the latest checkpoint.
+//
 // Single-threaded by design: PR_SET_PDEATHSIG is tied to the thread that
 // forked, and one poll() loop over the children's pipes and a signalfd keeps
 // output lines whole without locks.
@@ -55,6 +79,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -88,9 +113,11 @@ std::string signal_name(int sig) {
 
 // ---- setup ----------------------------------------------------------------
 
-/// Picks `n` distinct free TCP ports on `host`: all probe sockets stay bound
-/// until every port is chosen, so the kernel cannot hand out one twice.
-std::vector<uint16_t> pick_ports(const std::string& host, int n) {
+/// Picks `n` distinct free TCP ports on `host`, none of them in `avoid`: all
+/// probe sockets stay bound until every port is chosen, so the kernel cannot
+/// hand out one twice, and a port in `avoid` stays bound too, so that the
+/// kernel moves on to another.
+std::vector<uint16_t> pick_ports(const std::string& host, int n, const std::set<uint16_t>& avoid) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -109,17 +136,20 @@ std::vector<uint16_t> pick_ports(const std::string& host, int n) {
     int last_errno = 0;
     bool bound = false;
     // A bind to port 0 only fails when the ephemeral range is momentarily
-    // exhausted; a few retries ride that out.
-    for (int attempt = 0; attempt < 5 && !bound; ++attempt) {
+    // exhausted; a few retries ride that out. A port to avoid is no failed
+    // attempt: it stays held, so each comes back at most once.
+    for (int attempt = 0; attempt < 5 && !bound;) {
       int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
       if (fd < 0) {
         last_errno = errno;
+        ++attempt;
         continue;
       }
       if (::bind(fd, res->ai_addr, res->ai_addrlen) != 0) {
         last_errno = errno;
         ::close(fd);
         ::usleep(10000);
+        ++attempt;
         continue;
       }
       sockaddr_storage ss{};
@@ -127,11 +157,14 @@ std::vector<uint16_t> pick_ports(const std::string& host, int n) {
       if (::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) {
         last_errno = errno;
         ::close(fd);
+        ++attempt;
         continue;
       }
       fds.push_back(fd);
-      ports.push_back(ntohs(ss.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port
-                                                     : reinterpret_cast<sockaddr_in*>(&ss)->sin_port));
+      const uint16_t port = ntohs(ss.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port
+                                                           : reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+      if (avoid.count(port) != 0) continue;
+      ports.push_back(port);
       bound = true;
     }
     if (!bound) {
@@ -254,6 +287,8 @@ struct Options {
   double grace_s = 5;
   std::string host = "127.0.0.1";
   std::string trace_dir;  // --trace-dir, empty when not given
+  int max_restarts = 0;
+  double restart_delay_s = 1;
   std::vector<std::string> command;
 };
 
@@ -272,6 +307,14 @@ std::optional<std::pair<ino_t, struct timespec>> file_identity(const std::filesy
   return std::make_pair(st.st_ino, st.st_mtim);
 }
 
+/// Identity of every rank-*.json now in `dir`.
+std::map<std::string, std::pair<ino_t, struct timespec>> snapshot_trace_files(const std::filesystem::path& dir) {
+  std::map<std::string, std::pair<ino_t, struct timespec>> out;
+  for (const auto& f : strata::trace::list_trace_files(dir))
+    if (auto id = file_identity(f)) out[f.string()] = *id;
+  return out;
+}
+
 /// Resolve (and create) the trace directory: --trace-dir, else
 /// $STRATA_TRACE_DIR, else a fresh ${TMPDIR:-/tmp}/strata-run-<pid>.
 TraceDir make_trace_dir(const std::string& option) {
@@ -288,8 +331,7 @@ TraceDir make_trace_dir(const std::string& option) {
       throw RunError("cannot use the trace directory '" + given + "' (from " + origin + "): " +
                      (ec ? ec.message() : "it is not a writable directory") +
                      "; pass --trace-dir with a directory strata-run can create and write");
-    for (const auto& f : strata::trace::list_trace_files(td.path))
-      if (auto id = file_identity(f)) td.before[f.string()] = *id;
+    td.before = snapshot_trace_files(td.path);
     if (!td.before.empty())
       std::cerr << "strata-run: the trace directory " << td.path.string() << " (" << origin << ") already holds "
                 << td.before.size()
@@ -334,28 +376,54 @@ class Launcher {
   explicit Launcher(Options opt) : opt_(std::move(opt)) {}
 
   int run() {
-    const std::vector<uint16_t> ports = pick_ports(opt_.host, opt_.n);
+    std::vector<uint16_t> ports = pick_ports(opt_.host, opt_.n, used_ports_);
     trace_ = make_trace_dir(opt_.trace_dir);
     try {
-      launch(ports);
+      prepare();
+      for (int attempt = 0;; ++attempt) {
+        // Never a port an earlier attempt used: its sockets may linger
+        // (TIME_WAIT, a listener bound with SO_REUSEADDR) or a grandchild
+        // may still hold one.
+        if (attempt > 0) ports = pick_ports(opt_.host, opt_.n, used_ports_);
+        used_ports_.insert(ports.begin(), ports.end());
+        if (attempt > 0)
+          std::cerr << "strata-run: starting attempt " << attempt + 1 << " of " << opt_.max_restarts + 1
+                    << " (STRATA_RESTART_COUNT=" << attempt << ")" << std::endl;
+        launch(ports, attempt);
+        if (!finish_attempt(attempt) || !wait_restart_delay()) break;
+      }
     } catch (...) {
       // The job never ran to an end, so its traces, if any, are kept for the user.
-      if (trace_.own && strata::trace::list_trace_files(trace_.path).empty()) remove_trace_dir();
+      if (trace_.own && !holds_traces()) remove_trace_dir();
+      if (sfd_ >= 0) ::close(sfd_);
       throw;
     }
-    summarize();
-    if (trace_.own && (exit_code_ == 0 || strata::trace::list_trace_files(trace_.path).empty())) remove_trace_dir();
+    ::close(sfd_);
+    sfd_ = -1;
+    if (exit_code_ == 0 && !attempt_dirs_.empty()) {
+      std::cerr << "strata-run: the job succeeded after " << attempt_dirs_.size()
+                << " failed attempt(s) that left traces; they are kept:";
+      for (const auto& d : attempt_dirs_) std::cerr << " strata-info trace " << d.string() << ";";
+      std::cerr << std::endl;
+    }
+    // Kept: a failed job's traces, and those of failed attempts before a
+    // success, which the restart lines pointed to.
+    if (trace_.own && ((exit_code_ == 0 && attempt_dirs_.empty()) || !holds_traces())) remove_trace_dir();
     return exit_code_;
   }
 
  private:
-  void launch(const std::vector<uint16_t>& ports) {
-    nlohmann::json workers = nlohmann::json::array();
-    for (uint16_t p : ports) workers.push_back(format_address(opt_.host, p));
-    const char* preset = std::getenv("STRATA_AUTH_TOKEN");
-    const std::string token = (preset != nullptr && preset[0] != '\0') ? std::string(preset) : random_token();
-    std::string config_path;
-    if (!opt_.config.empty()) config_path = std::filesystem::absolute(opt_.config).lexically_normal().string();
+  /// Once per run: the signals go to a signalfd from here on, for every
+  /// attempt and the delays between them.
+  void prepare() {
+    token_ = [] {
+      const char* preset = std::getenv("STRATA_AUTH_TOKEN");
+      return (preset != nullptr && preset[0] != '\0') ? std::string(preset) : random_token();
+    }();
+    if (!opt_.config.empty()) config_path_ = std::filesystem::absolute(opt_.config).lexically_normal().string();
+    if (opt_.timeout_s > 0)
+      deadline_ =
+          Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opt_.timeout_s));
 
     // Block the signals we handle before the first fork so no SIGCHLD is lost;
     // children restore the original mask before exec.
@@ -368,20 +436,135 @@ class Launcher {
     if (sfd_ < 0) throw RunError("signalfd failed: " + errno_text(errno));
     // A closed stdout must not kill the launcher and orphan nothing; reset in children.
     ::signal(SIGPIPE, SIG_IGN);
+  }
 
-    children_.resize(static_cast<std::size_t>(opt_.n));
+  /// One attempt: start every rank and run until all are gone.
+  void launch(const std::vector<uint16_t>& ports, int attempt) {
+    children_.assign(static_cast<std::size_t>(opt_.n), Child{});
+    stopping_ = false;
+    exit_code_ = 0;
+    kill_deadline_.reset();
+    settle_deadline_.reset();
+    first_failure_.reset();
+
+    nlohmann::json workers = nlohmann::json::array();
+    for (uint16_t p : ports) workers.push_back(format_address(opt_.host, p));
     for (int i = 0; i < opt_.n; ++i) {
       nlohmann::json tf = {{"cluster", {{"worker", workers}}}, {"task", {{"type", "worker"}, {"index", i}}}};
       std::vector<std::pair<std::string, std::string>> env = {{"TF_CONFIG", tf.dump()},
-                                                              {"STRATA_AUTH_TOKEN", token},
+                                                              {"STRATA_AUTH_TOKEN", token_},
                                                               {"STRATA_RANK", std::to_string(i)},
-                                                              {"STRATA_TRACE_DIR", trace_.path.string()}};
-      if (!config_path.empty()) env.emplace_back("STRATA_CONFIG", config_path);
+                                                              {"STRATA_TRACE_DIR", trace_.path.string()},
+                                                              {"STRATA_RESTART_COUNT", std::to_string(attempt)},
+                                                              {"STRATA_MAX_RESTARTS", std::to_string(opt_.max_restarts)}};
+      if (!config_path_.empty()) env.emplace_back("STRATA_CONFIG", config_path_);
       spawn(children_[static_cast<std::size_t>(i)], i, env);
       if (stopping_) break;  // a spawn failed; stop the ones already running
     }
     loop();
-    ::close(sfd_);
+  }
+
+  /// After every child of `attempt` is gone: the failure summary, then
+  /// whether to restart (and the line saying so, or why not).
+  bool finish_attempt(int attempt) {
+    if (exit_code_ == 0) return false;
+    std::vector<std::filesystem::path> files = job_trace_files(trace_);
+    const bool may_restart = !interrupted_ && !timed_out_ && !fork_failed_;
+    const bool restart = may_restart && attempt < opt_.max_restarts;
+    std::filesystem::path shown = trace_.path;
+    if (restart && !files.empty()) {
+      // Before the summary, so that its strata-info line names where they are.
+      shown = trace_.path / ("attempt-" + std::to_string(attempt));
+      files = keep_attempt_traces(shown, files);
+    }
+    const strata::trace::TraceSet set = strata::trace::read_trace_files(files);
+    summarize(set, !files.empty(), shown);
+    const std::string reason = failure_reason(set);
+    if (restart) {
+      std::cerr << "strata-run: restarting the job (restart " << attempt + 1 << " of " << opt_.max_restarts << ") in "
+                << opt_.restart_delay_s << " s: " << reason << std::endl;
+    } else if (opt_.max_restarts > 0) {
+      if (may_restart)
+        std::cerr << "strata-run: restarts exhausted: attempt " << attempt + 1 << " of " << opt_.max_restarts + 1
+                  << " failed too (--max-restarts " << opt_.max_restarts << "): " << reason << "; exiting with code "
+                  << exit_code_ << std::endl;
+      else
+        std::cerr << "strata-run: not restarting the job: "
+                  << (timed_out_ ? "--timeout expired" : interrupted_ ? "strata-run was interrupted" : "a fork failed")
+                  << std::endl;
+    }
+    return restart;
+  }
+
+  /// --restart-delay, unless the run's --timeout or a signal ends it first
+  /// (also one that came while the attempt was summarized, even with no delay).
+  bool wait_restart_delay() {
+    const auto until =
+        Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opt_.restart_delay_s));
+    for (;;) {
+      signalfd_siginfo si;
+      while (::read(sfd_, &si, sizeof si) == static_cast<ssize_t>(sizeof si)) {
+        if (si.ssi_signo == SIGCHLD) continue;  // every child of the attempt is reaped already
+        std::cerr << "strata-run: received " << signal_name(static_cast<int>(si.ssi_signo))
+                  << " during the restart delay; not restarting the job" << std::endl;
+        exit_code_ = 128 + static_cast<int>(si.ssi_signo);
+        interrupted_ = true;
+        return false;
+      }
+      const auto now = Clock::now();
+      if (deadline_ && now >= *deadline_) {
+        std::cerr << "strata-run: timeout: the job ran longer than --timeout " << opt_.timeout_s
+                  << " s (all attempts together); not restarting it" << std::endl;
+        exit_code_ = 124;
+        timed_out_ = true;
+        return false;
+      }
+      if (now >= until) return true;
+      auto next = until;
+      if (deadline_) next = std::min(next, *deadline_);
+      const auto wait_ms = std::chrono::duration_cast<std::chrono::milliseconds>(next - now).count() + 1;
+      pollfd p{sfd_, POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(std::min<int64_t>(wait_ms, 1000))) < 0 && errno != EINTR)
+        throw RunError("poll failed: " + errno_text(errno));
+    }
+  }
+
+  /// Moves a failed attempt's trace files into `dir` (created; rank-*.json
+  /// left there by an earlier job are removed, so that the directory holds
+  /// one attempt's) and returns where they are now. A file that cannot be
+  /// moved stays, with a warning, and is read from where it is.
+  std::vector<std::filesystem::path> keep_attempt_traces(const std::filesystem::path& dir,
+                                                         const std::vector<std::filesystem::path>& files) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    for (const auto& stale : strata::trace::list_trace_files(dir)) std::filesystem::remove(stale, ec);
+    std::vector<std::filesystem::path> out;
+    bool moved_any = false;
+    for (const auto& f : files) {
+      const auto to = dir / f.filename();
+      std::filesystem::rename(f, to, ec);
+      if (ec) {
+        std::cerr << "strata-run: cannot move the trace file " << f.string() << " to " << dir.string() << ": "
+                  << ec.message() << "; the next attempt may overwrite it" << std::endl;
+        out.push_back(f);
+      } else {
+        out.push_back(to);
+        moved_any = true;
+      }
+    }
+    if (moved_any) attempt_dirs_.push_back(dir);
+    // What is left are the files of an earlier job (or ones that could not
+    // be moved): the next attempt's summary ignores them unless rewritten.
+    trace_.before = snapshot_trace_files(trace_.path);
+    return out;
+  }
+
+  /// True when the trace directory, or an attempt-* directory of this run,
+  /// holds trace files.
+  bool holds_traces() const {
+    if (!strata::trace::list_trace_files(trace_.path).empty()) return true;
+    return std::any_of(attempt_dirs_.begin(), attempt_dirs_.end(),
+                       [](const auto& d) { return !strata::trace::list_trace_files(d).empty(); });
   }
 
   void remove_trace_dir() {
@@ -394,20 +577,36 @@ class Launcher {
 
   /// After every child is gone: what the ranks agreed caused the failure,
   /// and which children were stopped, since the first exit only names the
-  /// rank that noticed first.
-  void summarize() {
-    if (exit_code_ == 0) return;
-    const auto files = job_trace_files(trace_);
-    const strata::trace::TraceSet set = strata::trace::read_trace_files(files);
+  /// rank that noticed first. `shown` is where the traces are now.
+  void summarize(const strata::trace::TraceSet& set, bool any_files, const std::filesystem::path& shown) {
     for (const auto& w : set.warnings) std::cerr << "strata-run: " << w << std::endl;
     for (const auto& line : strata::trace::verdict_lines(set.ranks)) std::cerr << "strata-run: " << line << std::endl;
     for (const Child& c : children_)
       if (c.stop_signal_at_failure != 0)
         std::cerr << "strata-run: rank " << c.rank << " (pid " << c.pid << ") was stopped ("
                   << signal_name(c.stop_signal_at_failure) << ") when the job failed" << std::endl;
-    if (!files.empty())
-      std::cerr << "strata-run: the last collectives of every rank: strata-info trace " << trace_.path.string()
-                << std::endl;
+    if (any_files)
+      std::cerr << "strata-run: the last collectives of every rank: strata-info trace " << shown.string() << std::endl;
+  }
+
+  /// One line for why the attempt failed, by the summary's logic: the
+  /// verdict most ranks agreed on, else the first rank to exit (plus any
+  /// rank that was stopped, which the first exit may only have noticed).
+  std::string failure_reason(const strata::trace::TraceSet& set) const {
+    const auto groups = strata::trace::group_verdicts(set.ranks);
+    if (!groups.empty())
+      return groups.front().first + " (verdict of " + strata::trace::rank_list(groups.front().second) + ")";
+    std::string reason;
+    if (first_failure_) {
+      const Failure& f = *first_failure_;
+      reason = "rank " + std::to_string(f.rank) +
+               (f.signal != 0 ? " was killed by " + signal_name(f.signal) : " exited with code " + std::to_string(f.code));
+    }
+    for (const Child& c : children_)
+      if (c.stop_signal_at_failure != 0)
+        reason += (reason.empty() ? "" : "; ") + ("rank " + std::to_string(c.rank) + " was stopped (" +
+                                                  signal_name(c.stop_signal_at_failure) + ")");
+    return reason.empty() ? "exit code " + std::to_string(exit_code_) : reason;
   }
 
   void spawn(Child& c, int rank, const std::vector<std::pair<std::string, std::string>>& vars) {
@@ -475,6 +674,7 @@ class Launcher {
       c.exited = true;
       std::cerr << "strata-run: cannot start rank " << rank << ": fork failed: " << errno_text(e) << std::endl;
       exit_code_ = 1;
+      fork_failed_ = true;
       stop_all(SIGTERM);
       return;
     }
@@ -519,6 +719,7 @@ class Launcher {
     if (alive() > 0) std::cerr << "; stopping the other " << alive() << " running process(es)";
     std::cerr << std::endl;
     exit_code_ = c.code;
+    first_failure_ = Failure{c.rank, c.code, WIFSIGNALED(status) ? WTERMSIG(status) : 0};
     // The others usually fail within a second too, once they have agreed on
     // the culprit (a dead peer is named within 1 s); a SIGTERM now would cut
     // that short and leave no verdict. They get kSettle to exit by
@@ -559,6 +760,7 @@ class Launcher {
   }
 
   void on_signal(int sig) {
+    interrupted_ = true;
     if (!stopping_) {
       std::cerr << "strata-run: received " << signal_name(sig) << "; forwarding it to " << alive()
                 << " process(es)" << std::endl;
@@ -572,9 +774,7 @@ class Launcher {
   }
 
   void loop() {
-    std::optional<Clock::time_point> timeout;
-    if (opt_.timeout_s > 0)
-      timeout = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opt_.timeout_s));
+    const std::optional<Clock::time_point> timeout = deadline_;
     std::optional<Clock::time_point> drain_deadline;
     for (;;) {
       const bool all_exited = alive() == 0;
@@ -628,8 +828,10 @@ class Launcher {
       const auto now = Clock::now();
       if (timeout && !stopping_ && now >= *timeout) {
         std::cerr << "strata-run: timeout: the job ran longer than --timeout " << opt_.timeout_s
-                  << " s; stopping " << alive() << " process(es)" << std::endl;
+                  << " s" << (opt_.max_restarts > 0 ? " (all attempts together)" : "") << "; stopping " << alive()
+                  << " process(es)" << std::endl;
         exit_code_ = 124;
+        timed_out_ = true;
         stop_all(SIGTERM);
       }
       if (settle_deadline_ && !stopping_ && (now >= *settle_deadline_ || alive() == 0)) {
@@ -656,16 +858,64 @@ class Launcher {
     }
   }
 
+  /// The first child of an attempt to fail: the restart line's reason
+  /// when no verdict was written.
+  struct Failure {
+    int rank = 0;
+    int code = 0;
+    int signal = 0;  // the signal that killed it, 0 for an exit code
+  };
+
   Options opt_;
   TraceDir trace_;
+  std::string token_;        // one per run: every attempt gets the same
+  std::string config_path_;  // absolute --config, empty without one
   std::vector<Child> children_;
   sigset_t orig_mask_{};
   int sfd_ = -1;
+  std::optional<Clock::time_point> deadline_;  // --timeout, over all attempts
+  std::set<uint16_t> used_ports_;              // by every attempt so far
+  std::vector<std::filesystem::path> attempt_dirs_;  // attempt-<k> directories this run filled
+  // Run-wide: each ends the run, so no restart follows.
+  bool interrupted_ = false;  // SIGINT/SIGTERM/SIGHUP to strata-run
+  bool timed_out_ = false;
+  bool fork_failed_ = false;
+  // Per attempt:
+  std::optional<Failure> first_failure_;
   bool stopping_ = false;
   int exit_code_ = 0;
   std::optional<Clock::time_point> kill_deadline_;
   std::optional<Clock::time_point> settle_deadline_;  // set when the first process failed
 };
+
+}  // namespace
+
+namespace {
+
+// Validators whose messages say what is expected (CLI11's range check would
+// print the whole double range).
+const CLI::Validator kRestartCount(
+    [](std::string& v) -> std::string {
+      const bool digits = !v.empty() && v.size() <= 9 && std::all_of(v.begin(), v.end(), [](char c) {
+        return c >= '0' && c <= '9';
+      });
+      return digits ? "" : "expects a whole number of restarts, 0 or more (0 = never restart), not '" + v + "'";
+    },
+    "N>=0");
+const CLI::Validator kRestartDelay(
+    [](std::string& v) -> std::string {
+      constexpr double kMaxDelay = 86400;
+      std::size_t used = 0;
+      double d = -1;
+      try {
+        d = std::stod(v, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      const bool ok = used == v.size() && !v.empty() && d >= 0 && d <= kMaxDelay;
+      return ok ? "" : "expects seconds from 0 to 86400, not '" + v + "'";
+    },
+    "S>=0");
 
 }  // namespace
 
@@ -687,9 +937,19 @@ int main(int argc, char** argv) {
       "rank's last collectives: strata-info trace DIR. The trace directory is --trace-dir, else\n"
       "$STRATA_TRACE_DIR, else a new ${TMPDIR:-/tmp}/strata-run-<pid> that strata-run removes unless a\n"
       "failed job left trace files in it (a directory you name is never removed).\n\n"
+      "Restarts (--max-restarts N, as torchrun's): a failed job is stopped and summarized as above,\n"
+      "then started again whole after --restart-delay seconds (every rank, new free ports, a fresh\n"
+      "rendezvous), at most N times; every process sees STRATA_RESTART_COUNT (0 on the first attempt,\n"
+      "then 1, 2, ...) and STRATA_MAX_RESTARTS. The program must resume from its own latest checkpoint\n"
+      "(strata::BackupAndRestore does that); strata-run keeps no state. A success ends the run; with\n"
+      "restarts exhausted it exits with the last attempt's code. --timeout covers all attempts and\n"
+      "delays together and is never restarted, nor is SIGINT/SIGTERM/SIGHUP to strata-run. A failed\n"
+      "attempt's trace files move to DIR/attempt-<k>/ (k = its STRATA_RESTART_COUNT); DIR keeps the\n"
+      "latest attempt's. Under Slurm: sbatch --requeue, with the same resume in the program.\n\n"
       "Example:\n"
       "  strata-run -n 4 --config job.json -- strata-train --steps 100\n"
-      "  strata-run -n 2 --timeout 600 -- ./my_trainer --batch 64"};
+      "  strata-run -n 2 --timeout 600 -- ./my_trainer --batch 64\n"
+      "  strata-run --max-restarts 2 -n 4 -- strata-train --checkpoint-dir /tmp/ckpt --steps 1000"};
   Options opt;
   app.add_option("-n,--num-processes", opt.n, "number of processes to start")->required()->check(CLI::Range(1, 4096));
   app.add_option("--config", opt.config, "job config (JSON) passed to every process as STRATA_CONFIG")
@@ -702,6 +962,11 @@ int main(int argc, char** argv) {
   app.add_option("--trace-dir", opt.trace_dir,
                  "directory for the failure traces (rank-<rank>.json), passed as STRATA_TRACE_DIR; created "
                  "if missing, never removed (default: $STRATA_TRACE_DIR, else a temporary one)");
+  app.add_option("--max-restarts", opt.max_restarts,
+                 "restart the whole job up to N times when a process fails (default 0: never)")
+      ->check(kRestartCount);
+  app.add_option("--restart-delay", opt.restart_delay_s, "seconds to wait before a restart (default 1)")
+      ->check(kRestartDelay);
   app.add_option("command", opt.command, "PROGRAM ARGS... (after --)")->required();
   app.positionals_at_end();
   CLI11_PARSE(app, argc, argv);

@@ -4,8 +4,11 @@
 //
 //   run_probe --dir D [--sleep S] [--fail-rank R [--fail-code C | --fail-signal N] [--fail-after S]]
 //             [--ignore-term] [--trace-rank R]... [--verdict TEXT] [--stop-rank R]
+//             [--healthy-from-restart K]
 //
-// Writes D/pid.<rank> (its pid) at start and D/term.<rank> when it gets
+// Writes D/pid.<rank> (its pid) and D/run.<restart>.<rank> ("<pid>
+// <STRATA_RESTART_COUNT> <STRATA_MAX_RESTARTS>", one file per attempt of
+// strata-run --max-restarts) at start, and D/term.<rank> when it gets
 // SIGTERM (then exits 0, or keeps running with --ignore-term). Prints
 // "rank=", "tf_config=", "token=", "config=", "trace_dir=" and
 // "trace_dir_exists=" lines to stdout, one line to stderr, and one line
@@ -14,7 +17,9 @@
 // a collective fails, with the --verdict text; the --stop-rank stops itself
 // (SIGSTOP) after its output, as a frozen rank would, and the --fail-rank
 // then waits (up to 30 s) until it is stopped before failing, so the order
-// of the two is certain however slow the machine.
+// of the two is certain however slow the machine. From STRATA_RESTART_COUNT
+// K on (--healthy-from-restart K) the probe does none of that: it prints and
+// exits 0, as a program that resumed from its checkpoint and finished.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -81,7 +86,7 @@ void sleep_s(double s) {
 int main(int argc, char** argv) {
   std::string dir;
   double sleep = 0, fail_after = 0;
-  int fail_rank = -1, fail_code = 1, fail_signal = 0, stop_rank = -1;
+  int fail_rank = -1, fail_code = 1, fail_signal = 0, stop_rank = -1, healthy_from = -1;
   std::set<int> trace_ranks;
   std::string verdict;
   for (int i = 1; i < argc; ++i) {
@@ -100,6 +105,7 @@ int main(int argc, char** argv) {
     else if (a == "--trace-rank") trace_ranks.insert(std::stoi(next()));
     else if (a == "--verdict") verdict = next();
     else if (a == "--stop-rank") stop_rank = std::stoi(next());
+    else if (a == "--healthy-from-restart") healthy_from = std::stoi(next());
     else return 92;
   }
   const char* rank_env = std::getenv("STRATA_RANK");
@@ -109,13 +115,24 @@ int main(int argc, char** argv) {
   sa.sa_handler = &on_term;
   sigemptyset(&sa.sa_mask);
   ::sigaction(SIGTERM, &sa, nullptr);
-  if (!dir.empty()) write_file(dir + "/pid." + std::to_string(rank), std::to_string(::getpid()));
-
   auto env = [](const char* name) {
     const char* v = std::getenv(name);
     return std::string(v != nullptr ? v : "-");
   };
+  const std::string restart = env("STRATA_RESTART_COUNT"), max_restarts = env("STRATA_MAX_RESTARTS");
+  if (!dir.empty()) {
+    write_file(dir + "/pid." + std::to_string(rank), std::to_string(::getpid()));
+    write_file(dir + "/run." + restart + "." + std::to_string(rank),
+               std::to_string(::getpid()) + " " + restart + " " + max_restarts + "\n");
+  }
+  if (healthy_from >= 0 && restart != "-" && std::atoi(restart.c_str()) >= healthy_from) {
+    sleep = 0;
+    fail_rank = stop_rank = -1;
+    trace_ranks.clear();
+  }
   std::printf("rank=%d\n", rank);
+  std::printf("restart=%s\n", restart.c_str());
+  std::printf("max_restarts=%s\n", max_restarts.c_str());
   std::printf("tf_config=%s\n", env("TF_CONFIG").c_str());
   std::printf("token=%s\n", env("STRATA_AUTH_TOKEN").c_str());
   std::printf("config=%s\n", env("STRATA_CONFIG").c_str());

@@ -429,5 +429,357 @@ TEST_F(RunTest, UsageErrorsAndHelp) {
   EXPECT_NE(r.err.find("cannot resolve --host"), std::string::npos) << r.err;
 }
 
+// ---- restarts (--max-restarts) ---------------------------------------------
+
+/// One start of a rank, from the probe's run.<restart>.<rank> file.
+struct RunRecord {
+  pid_t pid = 0;
+  std::string restart, max_restarts;
+};
+
+/// (restart, rank) -> what that start of the rank recorded.
+std::map<std::pair<int, int>, RunRecord> runs(const std::filesystem::path& dir) {
+  std::map<std::pair<int, int>, RunRecord> out;
+  static const std::regex name_re(R"(run\.(\d+)\.(\d+))");
+  for (const auto& name : entries(dir)) {
+    std::smatch m;
+    if (!std::regex_match(name, m, name_re)) continue;
+    std::ifstream in(dir / name);
+    RunRecord r;
+    if (in >> r.pid >> r.restart >> r.max_restarts) out[{std::stoi(m[1]), std::stoi(m[2])}] = r;
+  }
+  return out;
+}
+
+std::vector<pid_t> pids_of(const std::map<std::pair<int, int>, RunRecord>& rs) {
+  std::vector<pid_t> out;
+  for (const auto& [key, r] : rs) out.push_back(r.pid);
+  return out;
+}
+
+/// Live (not zombie) processes whose command line contains `text`.
+std::vector<pid_t> processes_naming(const std::string& text) {
+  std::vector<pid_t> out;
+  for (const auto& name : entries("/proc")) {
+    if (name.empty() || !std::all_of(name.begin(), name.end(), [](char c) { return c >= '0' && c <= '9'; })) continue;
+    std::string cmdline = test::slurp("/proc/" + name + "/cmdline");
+    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+    const pid_t pid = static_cast<pid_t>(std::stol(name));
+    if (cmdline.find(text) != std::string::npos && test::process_alive(pid)) out.push_back(pid);
+  }
+  return out;
+}
+
+/// How often `needle` occurs in `text`.
+std::size_t count_of(const std::string& text, const std::string& needle) {
+  std::size_t n = 0;
+  for (auto at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+  return n;
+}
+
+/// Every value of "key=" lines of one rank, in order (one per attempt).
+std::vector<std::string> values_of(const std::vector<std::string>& lines, const std::string& key) {
+  std::vector<std::string> out;
+  for (const auto& l : lines)
+    if (l.rfind(key + "=", 0) == 0) out.push_back(l.substr(key.size() + 1));
+  return out;
+}
+
+TEST_F(RunTest, ARankThatFailsOnceSucceedsAfterARestartWithFreshPortsAndTheSameToken) {
+  const std::vector<std::string> probe = {"--fail-rank", "1", "--fail-code", "3", "--fail-after", "0.3",
+                                          "--healthy-from-restart", "1"};
+  const auto start = std::chrono::steady_clock::now();
+  const test::ProcResult r = test::run_program(run_args(3, probe, {"--max-restarts", "1", "--restart-delay", "0.2"}),
+                                               {{"STRATA_AUTH_TOKEN", std::nullopt}}, 60);
+  ASSERT_FALSE(r.timed_out) << r.err;
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 30s);
+  const auto rs = runs(dir_.path());
+  ASSERT_EQ(rs.size(), 6u) << "every rank runs once per attempt: " << r.err;
+  std::set<pid_t> distinct;
+  for (int attempt = 0; attempt < 2; ++attempt)
+    for (int rank = 0; rank < 3; ++rank) {
+      ASSERT_EQ(rs.count({attempt, rank}), 1u) << attempt << " " << rank;
+      const RunRecord& rec = rs.at({attempt, rank});
+      EXPECT_EQ(rec.restart, std::to_string(attempt)) << "STRATA_RESTART_COUNT";
+      EXPECT_EQ(rec.max_restarts, "1") << "STRATA_MAX_RESTARTS";
+      distinct.insert(rec.pid);
+    }
+  EXPECT_EQ(distinct.size(), 6u);
+  EXPECT_NE(r.err.find("strata-run: restarting the job (restart 1 of 1) in 0.2 s: rank 1 exited with code 3\n"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("strata-run: starting attempt 2 of 2 (STRATA_RESTART_COUNT=1)\n"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("exhausted"), std::string::npos) << r.err;
+  // Each rank printed its environment once per attempt: the second attempt
+  // is a new cluster on ports no earlier one used, with the run's token.
+  const auto out = split_by_rank(r.out);
+  std::set<std::string> tokens;
+  std::vector<std::set<std::string>> workers(2);
+  for (int rank = 0; rank < 3; ++rank) {
+    const auto tf = values_of(out.at(rank), "tf_config");
+    ASSERT_EQ(tf.size(), 2u) << r.out;
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      const json parsed = json::parse(tf[attempt]);
+      for (const auto& w : parsed["cluster"]["worker"]) workers[attempt].insert(w.get<std::string>());
+    }
+    EXPECT_EQ(values_of(out.at(rank), "restart"), (std::vector<std::string>{"0", "1"}));
+    for (const auto& t : values_of(out.at(rank), "token")) tokens.insert(t);
+  }
+  ASSERT_EQ(workers[0].size(), 3u);
+  ASSERT_EQ(workers[1].size(), 3u);
+  for (const auto& w : workers[1]) EXPECT_EQ(workers[0].count(w), 0u) << "port reused by the restart: " << w;
+  EXPECT_EQ(tokens.size(), 1u);
+  EXPECT_TRUE(all_dead(pids_of(rs), 5s));
+
+  // Without --max-restarts the same job fails as before, once.
+  for (const auto& name : entries(dir_.path())) std::filesystem::remove(dir_.path() / name);
+  const test::ProcResult once = test::run_program(run_args(3, probe), {}, 60);
+  ASSERT_FALSE(once.timed_out) << once.err;
+  EXPECT_EQ(once.exit_code, 3) << once.err;
+  const auto rs0 = runs(dir_.path());
+  ASSERT_EQ(rs0.size(), 3u) << once.err;
+  for (const auto& [key, rec] : rs0) {
+    EXPECT_EQ(key.first, 0);
+    EXPECT_EQ(rec.restart, "0");
+    EXPECT_EQ(rec.max_restarts, "0");
+  }
+  EXPECT_EQ(once.err.find("restart"), std::string::npos) << once.err;
+  EXPECT_NE(once.err.find("strata-run: rank 1 (pid " + std::to_string(rs0.at({0, 1}).pid) + ") exited first, with code 3"),
+            std::string::npos)
+      << once.err;
+}
+
+TEST_F(RunTest, ExhaustedRestartsExitWithTheLastAttemptsCodeAndSaySo) {
+  const test::ProcResult r = test::run_program(
+      run_args(2, {"--fail-rank", "1", "--fail-code", "3", "--fail-after", "0.2"},
+               {"--max-restarts", "2", "--restart-delay", "0.1"}),
+      {}, 60);
+  ASSERT_FALSE(r.timed_out) << r.err;
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  const auto rs = runs(dir_.path());
+  EXPECT_EQ(rs.size(), 6u) << "N+1 attempts of every rank: " << r.err;
+  for (int attempt = 0; attempt < 3; ++attempt)
+    for (int rank = 0; rank < 2; ++rank) {
+      ASSERT_EQ(rs.count({attempt, rank}), 1u) << attempt << " " << rank;
+      EXPECT_EQ(rs.at({attempt, rank}).restart, std::to_string(attempt));
+      EXPECT_EQ(rs.at({attempt, rank}).max_restarts, "2");
+    }
+  EXPECT_EQ(rs.count({3, 0}), 0u);
+  EXPECT_NE(r.err.find("restarting the job (restart 1 of 2) in 0.1 s: rank 1 exited with code 3\n"), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("restarting the job (restart 2 of 2) in 0.1 s: rank 1 exited with code 3\n"), std::string::npos)
+      << r.err;
+  EXPECT_EQ(count_of(r.err, "strata-run: restarting the job"), 2u) << r.err;
+  EXPECT_NE(r.err.find("strata-run: restarts exhausted: attempt 3 of 3 failed too (--max-restarts 2): rank 1 exited "
+                       "with code 3; exiting with code 3\n"),
+            std::string::npos)
+      << r.err;
+  EXPECT_TRUE(all_dead(pids_of(rs), 5s));
+}
+
+TEST_F(RunTest, ARankKilledFromOutsideRestartsTheJobWhichThenSucceeds) {
+  test::Subprocess run(run_args(3, {"--sleep", "60", "--healthy-from-restart", "1"},
+                                {"--max-restarts", "1", "--restart-delay", "0.2", "--grace", "1"}),
+                       {});
+  const auto end = std::chrono::steady_clock::now() + 30s;
+  while (runs(dir_.path()).size() < 3u && std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(20ms);
+  const auto first = runs(dir_.path());
+  ASSERT_EQ(first.size(), 3u) << run.err();
+  const pid_t victim = first.at({0, 2}).pid;
+  EXPECT_GE(processes_naming(dir_.str()).size(), 4u) << "strata-run and its 3 ranks";
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  const test::ProcResult r = run.wait(60);
+  ASSERT_FALSE(r.timed_out) << r.err;
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("strata-run: rank 2 (pid " + std::to_string(victim) + ") exited first: it was killed by SIGKILL"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("strata-run: restarting the job (restart 1 of 1) in 0.2 s: rank 2 was killed by SIGKILL\n"),
+            std::string::npos)
+      << r.err;
+  const auto rs = runs(dir_.path());
+  EXPECT_EQ(rs.size(), 6u) << r.err;
+  for (int rank = 0; rank < 3; ++rank) EXPECT_EQ(rs.count({1, rank}), 1u) << rank;
+  EXPECT_TRUE(term_seen(0)) << "the survivors of attempt 0 were stopped before the restart";
+  EXPECT_TRUE(term_seen(1));
+  EXPECT_TRUE(all_dead(pids_of(rs), 5s));
+  EXPECT_TRUE(processes_naming(dir_.str()).empty());
+}
+
+TEST_F(RunTest, TimeoutCoversTheWholeRestartLoopAndIsNeverRestarted) {
+  // A rank that always fails, restarted quickly: the loop runs until the
+  // run's --timeout, which ends it with 124 wherever it strikes.
+  auto start = std::chrono::steady_clock::now();
+  test::ProcResult r = test::run_program(
+      run_args(2, {"--fail-rank", "1", "--fail-after", "0.3"},
+               {"--max-restarts", "100", "--restart-delay", "0.2", "--timeout", "3", "--grace", "1"}),
+      {}, 60);
+  ASSERT_FALSE(r.timed_out) << r.err;
+  EXPECT_EQ(r.exit_code, 124) << r.err;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 15s);
+  auto rs = runs(dir_.path());
+  std::set<int> attempts;
+  for (const auto& [key, rec] : rs) attempts.insert(key.first);
+  EXPECT_GE(attempts.size(), 2u) << r.err;
+  EXPECT_LT(attempts.size(), 30u) << r.err;
+  const auto timeout_at = r.err.find("strata-run: timeout: the job ran longer than --timeout 3 s (all attempts together)");
+  ASSERT_NE(timeout_at, std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("strata-run: restarting the job", timeout_at), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("starting attempt", timeout_at), std::string::npos) << r.err;
+  EXPECT_TRUE(all_dead(pids_of(rs), 5s));
+
+  // Striking in the restart delay: no further attempt starts.
+  for (const auto& name : entries(dir_.path())) std::filesystem::remove(dir_.path() / name);
+  start = std::chrono::steady_clock::now();
+  r = test::run_program(run_args(2, {"--fail-rank", "1", "--fail-after", "0.3"},
+                                 {"--max-restarts", "5", "--restart-delay", "30", "--timeout", "2"}),
+                        {}, 60);
+  ASSERT_FALSE(r.timed_out) << r.err;
+  EXPECT_EQ(r.exit_code, 124) << r.err;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 15s) << "the timeout cuts the delay short";
+  EXPECT_NE(r.err.find("restarting the job (restart 1 of 5) in 30 s"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("strata-run: timeout: the job ran longer than --timeout 2 s (all attempts together); not "
+                       "restarting it\n"),
+            std::string::npos)
+      << r.err;
+  rs = runs(dir_.path());
+  EXPECT_EQ(rs.size(), 2u) << r.err;
+  EXPECT_EQ(rs.count({1, 0}), 0u) << r.err;
+
+  // Striking while a failed attempt settles: stopped, not restarted.
+  for (const auto& name : entries(dir_.path())) std::filesystem::remove(dir_.path() / name);
+  r = test::run_program(run_args(2, {"--sleep", "60", "--fail-rank", "1", "--fail-after", "0.3"},
+                                 {"--max-restarts", "5", "--restart-delay", "0", "--timeout", "2", "--grace", "1"}),
+                        {}, 60);
+  ASSERT_FALSE(r.timed_out) << r.err;
+  EXPECT_EQ(r.exit_code, 124) << r.err;
+  EXPECT_EQ(r.err.find("strata-run: restarting the job"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("strata-run: not restarting the job: --timeout expired\n"), std::string::npos) << r.err;
+  rs = runs(dir_.path());
+  EXPECT_EQ(rs.size(), 2u) << r.err;
+  EXPECT_TRUE(all_dead(pids_of(rs), 5s));
+}
+
+TEST_F(RunTest, SigtermDuringTheRestartDelayEndsTheRunWithoutAnotherAttemptOrChild) {
+  test::Subprocess run(run_args(2, {"--fail-rank", "1", "--fail-after", "0.3"},
+                                {"--max-restarts", "3", "--restart-delay", "30"}),
+                       {});
+  const auto end = std::chrono::steady_clock::now() + 30s;
+  while (run.err().find("restarting the job") == std::string::npos && std::chrono::steady_clock::now() < end)
+    std::this_thread::sleep_for(20ms);
+  ASSERT_NE(run.err().find("restarting the job (restart 1 of 3) in 30 s: rank 1 exited with code 1"),
+            std::string::npos)
+      << run.err();
+  const auto signalled = std::chrono::steady_clock::now();
+  run.signal(SIGTERM);
+  const test::ProcResult r = run.wait(30);
+  ASSERT_FALSE(r.timed_out) << r.err;
+  EXPECT_EQ(r.exit_code, 128 + SIGTERM) << r.err;
+  EXPECT_LT(std::chrono::steady_clock::now() - signalled, 5s);
+  EXPECT_NE(r.err.find("strata-run: received SIGTERM during the restart delay; not restarting the job\n"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("starting attempt"), std::string::npos) << r.err;
+  const auto rs = runs(dir_.path());
+  EXPECT_EQ(rs.size(), 2u) << "only attempt 0 ran: " << r.err;
+  EXPECT_TRUE(all_dead(pids_of(rs), 5s));
+  // Whatever the run started has this test's directory on its command line.
+  EXPECT_TRUE(processes_naming(dir_.str()).empty()) << "a process of the run is still alive";
+}
+
+TEST_F(RunTest, SigtermDuringAnAttemptIsForwardedAndNeverRestarted) {
+  test::Subprocess run(run_args(2, {"--sleep", "60"}, {"--max-restarts", "2", "--restart-delay", "0"}), {});
+  ASSERT_TRUE(wait_for_pids(2, 30s)) << run.err();
+  run.signal(SIGTERM);
+  const test::ProcResult r = run.wait(30);
+  ASSERT_FALSE(r.timed_out) << r.err;
+  EXPECT_EQ(r.exit_code, 128 + SIGTERM) << r.err;
+  EXPECT_NE(r.err.find("strata-run: not restarting the job: strata-run was interrupted\n"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("restarting the job ("), std::string::npos) << r.err;
+  const auto rs = runs(dir_.path());
+  EXPECT_EQ(rs.size(), 2u) << r.err;
+  EXPECT_TRUE(term_seen(0));
+  EXPECT_TRUE(term_seen(1));
+  EXPECT_TRUE(all_dead(pids_of(rs), 5s));
+}
+
+TEST_F(RunTest, ARestartedAttemptsTracesMoveToAttemptDirAndTheLastAttemptsStayOnTop) {
+  const std::filesystem::path traces = dir_.path() / "traces";
+  const std::vector<std::string> probe = {"--trace-rank", "0", "--verdict", "rank 1 of 2 died",
+                                          "--fail-rank",  "1", "--fail-after", "0.3"};
+  const test::ProcResult r = test::run_program(
+      run_args(2, probe, {"--max-restarts", "1", "--restart-delay", "0", "--trace-dir", traces.string()}), {}, 60);
+  ASSERT_FALSE(r.timed_out) << r.err;
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(entries(traces), (std::set<std::string>{"attempt-0", "rank-0.json"})) << r.err;
+  EXPECT_EQ(entries(traces / "attempt-0"), std::set<std::string>{"rank-0.json"}) << r.err;
+  // The verdict names the culprit for the restart, as in the summary; each
+  // attempt's summary points at where its traces are.
+  EXPECT_NE(r.err.find("strata-run: restarting the job (restart 1 of 1) in 0 s: rank 1 of 2 died (verdict of rank 0)\n"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(count_of(r.err, "strata-run: verdict (rank 0): rank 1 of 2 died\n"), 2u) << r.err;
+  const auto first = r.err.find("strata-info trace " + (traces / "attempt-0").string() + "\n");
+  const auto last = r.err.find("strata-info trace " + traces.string() + "\n");
+  ASSERT_NE(first, std::string::npos) << r.err;
+  ASSERT_NE(last, std::string::npos) << r.err;
+  EXPECT_LT(first, last);
+  EXPECT_NE(r.err.find("restarts exhausted: attempt 2 of 2 failed too (--max-restarts 1): rank 1 of 2 died (verdict "
+                       "of rank 0); exiting with code 1\n"),
+            std::string::npos)
+      << r.err;
+
+  // The default directory: kept after a success when a failed attempt left
+  // traces (the restart line pointed there), removed when none did.
+  const std::filesystem::path tmp = dir_.path() / "tmp";
+  std::filesystem::create_directories(tmp);
+  const test::EnvEdits env = {{"STRATA_TRACE_DIR", std::nullopt}, {"TMPDIR", tmp.string()}};
+  test::Subprocess ok(run_args(2, {"--trace-rank", "0", "--verdict", "rank 1 of 2 died", "--fail-rank", "1",
+                                   "--fail-after", "0.3", "--healthy-from-restart", "1"},
+                               {"--max-restarts", "1", "--restart-delay", "0"}),
+                      env);
+  const test::ProcResult okr = ok.wait(60);
+  ASSERT_FALSE(okr.timed_out) << okr.err;
+  EXPECT_EQ(okr.exit_code, 0) << okr.err;
+  const std::string kept = "strata-run-" + std::to_string(ok.pid());
+  EXPECT_EQ(entries(tmp), std::set<std::string>{kept}) << okr.err;
+  EXPECT_EQ(entries(tmp / kept), std::set<std::string>{"attempt-0"}) << okr.err;
+  EXPECT_EQ(entries(tmp / kept / "attempt-0"), std::set<std::string>{"rank-0.json"}) << okr.err;
+  EXPECT_NE(okr.err.find("they are kept: strata-info trace " + (tmp / kept / "attempt-0").string()), std::string::npos)
+      << okr.err;
+  std::filesystem::remove_all(tmp / kept);
+  const test::ProcResult clean = test::run_program(
+      run_args(2, {"--fail-rank", "1", "--fail-after", "0.3", "--healthy-from-restart", "1"},
+               {"--max-restarts", "1", "--restart-delay", "0"}),
+      env, 60);
+  EXPECT_EQ(clean.exit_code, 0) << clean.err;
+  EXPECT_NE(clean.err.find("restarting the job"), std::string::npos) << clean.err;
+  EXPECT_TRUE(entries(tmp).empty()) << clean.err;
+}
+
+TEST_F(RunTest, RestartOptionsAreCheckedAndDocumented) {
+  const test::ProcResult help = test::run_program({STRATA_RUN_BIN, "--help"}, {});
+  EXPECT_EQ(help.exit_code, 0);
+  for (const char* text : {"--max-restarts", "--restart-delay", "STRATA_RESTART_COUNT", "STRATA_MAX_RESTARTS",
+                           "strata-run --max-restarts 2 -n 4 -- strata-train --checkpoint-dir /tmp/ckpt",
+                           "strata::BackupAndRestore", "sbatch --requeue", "attempt-<k>"})
+    EXPECT_NE(help.out.find(text), std::string::npos) << text << "\n" << help.out;
+  const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
+      {{"--max-restarts", "-1"}, "--max-restarts: expects a whole number of restarts, 0 or more (0 = never restart), not '-1'"},
+      {{"--max-restarts", "1.5"}, "--max-restarts: expects a whole number of restarts"},
+      {{"--max-restarts", "many"}, "--max-restarts: expects a whole number of restarts"},
+      {{"--restart-delay", "-1"}, "--restart-delay: expects seconds from 0 to 86400, not '-1'"},
+      {{"--restart-delay", "soon"}, "--restart-delay: expects seconds from 0 to 86400, not 'soon'"},
+      {{"--restart-delay", "inf"}, "--restart-delay: expects seconds from 0 to 86400, not 'inf'"},
+  };
+  for (const auto& [opts, message] : bad) {
+    const test::ProcResult r = test::run_program(run_args(1, {}, opts), {}, 60);
+    EXPECT_NE(r.exit_code, 0) << opts[0] << " " << opts[1];
+    EXPECT_NE(r.err.find(message), std::string::npos) << r.err;
+  }
+  EXPECT_TRUE(runs(dir_.path()).empty()) << "a usage error starts nothing";
+}
+
 }  // namespace
 }  // namespace strata
