@@ -176,6 +176,37 @@ TEST_F(ResumeTest, BadRestoresAreClearErrors) {
   EXPECT_NE(r.exit_code, 0) << r.output;
 }
 
+#ifdef STRATA_RUN_BIN
+// The acceptance case: strata-run --max-restarts 2 -n 4 with one
+// worker SIGKILLed mid-training finishes, and its final weights equal those
+// of an uninterrupted run bit for bit (in-memory input with shuffling, and
+// record files sharded by file).
+TEST_F(ResumeTest, StrataRunMaxRestartsSurvivesAKilledWorkerBitForBit) {
+  const std::string run_n4 = std::string(STRATA_RUN_BIN) + " -n 4 --timeout 200 -- ";
+  const Result exported = run(std::string(STRATA_TRAIN_BIN) +
+                              " --features 16 --classes 4 --dataset-size 2000 --seed 5 --export-files 4 --export-data " +
+                              (dir_ / "data").string());
+  ASSERT_EQ(exported.exit_code, 0) << exported.output;
+  std::string files;
+  for (int k = 0; k < 4; ++k) files += " " + (dir_ / ("data-0000" + std::to_string(k) + "-of-00004.rec")).string();
+  for (const std::string& input : {std::string(""), " --data" + files}) {
+    SCOPED_TRACE(input.empty() ? "memory" : "records");
+    const std::string args = " --strategy multi_worker_mirrored" + input;
+    const json want = uninterrupted(run_n4, args, 60, "want");
+    fs::remove_all(dir_ / "ckpt");
+    const Result r = run(std::string(STRATA_RUN_BIN) + " --max-restarts 2 --restart-delay 0 -n 4 --timeout 200 -- " +
+                         STRATA_TRAIN_BIN + args + common(60) + " --checkpoint-dir " + (dir_ / "ckpt").string() +
+                         " --checkpoint-every 10 --fault-kill-at 35:2 --save " + (dir_ / "got.json").string());
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("restarting the job (restart 1 of 2)"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("rank 2"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("resumed from " + (dir_ / "ckpt" / "ckpt-30").string() + " at step 30"), std::string::npos)
+        << r.output;
+    expect_same_weights(read_json(dir_ / "got.json")["weights"], want);
+  }
+}
+#endif
+
 // SIGTERM (what Slurm sends before preempting a job): the run saves the step
 // it is at and exits 143; the same command then finishes it, bit for bit.
 TEST_F(ResumeTest, SigtermSavesAndTheSameCommandFinishes) {
