@@ -204,16 +204,18 @@ void write_file(const std::string& path, const std::string& data) {
     STRATA_THROW(STRATA_ERR_NOT_FOUND, "--save: cannot write '", tmp, "': ", std::strerror(errno),
                  "; check the directory exists and is writable");
   std::size_t off = 0;
-  while (off < data.size()) {
+  int err = 0;
+  while (off < data.size() && err == 0) {
     const ssize_t n = ::write(fd, data.data() + off, data.size() - off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    off += static_cast<std::size_t>(n);
+    if (n > 0) off += static_cast<std::size_t>(n);
+    else if (n == 0 || errno != EINTR) err = n == 0 ? EIO : errno;
   }
-  const int e = errno;
-  if (::close(fd) != 0 || off != data.size() || std::rename(tmp.c_str(), path.c_str()) != 0) {
+  if (::close(fd) != 0 && err == 0) err = errno;
+  if (err == 0 && std::rename(tmp.c_str(), path.c_str()) != 0) err = errno;
+  if (err != 0) {
     ::unlink(tmp.c_str());
-    STRATA_THROW(STRATA_ERR_DATA_LOSS, "--save: writing '", path, "' failed: ", std::strerror(e ? e : errno));
+    STRATA_THROW(STRATA_ERR_DATA_LOSS, "--save: writing '", path, "' failed: ", std::strerror(err),
+                 "; check free space and that the directory is writable");
   }
 }
 
@@ -238,6 +240,14 @@ int train(const Args& a) {
   if (a.epochs < 1 || a.global_batch < 1 || a.hidden < 1 || !(a.lr > 0) || a.momentum < 0 || a.momentum >= 1)
     STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT,
                  "--epochs, --global-batch and --hidden must be positive, --lr > 0 and 0 <= --momentum < 1");
+  if (!a.save.empty()) {
+    // Checked now rather than after the training it would throw away.
+    const fs::path dir = fs::absolute(a.save).parent_path();
+    std::error_code ec;
+    if (!fs::is_directory(dir, ec))
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "--save '", a.save, "': the directory '", dir.string(),
+                   "' does not exist; create it first");
+  }
   one_torch_thread();
   // The data first: a bad path fails at once on every worker, before any
   // of them waits for the others at the rendezvous.
@@ -322,7 +332,7 @@ int train(const Args& a) {
     const double loss = loss_sum / static_cast<double>(n_train);
     if (!std::isfinite(loss))
       STRATA_THROW(STRATA_ERR_DATA_LOSS, "the training loss became ", loss, " in epoch ", epoch, ": lower --lr");
-    if (chief) {
+    if (chief && (!a.quiet || epoch == a.epochs)) {
       const auto [acc, test_loss] = evaluate(*reps[0].net, data.test);
       test_acc = acc;
       if (!a.quiet)
