@@ -13,7 +13,9 @@
 //               byte count in 8 MiB calls from one buffer, then fsync(2);
 //   warm read   Checkpoint::restore right after the save (the file is in the
 //               page cache)                vs  read(2) of the tensor file in
-//               8 MiB calls into one buffer;
+//               8 MiB calls into one buffer (also shown: into a new buffer
+//               of the file's size, which is what keeping the bytes costs:
+//               restore must stage them until the whole file is checked);
 //   cold read   the same two, each after fsync + posix_fadvise(DONTNEED) of
 //               the checkpoint's files (so the bytes come from the disk; the
 //               share of the file still resident is measured with mincore(2)
