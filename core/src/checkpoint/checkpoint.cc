@@ -201,7 +201,8 @@ class CrcReader {
   }
   void prefetch() {
     const std::uint64_t want = std::min(size_, offset_ + kPrefetchBytes);
-    if (prefetched_ >= want || want - prefetched_ < kPrefetchBytes / 4) return;
+    // In steps of a quarter window, and the rest at the end of the file.
+    if (prefetched_ >= want || (want < size_ && want - prefetched_ < kPrefetchBytes / 4)) return;
     ::posix_fadvise(fd_.get(), static_cast<off_t>(prefetched_), static_cast<off_t>(want - prefetched_),
                     POSIX_FADV_WILLNEED);
     prefetched_ = want;
