@@ -21,6 +21,7 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -329,6 +330,60 @@ void rename_into_place(const fs::path& from, const fs::path& to) {
   fs::remove_all(from, ec);  // the previous checkpoint, now under the temporary name
 }
 
+// The tensor file of a checkpoint, read once and checked in full.
+struct CheckedFile {
+  checkpoint::ParsedFile parsed;
+  std::map<std::string, Staging> staged;  // the bytes of the entries `stage` chose, by name
+};
+
+// Read `file` once: the header into memory, each entry for which `stage`
+// returns true straight into its own staging buffer, everything else only
+// through the CRC. Returns only when the whole file checked out, with the
+// errors and their order of reading the whole file first: its size against
+// the manifest, then the CRC32C, then the header (DataLossError naming the
+// file, NotFoundError when it is missing).
+CheckedFile read_tensor_file(const std::string& file, const Manifest& manifest,
+                             const std::function<bool(const TensorEntry&)>& stage) {
+  CrcReader in(file);
+  STRATA_ENFORCE(in.size() == manifest.bytes, STRATA_ERR_DATA_LOSS, "checkpoint file ", file, " has ", in.size(),
+                 " bytes but its manifest says ", manifest.bytes, " (truncated or replaced)");
+  std::string head(static_cast<std::size_t>(std::min<std::uint64_t>(8, in.size())), '\0');
+  in.read(head.data(), head.size());
+  std::uint64_t header_bytes = 0;
+  if (head.size() == 8) std::memcpy(&header_bytes, head.data(), 8);
+  if (head.size() == 8 && header_bytes <= checkpoint::kMaxHeaderBytes && header_bytes <= in.size() - 8) {
+    head.resize(8 + static_cast<std::size_t>(header_bytes));
+    in.read(head.data() + 8, header_bytes);
+  }
+  CheckedFile out;
+  std::exception_ptr header_error;  // reported after the CRC, which takes precedence
+  try {
+    out.parsed = checkpoint::parse_header(reinterpret_cast<const unsigned char*>(head.data()), head.size(), in.size(),
+                                          file);
+  } catch (const Error&) {
+    header_error = std::current_exception();
+  }
+  if (!header_error) {
+    for (const TensorEntry& e : out.parsed.entries) {  // in data order, tiling the rest of the file
+      STRATA_ENFORCE(in.offset() == out.parsed.data_start + e.begin, STRATA_ERR_INTERNAL, "checkpoint restore: at byte ",
+                     in.offset(), " of ", file, " instead of tensor '", e.name, "'");
+      if (stage(e)) {
+        Staging& buf = out.staged[e.name];
+        buf = allocate_staging(e.end - e.begin);
+        in.read(buf.get(), e.end - e.begin);
+      } else {
+        in.read(nullptr, e.end - e.begin);
+      }
+    }
+  }
+  in.read(nullptr, in.size() - in.offset());  // what a bad header left unread
+  in.expect_end();
+  STRATA_ENFORCE(in.crc() == manifest.crc, STRATA_ERR_DATA_LOSS, "checkpoint file ", file,
+                 " is corrupt: its CRC32C is ", in.crc(), " but its manifest says ", manifest.crc);
+  if (header_error) std::rethrow_exception(header_error);
+  return out;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- RestoreStatus
@@ -540,51 +595,16 @@ RestoreStatus Checkpoint::restore(const std::string& dir, const RestoreOptions& 
   const Manifest manifest = read_manifest(path);
   const std::string file = (path / manifest.tensor_file).string();
 
-  // Stream the file once: the header into memory, each tracked tensor whose
-  // dtype and shape match straight into its own staging buffer, everything
-  // else only through the CRC. Nothing is assigned until the whole file has
-  // been read and checked, so the checks and their order are those of
-  // reading the file first: size, CRC32C, header, then the objects.
-  CrcReader in(file);
-  STRATA_ENFORCE(in.size() == manifest.bytes, STRATA_ERR_DATA_LOSS, "checkpoint file ", file, " has ", in.size(),
-                 " bytes but its manifest says ", manifest.bytes, " (truncated or replaced)");
-  std::string head(static_cast<std::size_t>(std::min<std::uint64_t>(8, in.size())), '\0');
-  in.read(head.data(), head.size());
-  std::uint64_t header_bytes = 0;
-  if (head.size() == 8) std::memcpy(&header_bytes, head.data(), 8);
-  if (head.size() == 8 && header_bytes <= checkpoint::kMaxHeaderBytes && header_bytes <= in.size() - 8) {
-    head.resize(8 + static_cast<std::size_t>(header_bytes));
-    in.read(head.data() + 8, header_bytes);
-  }
-  checkpoint::ParsedFile parsed;
-  std::exception_ptr header_error;  // reported after the CRC, which takes precedence
-  try {
-    parsed = checkpoint::parse_header(reinterpret_cast<const unsigned char*>(head.data()), head.size(), in.size(), file);
-  } catch (const Error&) {
-    header_error = std::current_exception();
-  }
+  // Read and check the whole file, staging the tensors that tracked objects
+  // can take (the others are reported below or ignored), then check the
+  // objects, then assign.
   std::map<std::string, const Impl::Object*> tracked;
   for (const Impl::Object& o : impl_->objects) tracked[o.name] = &o;
-  std::map<const TensorEntry*, Staging> staged;
-  if (!header_error) {
-    for (const TensorEntry& e : parsed.entries) {  // in data order, tiling the rest of the file
-      auto it = tracked.find(e.name);
-      STRATA_ENFORCE(in.offset() == parsed.data_start + e.begin, STRATA_ERR_INTERNAL, "checkpoint restore: at byte ",
-                     in.offset(), " of ", file, " instead of tensor '", e.name, "'");
-      if (it != tracked.end() && e.dtype == it->second->dtype() && e.shape == it->second->shape()) {
-        Staging& buf = staged[&e];
-        buf = allocate_staging(e.end - e.begin);
-        in.read(buf.get(), e.end - e.begin);
-      } else {
-        in.read(nullptr, e.end - e.begin);  // reported below, or not restored
-      }
-    }
-  }
-  in.read(nullptr, in.size() - in.offset());  // what a bad header left unread
-  in.expect_end();
-  STRATA_ENFORCE(in.crc() == manifest.crc, STRATA_ERR_DATA_LOSS, "checkpoint file ", file,
-                 " is corrupt: its CRC32C is ", in.crc(), " but its manifest says ", manifest.crc);
-  if (header_error) std::rethrow_exception(header_error);
+  const CheckedFile checked = read_tensor_file(file, manifest, [&](const TensorEntry& e) {
+    auto it = tracked.find(e.name);
+    return it != tracked.end() && e.dtype == it->second->dtype() && e.shape == it->second->shape();
+  });
+  const checkpoint::ParsedFile& parsed = checked.parsed;
   std::map<std::string, const TensorEntry*> by_name;
   for (const TensorEntry& e : parsed.entries) by_name[e.name] = &e;
 
@@ -609,14 +629,15 @@ RestoreStatus Checkpoint::restore(const std::string& dir, const RestoreOptions& 
     STRATA_ENFORCE(e.dtype == o.dtype() && e.shape == o.shape(), STRATA_ERR_INVALID_ARGUMENT, "checkpoint ",
                    file, " holds ", o.label(), " as ", dtype_name(e.dtype), shape_str(e.shape), " but it is ",
                    dtype_name(o.dtype()), shape_str(o.shape()));
-    STRATA_ENFORCE(staged.count(&e) == 1, STRATA_ERR_INTERNAL, "checkpoint restore: ", o.label(), " was not staged");
+    STRATA_ENFORCE(checked.staged.count(e.name) == 1, STRATA_ERR_INTERNAL, "checkpoint restore: ", o.label(),
+                   " was not staged");
     plan.emplace_back(&o, &e);
     by_name.erase(it);
   }
   for (const auto& kv : by_name) status.unused_.push_back(kv.first);
 
   for (const auto& [o, e] : plan) {
-    unsigned char* src = staged.at(e).get();
+    unsigned char* src = checked.staged.at(e->name).get();
     switch (o->kind) {
       case Impl::Kind::kVariable:
         // Staging is 64-byte aligned (the file's offsets promise no alignment).
