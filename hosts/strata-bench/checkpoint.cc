@@ -116,6 +116,7 @@ void plain_write(const std::string& path, std::uint64_t bytes, const std::vector
 std::uint64_t plain_read(const std::string& path, std::vector<char>& block) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail_errno("cannot open", path);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);  // as input's sequential read (and restore) do
   std::uint64_t total = 0;
   for (;;) {
     const ssize_t n = ::read(fd, block.data(), block.size());
@@ -137,6 +138,7 @@ std::uint64_t plain_read(const std::string& path, std::vector<char>& block) {
 std::uint64_t plain_read_fresh(const std::string& path, std::uint64_t size) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail_errno("cannot open", path);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
   std::unique_ptr<char[]> buf(new char[size]);  // uninitialised: the kernel writes every byte
   std::uint64_t total = 0;
   while (total < size) {

@@ -20,6 +20,9 @@
 //               the checkpoint's files (so the bytes come from the disk; the
 //               share of the file still resident is measured with mincore(2)
 //               and printed).
+// Both reads hint POSIX_FADV_SEQUENTIAL; restore also asks the kernel to
+// read 64 MiB ahead of it (POSIX_FADV_WILLNEED), which the plain loop does
+// not: that is part of what is measured.
 // Medians are reported in MB/s (10^6 bytes per second of tensor file) with
 // the ratio checkpoint / plain. After every restore the variables' bytes are
 // compared (CRC32C) with what was saved; any difference fails the run. The
