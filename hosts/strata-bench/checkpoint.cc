@@ -373,7 +373,16 @@ int run_checkpoint_bench(const CheckpointBenchOptions& o) {
                      {"load_before", load_before},
                      {"load_after", load_after},
                      {"crc32c", sdk::crc32c_implementation()},
-                     {"wrong", wrong}};
+                     {"wrong", wrong},
+                     // Every sample, in run order (odd runs timed the plain side first).
+                     {"samples_s",
+                      {{"save", save_s},
+                       {"write", write_s},
+                       {"restore_warm", restore_warm_s},
+                       {"read_warm", read_warm_s},
+                       {"read_warm_new_buffer", read_fresh_s},
+                       {"restore_cold", restore_cold_s},
+                       {"read_cold", read_cold_s}}}};
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("checkpoint: %d float32 variables, %lld MiB, tensor file %llu bytes, in %s (removed afterwards)\n",
