@@ -10,6 +10,7 @@
 //   strata-bench pingpong --transport T -n 2
 //                           point-to-point latency and bandwidth of one transport (see multiproc.h)
 //   strata-bench input      records read+verified per second vs sequential read (see input.h)
+//   strata-bench checkpoint Checkpoint save/restore vs plain write(2)+fsync / read(2) (see checkpoint.h)
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -22,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint.h"
 #include "fit.h"
 #include "input.h"
 #include "multiproc.h"
@@ -182,7 +184,8 @@ int main(int argc, char** argv) {
                "  strata-bench pingpong --transport libfabric --option 'provider=\"shm\"' -n 2 --sizes 64:4M\n"
                "  strata-bench allreduce --transport auto -n 4 --sizes 4K:64M\n"
                "  strata-bench rendezvous -n 64\n"
-               "  strata-bench input --size-mb 1024 --record-bytes 4096 --json\n"};
+               "  strata-bench input --size-mb 1024 --record-bytes 4096 --json\n"
+               "  strata-bench checkpoint --size-mb 1024 --variables 8 --dir /data/tmp\n"};
   app.require_subcommand(1);
   app.fallthrough();  // --json and --repeats may follow the subcommand
   bool json = false;
@@ -291,12 +294,28 @@ int main(int argc, char** argv) {
   fit->add_option("--hidden", fo.hidden, "MLP hidden units")->capture_default_str()->check(CLI::PositiveNumber);
   fit->add_option("--classes", fo.classes, "MLP classes")->capture_default_str()->check(CLI::Range(2, 1000));
 
+  auto* ckpt = app.add_subcommand(
+      "checkpoint", "Checkpoint::save and restore (warm and cold page cache) vs plain write(2)+fsync and read(2)");
+  strata::bench::CheckpointBenchOptions co;
+  ckpt->add_option("--size-mb", co.size_mb, "Total size of the variables (MiB)")
+      ->capture_default_str()
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
+  ckpt->add_option("--variables", co.variables, "Number of float32 variables sharing --size-mb")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  ckpt->add_option("--dir", co.dir, "Directory to write in (a fresh subdirectory, removed afterwards; default $TMPDIR)");
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (fit->parsed()) {
       fo.repeats = repeats_opt->count() > 0 ? repeats : 5;
       fo.json = json;
       return strata::bench::run_fit_bench(fo);
+    }
+    if (ckpt->parsed()) {
+      co.repeats = repeats_opt->count() > 0 ? repeats : 3;
+      co.json = json;
+      return strata::bench::run_checkpoint_bench(co);
     }
     if (input->parsed()) {
       in.repeats = repeats_opt->count() > 0 ? repeats : 3;

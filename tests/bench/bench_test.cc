@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,6 +17,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -342,6 +344,48 @@ TEST(BenchTest, InProcessModesStillWork) {
       run_json({"dispatch", "--strategies", "default,mirrored:2", "--iters", "100", "--repeats", "1", "--json"});
   ASSERT_TRUE(d.contains("results"));
   EXPECT_EQ(d["results"].size(), 2u);
+}
+
+// strata-bench checkpoint: a small run prints every figure and the load,
+// checks what it restored, and leaves nothing in --dir. No speed threshold:
+// the figures are the bench's business, not a test's.
+TEST(BenchTest, CheckpointPrintsEveryFigure) {
+  const std::string dir = ::testing::TempDir() + "bench_test-ckpt-" + std::to_string(::getpid());
+  ::mkdir(dir.c_str(), 0755);
+  Bench b({"checkpoint", "--size-mb", "8", "--repeats", "1", "--dir", dir});
+  ASSERT_EQ(b.wait(std::chrono::seconds(180)), 0) << b.err();
+  const std::string out = b.out();
+  for (const char* row : {"save         Checkpoint::save", "write        plain write(2) + fsync",
+                          "restore warm Checkpoint::restore", "read warm    plain read(2)",
+                          "restore cold Checkpoint::restore", "read cold    plain read(2)"}) {
+    const std::size_t at = out.find(row);
+    ASSERT_NE(at, std::string::npos) << row << " missing in:\n" << out;
+    // "<label>   1234.5" or, on checkpoint rows, "<label>   1234.5   0.93".
+    const std::string line = out.substr(at, out.find('\n', at) - at);
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(line, m, std::regex(R"(\s([0-9]+\.[0-9])(\s+[0-9]+\.[0-9]{2})?$)"))) << line;
+    EXPECT_GT(std::stod(m[1].str()), 0.0) << line;
+    EXPECT_EQ(m[2].matched, std::string(row).find("Checkpoint::") != std::string::npos) << line;
+  }
+  for (const char* text : {"checkpoint: 8 float32 variables, 8 MiB", "load average (uptime) before: ",
+                           "load average (uptime) after: ", "cold reads: at most ", "RSS: before the first save",
+                           "wrong: 0 "})
+    EXPECT_NE(out.find(text), std::string::npos) << text << " missing in:\n" << out;
+  Bench j({"checkpoint", "--size-mb", "8", "--variables", "3", "--repeats", "1", "--dir", dir, "--json"});
+  ASSERT_EQ(j.wait(std::chrono::seconds(180)), 0) << j.err();
+  const nlohmann::json r = nlohmann::json::parse(j.out(), nullptr, false);
+  ASSERT_TRUE(r.is_object()) << j.out();
+  for (const char* k : {"save_mbps", "write_mbps", "restore_warm_mbps", "read_warm_mbps", "restore_cold_mbps",
+                        "read_cold_mbps", "save_ratio", "restore_warm_ratio", "restore_cold_ratio"})
+    EXPECT_GT(r.at(k).get<double>(), 0.0) << k;
+  EXPECT_EQ(r.at("variables"), 3);
+  EXPECT_EQ(r.at("wrong"), 0);
+  EXPECT_GT(r.at("file_bytes").get<std::uint64_t>(), 8u << 20);
+  EXPECT_TRUE(r.at("load_before").is_string());
+  // The bench removed its files.
+  EXPECT_EQ(::rmdir(dir.c_str()), 0) << dir << " is not empty";
+  Bench bad({"checkpoint", "--size-mb", "0"});
+  EXPECT_NE(bad.wait(std::chrono::seconds(30)), 0);
 }
 
 }  // namespace

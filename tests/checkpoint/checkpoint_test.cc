@@ -524,6 +524,164 @@ TEST_F(CheckpointCorruptionTest, UntrackedEntriesAreIgnoredAndReportedByAssertCo
   }
 }
 
+// ---------------------------------------------------------------- streaming restore
+
+// Restore streams the tensor file in chunks (1 MiB in checkpoint.cc) straight
+// into per-tensor staging buffers, with the CRC32C computed chunk by chunk.
+// These checkpoints span several chunks with tensors that start and end
+// inside chunks, so that damage at a chunk boundary, in the last (partial)
+// chunk or in a tensor nothing tracks is caught like anywhere else.
+constexpr std::size_t kChunk = 1u << 20;
+
+class CheckpointStreamingTest : public CheckpointCorruptionTest {
+ protected:
+  void SetUp() override {
+    CheckpointCorruptionTest::SetUp();
+    // 2.5 MiB + 2 bytes of random bits (float16, an odd element count), a
+    // tensor nothing below tracks, and one more after it.
+    big_.emplace(random_tensor(DType::kFloat16, {static_cast<std::int64_t>(5 * kChunk / 4 + 1)}, 77), VariableOptions{"big"});
+    tail_.emplace(random_tensor(DType::kFloat64, {3, 1000}, 78), VariableOptions{"tail"});
+    Variable untracked(random_tensor(DType::kInt32, {300000}, 79), {"untracked"});
+    big_bytes_ = bytes_of(big_->value());
+    tail_bytes_ = bytes_of(tail_->value());
+    Checkpoint writer;
+    writer.track("a", a_).track("b", b_).track("big", *big_).track("m_untracked", untracked).track("step", &step_).track("tail", *tail_);
+    ASSERT_TRUE(writer.save(big_dir()));
+    ckpt_.track("big", *big_).track("tail", *tail_);
+    big_->assign(Tensor::zeros(big_->shape(), DType::kFloat16));
+    tail_->assign(Tensor::zeros(tail_->shape(), DType::kFloat64));
+    // Where each tensor's bytes start in the file (the writer orders by name).
+    const std::string s = read(tensor_file(big_dir()));
+    std::uint64_t n = 0;
+    std::memcpy(&n, s.data(), 8);
+    const nlohmann::json h = nlohmann::json::parse(s.substr(8, n));
+    for (auto it = h.begin(); it != h.end(); ++it)
+      if (it.key() != "__metadata__") start_[it.key()] = 8 + n + it.value()["data_offsets"][0].get<std::size_t>();
+    size_ = s.size();
+    ASSERT_GT(size_, 3 * kChunk);
+  }
+  std::string big_dir() const { return dir_.str() + "/big"; }
+  std::string copy_big(const std::string& name) {
+    const std::string to = dir_.str() + "/" + name;
+    fs::copy(big_dir(), to, fs::copy_options::recursive);
+    return to;
+  }
+  void expect_big_unchanged() {
+    EXPECT_EQ(bytes_of(big_->value()), std::vector<unsigned char>(big_bytes_.size(), 0));
+    EXPECT_EQ(bytes_of(tail_->value()), std::vector<unsigned char>(tail_bytes_.size(), 0));
+  }
+  // Offsets at and around every chunk boundary of the tensors and of the
+  // file, inside the last chunk of each tensor and the file's last byte.
+  std::vector<std::size_t> offsets() const {
+    std::vector<std::size_t> out{0, 7, 8, 9, start_.at("big") - 1};
+    for (const auto& [name, at] : start_) {
+      out.push_back(at);
+      for (std::size_t c = kChunk; at + c + 1 < size_ && c <= 3 * kChunk; c += kChunk)
+        for (std::size_t d : {c - 1, c, c + 1}) out.push_back(at + d);
+    }
+    for (std::size_t c = kChunk; c < size_; c += kChunk) out.push_back(c);
+    out.push_back(start_.at("big") + big_bytes_.size() - 1);  // inside big's last, partial chunk
+    out.push_back(size_ - 2);
+    out.push_back(size_ - 1);
+    std::sort(out.begin(), out.end());
+    out.erase(std::unique(out.begin(), out.end()), out.end());
+    return out;
+  }
+
+  std::optional<Variable> big_, tail_;
+  std::vector<unsigned char> big_bytes_, tail_bytes_;
+  std::map<std::string, std::size_t> start_;
+  std::size_t size_ = 0;
+};
+
+TEST_F(CheckpointStreamingTest, MultiChunkTensorsRestoreBitExact) {
+  const RestoreStatus st = ckpt_.restore(big_dir());
+  EXPECT_EQ(bytes_of(big_->value()), big_bytes_);
+  EXPECT_EQ(bytes_of(tail_->value()), tail_bytes_);
+  EXPECT_EQ(st.restored(), (std::vector<std::string>{"b", "a", "step", "big", "tail"}));
+  EXPECT_EQ(st.unused(), (std::vector<std::string>{"m_untracked"}));
+}
+
+TEST_F(CheckpointStreamingTest, FlippedByteAtEveryChunkBoundaryIsDataLoss) {
+  const std::string good = read(tensor_file(big_dir()));
+  const std::string d = copy_big("flip");
+  int n = 0;
+  for (std::size_t at : offsets()) {
+    SCOPED_TRACE("byte " + std::to_string(at) + " of " + std::to_string(size_));
+    std::string s = good;
+    s[at] = static_cast<char>(s[at] ^ 0x01);
+    write(tensor_file(d), s);
+    try {
+      ckpt_.restore(d);
+      ADD_FAILURE() << "restore succeeded";
+    } catch (const DataLossError& e) {
+      EXPECT_NE(std::string(e.what()).find("CRC32C"), std::string::npos) << e.what();
+    }
+    expect_big_unchanged();
+    ++n;
+  }
+  EXPECT_GE(n, 20);
+}
+
+TEST_F(CheckpointStreamingTest, TruncatedAtEveryChunkBoundaryIsDataLoss) {
+  const std::string good = read(tensor_file(big_dir()));
+  const std::string d = copy_big("trunc");
+  for (std::size_t keep : offsets()) {
+    SCOPED_TRACE("kept " + std::to_string(keep) + " of " + std::to_string(size_) + " bytes");
+    write(tensor_file(d), good.substr(0, keep));
+    try {
+      ckpt_.restore(d);
+      ADD_FAILURE() << "restore succeeded";
+    } catch (const DataLossError& e) {
+      EXPECT_NE(std::string(e.what()).find(tensor_file(d)), std::string::npos) << e.what();
+    }
+    expect_big_unchanged();
+  }
+}
+
+// The manifest agreeing with a damaged file (a tool rewrote both): the
+// header's checks still run, before any assign.
+TEST_F(CheckpointStreamingTest, ConsistentManifestButBrokenLayoutIsDataLoss) {
+  const std::string good = read(tensor_file(big_dir()));
+  int i = 0;
+  for (auto edit : std::vector<std::function<void(std::string&)>>{
+           [&](std::string& s) { s.resize(s.size() - 1); },                  // last tensor one byte short
+           [&](std::string& s) { s.resize(start_.at("big") + kChunk); },    // cut at a chunk boundary
+           [&](std::string& s) { s.append(kChunk, 'x'); },                   // a chunk after the last tensor
+           [&](std::string& s) { s[0] = static_cast<char>(s[0] + 8); }}) {   // header 8 bytes too long
+    const std::string d = copy_big("layout" + std::to_string(i++));
+    std::string s = good;
+    edit(s);
+    write(tensor_file(d), s);
+    nlohmann::json m = nlohmann::json::parse(read(manifest_file(d)));
+    m["files"][Checkpoint::kTensorFile] = {{"bytes", s.size()}, {"crc32c", test::crc32c_bitwise(s.data(), s.size())}};
+    write(manifest_file(d), m.dump());
+    expect_error<DataLossError>(ckpt_, d, tensor_file(d));
+    expect_big_unchanged();
+  }
+}
+
+// A file longer than its manifest says is refused before anything is read
+// into memory.
+TEST_F(CheckpointStreamingTest, FileLongerThanItsManifestIsDataLoss) {
+  const std::string d = copy_big("longer");
+  std::string s = read(tensor_file(d));
+  s.append(3, '\0');
+  write(tensor_file(d), s);
+  expect_error<DataLossError>(ckpt_, d, "truncated or replaced");
+  expect_big_unchanged();
+}
+
+// A tracked tensor that fails the shape check is not assigned, and neither
+// is anything else, even though its bytes (and the CRC) are fine.
+TEST_F(CheckpointStreamingTest, ShapeMismatchOfALargeTensorAssignsNothing) {
+  Variable other(Tensor::zeros({3, 999}, DType::kFloat64), {"tail"});
+  Checkpoint c;
+  c.track("big", *big_).track("tail", other);
+  expect_error<InvalidArgumentError>(c, big_dir(), "'tail'");
+  expect_big_unchanged();
+}
+
 TEST(CheckpointTest, TrackRejectsBadNames) {
   Variable v(Tensor::scalar(1.0f));
   std::int64_t i = 0;

@@ -57,9 +57,16 @@
 //
 // Threads: save/restore run on the calling thread in cross-replica context
 // (inside a replica function: FailedPreconditionError). One Checkpoint must
-// not be used from two threads at once. Errors are recoverable: a failed
-// save leaves at most a temporary directory behind (CheckpointManager::save
-// removes those), a failed restore changes nothing.
+// not be used from two threads at once, and the tracked objects must not be
+// updated while a save or restore runs (the chief writes ON_WRITE variables
+// straight from their memory). Errors are recoverable: a failed save leaves
+// at most a temporary directory behind (CheckpointManager::save removes
+// those), a failed restore changes nothing.
+// Memory: save needs no copy of ON_WRITE variables (ON_READ values are
+// read into a copy); restore reads the tensor file once, straight into a
+// staging copy of the tracked tensors, which it assigns only after the
+// whole file checked out: up to the checkpoint's size on top of the
+// variables, freed when restore returns.
 #pragma once
 
 #include <cstdint>

@@ -18,9 +18,14 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <filesystem>
+#include <functional>
 #include <map>
+#include <memory>
+#include <optional>
 #include <regex>
 #include <system_error>
 
@@ -87,6 +92,143 @@ void fsync_path(const std::string& path, bool directory) {
   if (fd.get() < 0) throw_errno(errno, "opening for fsync", path);
   if (::fsync(fd.get()) != 0) throw_errno(errno, "fsync of", path);
   fd.close_checked(path);
+}
+
+// The tensor file moves in pieces of kChunk bytes: one read(2)/write(2)
+// each, and the CRC32C of a piece is computed while it is still in the
+// CPU's cache (just read by the kernel, or about to be written from it),
+// so the CRC costs no second trip through memory.
+constexpr std::size_t kChunk = 1u << 20;
+// Writeback of the tensor file is started every kWritebackBytes
+// (sync_file_range), so that the disk writes while we copy the rest into
+// the page cache and the final fsync waits for the tail only.
+constexpr std::uint64_t kWritebackBytes = 32u << 20;
+// A restore asks the kernel to read this far ahead of it
+// (POSIX_FADV_WILLNEED), so that a cold file streams from the disk while
+// the CPU copies and checks what has arrived.
+constexpr std::uint64_t kPrefetchBytes = 64u << 20;
+
+// Writes a file sequentially and computes the CRC32C of every byte written.
+class CrcWriter {
+ public:
+  CrcWriter(int fd, const std::string& path) : fd_(fd), path_(path) {}
+  // Write straight from `data` (no copy into a buffer of ours).
+  void write(const void* data, std::size_t n) {
+    const char* p = static_cast<const char*>(data);
+    while (n > 0) {
+      const std::size_t k = std::min(n, kChunk);
+      crc_ = sdk::crc32c_extend(crc_, p, k);
+      write_all(fd_, p, k, path_);
+      p += k;
+      n -= k;
+      written_ += k;
+      if (written_ - flushed_ >= kWritebackBytes) {
+        // Only a hint to start writeback early: its errors, if any, are
+        // reported again by the fsync that follows.
+        ::sync_file_range(fd_, static_cast<off_t>(flushed_), static_cast<off_t>(written_ - flushed_),
+                          SYNC_FILE_RANGE_WRITE);
+        flushed_ = written_;
+      }
+    }
+  }
+  std::uint32_t crc() const { return crc_; }
+  std::uint64_t bytes() const { return written_; }
+
+ private:
+  int fd_;
+  const std::string& path_;
+  std::uint32_t crc_ = 0;
+  std::uint64_t written_ = 0, flushed_ = 0;
+};
+
+// Reads a file sequentially, computing the CRC32C of every byte read, with
+// the kernel prefetching ahead. A file that ends before `size` bytes
+// (shrunk since it was opened) is a DataLossError naming it.
+class CrcReader {
+ public:
+  explicit CrcReader(const std::string& path) : fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)), path_(path) {
+    if (fd_.get() < 0) throw_errno(errno, "opening", path);
+    struct stat st {};
+    if (::fstat(fd_.get(), &st) != 0) throw_errno(errno, "stat of", path);
+    size_ = static_cast<std::uint64_t>(st.st_size);
+    ::posix_fadvise(fd_.get(), 0, 0, POSIX_FADV_SEQUENTIAL);  // a hint; nothing depends on it
+  }
+  std::uint64_t size() const { return size_; }
+  std::uint64_t offset() const { return offset_; }
+  std::uint32_t crc() const { return crc_; }
+
+  // The next `n` bytes into `dst`, or through a scratch buffer when `dst`
+  // is null (bytes that are only checked).
+  void read(void* dst, std::uint64_t n) {
+    auto* p = static_cast<unsigned char*>(dst);
+    if (p == nullptr && scratch_ == nullptr) scratch_ = std::make_unique<unsigned char[]>(kChunk);
+    while (n > 0) {
+      prefetch();
+      const std::size_t k = static_cast<std::size_t>(std::min<std::uint64_t>(n, kChunk));
+      unsigned char* to = p != nullptr ? p : scratch_.get();
+      read_exact(to, k);
+      crc_ = sdk::crc32c_extend(crc_, to, k);
+      offset_ += k;
+      n -= k;
+      if (p != nullptr) p += k;
+    }
+  }
+  // DataLossError unless the file ends exactly here (it may have grown
+  // since fstat).
+  void expect_end() {
+    unsigned char extra;
+    for (;;) {
+      const ssize_t r = ::read(fd_.get(), &extra, 1);
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) throw_errno(errno, "reading", path_);
+      STRATA_ENFORCE(r == 0, STRATA_ERR_DATA_LOSS, "checkpoint file ", path_, " grew past ", offset_,
+                     " bytes while it was read (replaced or written to)");
+      return;
+    }
+  }
+
+ private:
+  void read_exact(unsigned char* to, std::size_t k) {
+    std::size_t got = 0;
+    while (got < k) {
+      const ssize_t r = ::read(fd_.get(), to + got, k - got);
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        throw_errno(errno, "reading", path_);
+      }
+      STRATA_ENFORCE(r > 0, STRATA_ERR_DATA_LOSS, "checkpoint file ", path_, " ended at byte ", offset_ + got,
+                     " of ", size_, " while it was read (truncated)");
+      got += static_cast<std::size_t>(r);
+    }
+  }
+  void prefetch() {
+    const std::uint64_t want = std::min(size_, offset_ + kPrefetchBytes);
+    // In steps of a quarter window, and the rest at the end of the file.
+    if (prefetched_ >= want || (want < size_ && want - prefetched_ < kPrefetchBytes / 4)) return;
+    ::posix_fadvise(fd_.get(), static_cast<off_t>(prefetched_), static_cast<off_t>(want - prefetched_),
+                    POSIX_FADV_WILLNEED);
+    prefetched_ = want;
+  }
+
+  Fd fd_;
+  std::string path_;
+  std::uint64_t size_ = 0, offset_ = 0, prefetched_ = 0;
+  std::uint32_t crc_ = 0;
+  std::unique_ptr<unsigned char[]> scratch_;
+};
+
+// Uninitialised 64-byte-aligned memory for a restore's staging copy of one
+// tensor (no zero-fill: every byte is read from the file before use).
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+using Staging = std::unique_ptr<unsigned char, FreeDeleter>;
+Staging allocate_staging(std::uint64_t n) {
+  const std::size_t bytes = static_cast<std::size_t>((std::max<std::uint64_t>(n, 1) + 63) / 64 * 64);
+  void* p = std::aligned_alloc(64, bytes);
+  if (p == nullptr) STRATA_THROW(STRATA_ERR_UNAVAILABLE, "checkpoint restore: cannot allocate ", n,
+                                " bytes of memory to stage a tensor");
+  return Staging(static_cast<unsigned char*>(p));
 }
 
 // Read a whole file; NotFoundError when it does not exist.
@@ -271,6 +413,60 @@ void rename_into_place(const fs::path& from, const fs::path& to) {
   fs::remove_all(from, ec);  // the previous checkpoint, now under the temporary name
 }
 
+// The tensor file of a checkpoint, read once and checked in full.
+struct CheckedFile {
+  checkpoint::ParsedFile parsed;
+  std::map<std::string, Staging> staged;  // the bytes of the entries `stage` chose, by name
+};
+
+// Read `file` once: the header into memory, each entry for which `stage`
+// returns true straight into its own staging buffer, everything else only
+// through the CRC. Returns only when the whole file checked out, with the
+// errors and their order of reading the whole file first: its size against
+// the manifest, then the CRC32C, then the header (DataLossError naming the
+// file, NotFoundError when it is missing).
+CheckedFile read_tensor_file(const std::string& file, const Manifest& manifest,
+                             const std::function<bool(const TensorEntry&)>& stage) {
+  CrcReader in(file);
+  STRATA_ENFORCE(in.size() == manifest.bytes, STRATA_ERR_DATA_LOSS, "checkpoint file ", file, " has ", in.size(),
+                 " bytes but its manifest says ", manifest.bytes, " (truncated or replaced)");
+  std::string head(static_cast<std::size_t>(std::min<std::uint64_t>(8, in.size())), '\0');
+  in.read(head.data(), head.size());
+  std::uint64_t header_bytes = 0;
+  if (head.size() == 8) std::memcpy(&header_bytes, head.data(), 8);
+  if (head.size() == 8 && header_bytes <= checkpoint::kMaxHeaderBytes && header_bytes <= in.size() - 8) {
+    head.resize(8 + static_cast<std::size_t>(header_bytes));
+    in.read(head.data() + 8, header_bytes);
+  }
+  CheckedFile out;
+  std::exception_ptr header_error;  // reported after the CRC, which takes precedence
+  try {
+    out.parsed = checkpoint::parse_header(reinterpret_cast<const unsigned char*>(head.data()), head.size(), in.size(),
+                                          file);
+  } catch (const Error&) {
+    header_error = std::current_exception();
+  }
+  if (!header_error) {
+    for (const TensorEntry& e : out.parsed.entries) {  // in data order, tiling the rest of the file
+      STRATA_ENFORCE(in.offset() == out.parsed.data_start + e.begin, STRATA_ERR_INTERNAL, "checkpoint restore: at byte ",
+                     in.offset(), " of ", file, " instead of tensor '", e.name, "'");
+      if (stage(e)) {
+        Staging& buf = out.staged[e.name];
+        buf = allocate_staging(e.end - e.begin);
+        in.read(buf.get(), e.end - e.begin);
+      } else {
+        in.read(nullptr, e.end - e.begin);
+      }
+    }
+  }
+  in.read(nullptr, in.size() - in.offset());  // what a bad header left unread
+  in.expect_end();
+  STRATA_ENFORCE(in.crc() == manifest.crc, STRATA_ERR_DATA_LOSS, "checkpoint file ", file,
+                 " is corrupt: its CRC32C is ", in.crc(), " but its manifest says ", manifest.crc);
+  if (header_error) std::rethrow_exception(header_error);
+  return out;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- RestoreStatus
@@ -312,6 +508,11 @@ struct Checkpoint::Impl {
     std::optional<std::vector<std::int64_t>> shape() const {
       if (kind == Kind::kState) return std::nullopt;
       return kind == Kind::kVariable ? variable->shape() : std::vector<std::int64_t>{};
+    }
+    // Whether a saved entry can be restored into this object.
+    bool matches(const TensorEntry& e) const {
+      const std::optional<std::vector<std::int64_t>> s = shape();
+      return e.dtype == dtype() && (s ? e.shape == *s : e.shape.size() == 1);
     }
     const char* kind_name() const {
       switch (kind) {
@@ -407,20 +608,33 @@ bool Checkpoint::save(const std::string& dir) const {
   std::vector<const Impl::Object*> order;
   for (const Impl::Object& o : impl_->objects) order.push_back(&o);
   std::sort(order.begin(), order.end(), [](const Impl::Object* a, const Impl::Object* b) { return a->name < b->name; });
-  std::vector<Tensor> values;
+  // An ON_WRITE variable's cross-replica value is its primary copy: write
+  // it from the strategy's memory (read_view) instead of copying it first.
+  // ON_READ values are aggregates and need the read.
+  std::vector<Tensor> owned;  // copies that `values` points into
+  std::vector<TensorView> values;
   std::vector<TensorEntry> entries;
   std::uint64_t at = 0;
   Strategy& strategy = impl_->strategy();
+  owned.reserve(order.size());
+  values.reserve(order.size());
   for (const Impl::Object* o : order) {
-    Tensor t = o->kind == Impl::Kind::kVariable ? o->variable->value()
-               : o->kind == Impl::Kind::kInt64  ? Tensor::scalar(*o->i64)
-               : o->kind == Impl::Kind::kDouble ? Tensor::scalar(*o->f64)
-                                                : gather_states(strategy, o->name, o->state.save());
-    if (!TensorView(t).is_contiguous()) t = Tensor::copy_of(t);
-    TensorEntry e{o->name, t.dtype(), t.shape(), at, at + t.nbytes()};
+    std::optional<TensorView> view;
+    if (o->kind == Impl::Kind::kVariable && o->variable->synchronization() != Synchronization::ON_READ)
+      view = o->variable->read_view();
+    if (!view || !view->is_contiguous()) {
+      Tensor t = o->kind == Impl::Kind::kVariable ? o->variable->value()
+                 : o->kind == Impl::Kind::kInt64  ? Tensor::scalar(*o->i64)
+                 : o->kind == Impl::Kind::kDouble ? Tensor::scalar(*o->f64)
+                                                  : gather_states(strategy, o->name, o->state.save());
+      if (!TensorView(t).is_contiguous()) t = Tensor::copy_of(t);
+      owned.push_back(std::move(t));
+      view.emplace(owned.back());
+    }
+    TensorEntry e{o->name, view->dtype(), view->shape(), at, at + view->nbytes()};
     at = e.end;
     entries.push_back(std::move(e));
-    values.push_back(std::move(t));
+    values.push_back(*view);
   }
   StrategyExtended& ext = strategy.extended();
   if (!ext.is_chief()) return false;
@@ -441,12 +655,12 @@ bool Checkpoint::save(const std::string& dir) const {
     {
       Fd fd(::open(tensor_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
       if (fd.get() < 0) throw_errno(errno, "creating", tensor_path);
-      write_all(fd.get(), header.data(), header.size(), tensor_path);
-      crc = sdk::crc32c_extend(crc, header.data(), header.size());
-      for (const Tensor& t : values) {
-        write_all(fd.get(), t.raw_data(), t.nbytes(), tensor_path);
-        crc = sdk::crc32c_extend(crc, t.raw_data(), t.nbytes());
-      }
+      CrcWriter out(fd.get(), tensor_path);
+      out.write(header.data(), header.size());
+      for (const TensorView& v : values) out.write(v.raw_data(), v.nbytes());
+      STRATA_ENFORCE(out.bytes() == header.size() + at, STRATA_ERR_INTERNAL, "checkpoint: wrote ", out.bytes(),
+                     " bytes to ", tensor_path, " instead of ", header.size() + at);
+      crc = out.crc();
       if (::fsync(fd.get()) != 0) throw_errno(errno, "fsync of", tensor_path);
       fd.close_checked(tensor_path);
     }
@@ -499,14 +713,17 @@ RestoreStatus Checkpoint::restore(const std::string& dir, const RestoreOptions& 
                  " does not exist");
   const Manifest manifest = read_manifest(path);
   const std::string file = (path / manifest.tensor_file).string();
-  const std::string bytes = read_file(file);
-  STRATA_ENFORCE(bytes.size() == manifest.bytes, STRATA_ERR_DATA_LOSS, "checkpoint file ", file, " has ",
-                 bytes.size(), " bytes but its manifest says ", manifest.bytes, " (truncated or replaced)");
-  const std::uint32_t crc = sdk::crc32c_extend(0, bytes.data(), bytes.size());
-  STRATA_ENFORCE(crc == manifest.crc, STRATA_ERR_DATA_LOSS, "checkpoint file ", file, " is corrupt: its CRC32C is ",
-                 crc, " but its manifest says ", manifest.crc);
-  const auto* data = reinterpret_cast<const unsigned char*>(bytes.data());
-  const checkpoint::ParsedFile parsed = checkpoint::parse_file(data, bytes.size(), file);
+
+  // Read and check the whole file, staging the tensors that tracked objects
+  // can take (the others are reported below or ignored), then check the
+  // objects, then assign.
+  std::map<std::string, const Impl::Object*> tracked;
+  for (const Impl::Object& o : impl_->objects) tracked[o.name] = &o;
+  const CheckedFile checked = read_tensor_file(file, manifest, [&](const TensorEntry& e) {
+    auto it = tracked.find(e.name);
+    return it != tracked.end() && it->second->matches(e);
+  });
+  const checkpoint::ParsedFile& parsed = checked.parsed;
   std::map<std::string, const TensorEntry*> by_name;
   for (const TensorEntry& e : parsed.entries) by_name[e.name] = &e;
 
@@ -529,10 +746,11 @@ RestoreStatus Checkpoint::restore(const std::string& dir, const RestoreOptions& 
       return r + "]";
     };
     const std::optional<std::vector<std::int64_t>> shape = o.shape();
-    STRATA_ENFORCE(e.dtype == o.dtype() && (shape ? e.shape == *shape : e.shape.size() == 1),
-                   STRATA_ERR_INVALID_ARGUMENT, "checkpoint ", file, " holds ", o.label(), " as ", dtype_name(e.dtype),
-                   shape_str(e.shape), " but it is ", dtype_name(o.dtype()),
+    STRATA_ENFORCE(o.matches(e), STRATA_ERR_INVALID_ARGUMENT, "checkpoint ", file, " holds ", o.label(), " as ",
+                   dtype_name(e.dtype), shape_str(e.shape), " but it is ", dtype_name(o.dtype()),
                    shape ? shape_str(*shape) : std::string("[bytes]"));
+    STRATA_ENFORCE(checked.staged.count(e.name) == 1, STRATA_ERR_INTERNAL, "checkpoint restore: ", o.label(),
+                   " was not staged");
     plan.emplace_back(&o, &e);
     by_name.erase(it);
   }
@@ -544,17 +762,17 @@ RestoreStatus Checkpoint::restore(const std::string& dir, const RestoreOptions& 
   std::vector<std::vector<std::string>> states(plan.size());
   for (std::size_t i = 0; i < plan.size(); ++i)
     if (plan[i].first->kind == Impl::Kind::kState)
-      states[i] = split_states(data + parsed.data_start + plan[i].second->begin,
+      states[i] = split_states(checked.staged.at(plan[i].second->name).get(),
                                plan[i].second->end - plan[i].second->begin, file, plan[i].first->name);
   for (std::size_t i = 0; i < plan.size(); ++i)
     if (plan[i].first->kind == Impl::Kind::kState) plan[i].first->state.restore(states[i]);
   for (const auto& [o, e] : plan) {
-    const unsigned char* src = data + parsed.data_start + e->begin;
+    unsigned char* src = checked.staged.at(e->name).get();
     switch (o->kind) {
       case Impl::Kind::kState: break;
       case Impl::Kind::kVariable:
-        // A 64-byte-aligned copy: the file's offsets promise no alignment.
-        o->variable->assign(Tensor::from_bytes(src, e->end - e->begin, e->shape, e->dtype));
+        // Staging is 64-byte aligned (the file's offsets promise no alignment).
+        o->variable->assign(TensorView(src, e->shape, e->dtype));
         break;
       case Impl::Kind::kInt64: std::memcpy(o->i64, src, sizeof(std::int64_t)); break;
       case Impl::Kind::kDouble: std::memcpy(o->f64, src, sizeof(double)); break;

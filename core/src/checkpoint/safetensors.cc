@@ -24,10 +24,6 @@ constexpr Name kNames[] = {{DType::kFloat64, "F64"}, {DType::kFloat32, "F32"}, {
                            {DType::kBFloat16, "BF16"}, {DType::kInt64, "I64"}, {DType::kInt32, "I32"},
                            {DType::kUInt8, "U8"}};
 
-// safetensors' own reader refuses headers above 100 MB; so do we, so that a
-// corrupt length cannot make us allocate or scan gigabytes.
-constexpr std::uint64_t kMaxHeader = 100u << 20;
-
 }  // namespace
 
 const char* safetensors_dtype(DType dtype) {
@@ -57,15 +53,21 @@ std::string encode_header(const std::vector<TensorEntry>& entries,
 }
 
 ParsedFile parse_file(const unsigned char* data, std::size_t size, const std::string& file) {
+  return parse_header(data, size, size, file);
+}
+
+ParsedFile parse_header(const unsigned char* head, std::size_t head_size, std::uint64_t size, const std::string& file) {
   auto fail = [&](const std::string& why) -> void {
     STRATA_THROW(STRATA_ERR_DATA_LOSS, "checkpoint file ", file, " is corrupt or truncated: ", why);
   };
   if (size < 8) fail("it has " + std::to_string(size) + " bytes, fewer than the 8-byte header length");
+  STRATA_ENFORCE(head_size >= 8, STRATA_ERR_INTERNAL, "parse_header needs the first 8 bytes of ", file);
   std::uint64_t n = 0;
-  std::memcpy(&n, data, 8);
-  if (n > kMaxHeader || n > size - 8)
+  std::memcpy(&n, head, 8);
+  if (n > kMaxHeaderBytes || n > size - 8)
     fail("its header length " + std::to_string(n) + " exceeds the file (" + std::to_string(size) + " bytes)");
-  nlohmann::json h = nlohmann::json::parse(data + 8, data + 8 + n, nullptr, /*allow_exceptions=*/false);
+  STRATA_ENFORCE(head_size - 8 >= n, STRATA_ERR_INTERNAL, "parse_header needs the first ", 8 + n, " bytes of ", file);
+  nlohmann::json h = nlohmann::json::parse(head + 8, head + 8 + n, nullptr, /*allow_exceptions=*/false);
   if (!h.is_object()) fail("its header is not a JSON object");
   ParsedFile out;
   out.data_start = 8 + n;

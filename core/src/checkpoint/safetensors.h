@@ -44,11 +44,21 @@ struct ParsedFile {
   std::uint64_t data_start = 0;  // file offset of the data buffer
 };
 
-/// Parse and validate the header of a whole file (`size` bytes at `data`):
-/// header length within the file, JSON well formed, every dtype known,
-/// shapes non-negative, each tensor's byte count matching its shape, the
-/// offsets tiling the data buffer to the end of the file. Throws
+/// The largest JSON header accepted (safetensors' own reader refuses more
+/// than 100 MB), so that a corrupt length cannot make a reader allocate or
+/// scan gigabytes.
+constexpr std::uint64_t kMaxHeaderBytes = 100u << 20;
+
+/// Parse and validate the header of a file of `file_size` bytes, given its
+/// first `head_size` bytes at `head` (at least 8 + the header length when
+/// that length is valid; the tensors' bytes are not needed): header length
+/// within the file and at most kMaxHeaderBytes, JSON well formed, every dtype
+/// known, shapes non-negative, each tensor's byte count matching its shape,
+/// the offsets tiling the data buffer to the end of the file. Throws
 /// DataLossError naming `file` otherwise.
+ParsedFile parse_header(const unsigned char* head, std::size_t head_size, std::uint64_t file_size,
+                        const std::string& file);
+/// parse_header of a whole file held in memory (`size` bytes at `data`).
 ParsedFile parse_file(const unsigned char* data, std::size_t size, const std::string& file);
 
 }  // namespace strata::checkpoint
