@@ -293,6 +293,34 @@ TEST(IteratorStateTest, RestoredPassKeepsItsNumberAndLaterPassesContinue) {
 
 // ------------------------------------------------------------ bad input ---
 
+TEST(IteratorStateTest, SavingPastAFailedReadAheadIsFailedPrecondition) {
+  const Dataset ds = Dataset::from_generator([](const InputContext&) {
+    auto i = std::make_shared<int>(0);
+    return Dataset::Generator([i]() -> std::optional<Element> {
+      if (*i == 4) throw InvalidArgumentError("bad element 4");
+      Element e;
+      e.add("x", Tensor::scalar<std::int64_t>((*i)++));
+      return e;
+    });
+  });
+  DatasetIterator it = ds.prefetch(8).make_iterator();
+  ASSERT_TRUE(it.next());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (;;) {  // until the thread has run into the error
+    try {
+      (void)it.save_state();
+    } catch (const FailedPreconditionError& e) {
+      EXPECT_NE(std::string(e.what()).find("bad element 4"), std::string::npos) << e.what();
+      break;
+    }
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "save_state never saw the read-ahead error";
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  // The elements before the error are still delivered, then the error.
+  for (int k = 1; k < 4; ++k) ASSERT_TRUE(it.next());
+  EXPECT_THROW(it.next(), InvalidArgumentError);
+}
+
 TEST(IteratorStateTest, RestoreIntoAUsedIteratorIsFailedPrecondition) {
   Dataset ds = range(5);
   DatasetIterator a = ds.make_iterator();

@@ -226,6 +226,46 @@ TEST(DistributedResumeTest, BadStatesAreRefused) {
   EXPECT_TRUE(fresh.get_next_as_optional().has_value());
 }
 
+TEST(DistributedResumeTest, DatasetsFromFunctionPerReplica) {
+  auto run_once = [](int save_after, const std::string& state) {
+    auto strategy = Strategy::create("mirrored", R"({"devices":["cpu:0","cpu:1"]})");
+    InputOptions io;
+    io.experimental_replication_mode = InputReplicationMode::PER_REPLICA;
+    auto dist = strategy.distribute_datasets_from_function(
+        [](const InputContext& ctx) {
+          std::vector<std::int64_t> ids(23);
+          for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int64_t>(i);
+          Element e;
+          e.add("id", Tensor::from_vector(ids));
+          return Dataset::from_tensor_slices(std::move(e))
+              .shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+              .shuffle(5, 3)
+              .batch(2);
+        },
+        io);
+    auto it = dist.make_iterator();
+    json out = {{"after", json::array()}};
+    if (!state.empty()) {
+      it.restore_state({state});
+    } else {
+      for (int s = 0; s < save_after; ++s) (void)it.next();
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      out["state"] = it.save_state();
+    }
+    out["after"] = drain_steps(it);
+    auto next = dist.make_iterator();
+    out["next_epoch"] = drain_steps(next);
+    return out;
+  };
+  for (int k : {0, 1, 3, 6}) {
+    SCOPED_TRACE("k = " + std::to_string(k));
+    const json full = run_once(k, "");
+    const json restored = run_once(0, full["state"].get<std::string>());
+    EXPECT_EQ(restored["after"].dump(), full["after"].dump());
+    EXPECT_EQ(restored["next_epoch"].dump(), full["next_epoch"].dump());
+  }
+}
+
 // -------------------------------------------------------- multi-worker ---
 
 #ifdef STRATA_RUN_BIN
