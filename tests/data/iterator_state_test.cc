@@ -357,6 +357,11 @@ TEST(IteratorStateTest, ADifferentRecipeIsInvalidArgumentNamingTheTransformation
   // The same recipe opened for another input pipeline.
   DatasetIterator f = range(10).shuffle(4, 1).batch(2).make_iterator(InputContext{2, 1, 2});
   EXPECT_THROW(f.restore_state(state), InvalidArgumentError);
+  // Arrays of the same length but another layout.
+  Element floats;
+  floats.add("x", Tensor::from_vector<float>(std::vector<float>(10, 1.0f)));
+  DatasetIterator h = Dataset::from_tensor_slices(std::move(floats)).shuffle(4, 1).batch(2).make_iterator();
+  EXPECT_THROW(h.restore_state(state), InvalidArgumentError);
   // b was refused without being touched: it is still fresh and whole.
   DatasetIterator g = range(10).shuffle(4, 1).batch(3).make_iterator();
   EXPECT_EQ(drain(b), drain(g));

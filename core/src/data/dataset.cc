@@ -76,6 +76,9 @@ struct SourceSpec {
   std::optional<std::int64_t> cardinality;
   /// Known without opening the plugin (generator: opening runs user code).
   std::optional<std::uint32_t> shard_flags;
+  /// How an iterator state names this source when options_json holds an
+  /// address (in-memory sources): what stays the same across processes.
+  std::string signature;
 };
 
 struct DatasetNode {
@@ -1574,10 +1577,8 @@ void describe_node(const DatasetNode& n, std::vector<std::string>& out) {
       const SourceSpec& s = n.source;
       // In-memory sources carry an address in their options; name them by
       // what is stable across processes instead.
-      if (s.keep_alive)
-        out.push_back(str_cat(s.label, " (input pipeline '", s.plugin, "'",
-                              s.cardinality && *s.cardinality >= 0 ? str_cat(", ", *s.cardinality, " elements") : "",
-                              ")"));
+      if (!s.signature.empty())
+        out.push_back(s.signature);
       else
         out.push_back(str_cat(s.label, " (input pipeline '", s.plugin, "', options ", s.options_json, ")"));
       return;
@@ -1908,6 +1909,11 @@ Dataset Dataset::from_tensor_slices(Element components) {
   s.plugin = "memory";
   s.options_json = nlohmann::json{{"arrays", detail::hex_address(&a->c)}}.dump();
   s.label = "from_tensor_slices";
+  s.signature = "from_tensor_slices(" + std::to_string(rows) + " rows of";
+  for (std::size_t i = 0; i < a->owned.tensors.size(); ++i)
+    s.signature += (i ? ", " : " ") + a->owned.names[i] + ": " + dtype_name(a->owned.tensors[i].dtype()) +
+                   detail::shape_str(a->owned.tensors[i].shape());
+  s.signature += ")";
   s.keep_alive = a;
   s.cardinality = rows;
   return Dataset(source_node(std::move(s)));
@@ -1945,6 +1951,7 @@ Dataset Dataset::from_generator(std::function<Generator(const InputContext&)> ma
   s.plugin = "generator";
   s.options_json = nlohmann::json{{"generator", detail::hex_address(&g->c)}}.dump();
   s.label = "from_generator";
+  s.signature = "from_generator";
   s.keep_alive = g;
   s.cardinality = -1;
   s.shard_flags = STRATA_INPUT_CAN_SHARD_BY_DATA;
