@@ -60,7 +60,9 @@ inline json run_resume(const ResumeArgs& a) {
   io.prefetch_depth = a.base.prefetch;
   strata::DatasetOptions dopts;
   dopts.auto_shard_policy = parse_policy(a.base.policy);
-  strata::Dataset ds = source(a.base).shuffle(a.shuffle, 7).batch(a.base.batch, a.base.drop).with_options(dopts);
+  strata::Dataset ds = source(a.base);
+  if (a.base.policy == "HINT") ds = ds.shard(strata::SHARD_HINT, strata::SHARD_HINT);
+  ds = ds.shuffle(a.shuffle, 7).batch(a.base.batch, a.base.drop).with_options(dopts);
   strata::DistributedDataset dist = strategy.distribute_dataset(ds, io);
   const auto& ext = strategy.extended();
   json doc = {{"worker", ext.worker_index()},

@@ -284,6 +284,41 @@ TEST(DistributedResumeMultiWorkerTest, TwoWorkersDataAndFile) {
   s.policy = "DATA";
   s.save_after = 4;
   check_same_workers(s);
+  s.source = "memory";
+  s.policy = "HINT";
+  s.save_after = 2;
+  check_same_workers(s);
+}
+
+// Every ids of `key`'s steps on worker `w`, flattened in order.
+std::vector<std::int64_t> flat_ids(const json& doc, const char* key) {
+  std::vector<std::int64_t> out;
+  for (const json& step : doc[key])
+    for (const json& replica : step)
+      for (auto id : replica.get<std::vector<std::int64_t>>()) out.push_back(id);
+  return out;
+}
+
+TEST(DistributedResumeMultiWorkerTest, OffStateContinuesTheRowStreamOnAnotherWorkerCount) {
+  // OFF: every worker reads the whole stream; a one-worker state continues
+  // on two workers, each from the saved position, split the new way.
+  TempDir dir;
+  Resume one;
+  one.workers = 1;
+  one.local = 2;
+  one.policy = "OFF";
+  one.batch = 5;  // 3+2 on one worker; 3 and 2 rows a step on two, so steps cut across batches
+  Resume two = one;
+  two.workers = 2;
+  two.local = 1;
+  const auto full = run(one, {}, dir.str(), {});
+  const auto restored = run(two, {}, "", state_files(dir, 1));
+  ASSERT_EQ(restored.size(), 2u);
+  for (int w = 0; w < 2; ++w) {
+    EXPECT_EQ(restored[w]["policy"].get<std::string>(), "OFF");
+    EXPECT_EQ(flat_ids(restored[w], "after"), flat_ids(full[0], "after")) << "worker " << w;
+    EXPECT_EQ(flat_ids(restored[w], "next_epoch"), flat_ids(full[0], "next_epoch")) << "worker " << w;
+  }
 }
 
 TEST(DistributedResumeMultiWorkerTest, DataStateContinuesOnAnotherWorkerCount) {
