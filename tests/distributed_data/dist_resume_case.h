@@ -31,8 +31,8 @@ struct ResumeArgs {
   std::int64_t shuffle = 8;  // shuffle buffer (seed 7, reshuffled every epoch)
   int epochs_before = 1;
   int save_after = 3;
-  std::string save_to;                     // where to write this worker's state
-  std::vector<std::string> restore_from;   // the states, in worker order: restore instead of saving
+  std::string save_to;                    // where to write this worker's state
+  std::vector<std::string> restore_from;  // the states, in worker order: restore instead of saving
 };
 
 inline std::string read_bytes(const std::string& path) {

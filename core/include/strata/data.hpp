@@ -183,17 +183,20 @@ class STRATA_API DatasetIterator {
   /// recipe and InputContext wrote, in this process or another): this
   /// iterator must be fresh (next() never called), else
   /// FailedPreconditionError. A state of a different recipe is
-  /// InvalidArgumentError naming the first differing transformation (and
-  /// a different InputContext is InvalidArgumentError too); truncated or
-  /// garbled bytes are DataLossError. After it, next() yields exactly what
-  /// the saved iterator would have yielded next, and the restored pass keeps
-  /// the saved pass number (its reshuffles): later make_iterator() calls
-  /// on the Dataset continue from saved pass + 1. Exact when the recipe's
-  /// callbacks are deterministic; a generator source is exact only when it
-  /// yields the same sequence on every call of its make function (it is
-  /// restored by reading that many elements again). When restoring a
-  /// stage fails (e.g. a record file changed), the error propagates and the
-  /// iterator stays fresh.
+  /// InvalidArgumentError naming the first differing transformation (a
+  /// different InputContext is InvalidArgumentError too); truncated or
+  /// garbled bytes are DataLossError; a state of a newer format (a newer
+  /// Strata) is UnimplementedError. After it, next() yields exactly what
+  /// the saved iterator would have yielded next, and the restored pass
+  /// keeps the saved pass number (its reshuffles): later make_iterator()
+  /// calls on the Dataset continue from saved pass + 1. Exact when the
+  /// recipe's callbacks are deterministic; a generator source is exact only
+  /// when it yields the same sequence on every call of its make function
+  /// (it is restored by reading that many elements again). A map() or
+  /// interleave() function cannot be compared, only its place in the
+  /// recipe, nor can the contents of in-memory arrays beyond their length,
+  /// names, dtypes and shapes. When restoring a stage fails (e.g. a record
+  /// file changed), the error propagates and the iterator stays fresh.
   void restore_state(const std::string& state);
 
   /// Range-for support: `for (Element& e : dataset)` (the RangeIter from

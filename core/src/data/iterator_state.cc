@@ -78,8 +78,8 @@ std::string StateWriter::seal(const std::string& kind) const {
 
 StateReader::StateReader(const std::string& bytes, const std::string& kind) {
   auto loss = [&](const std::string& why) {
-    STRATA_THROW(STRATA_ERR_DATA_LOSS, "the saved ", kind, " iterator state (", bytes.size(), " bytes) is unusable: ", why,
-                                "; pass the bytes save_state() returned, unchanged");
+    STRATA_THROW(STRATA_ERR_DATA_LOSS, "the saved ", kind, " iterator state (", bytes.size(),
+                 " bytes) is unusable: ", why, "; pass the bytes save_state() returned, unchanged");
   };
   if (bytes.size() < kHeader) loss("it is shorter than the state header");
   if (std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0) loss("it does not start with an iterator state's magic");
@@ -92,20 +92,21 @@ StateReader::StateReader(const std::string& bytes, const std::string& kind) {
   for (int i = 0; i < 4; ++i)
     crc |= static_cast<std::uint32_t>(static_cast<unsigned char>(bytes[sizeof kMagic + 16 + i])) << (8 * i);
   if (sdk::crc32c(bytes.data() + kHeader, len) != crc) loss("its checksum does not match (corrupted)");
-  if (format != kFormat)
-    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "the saved iterator state has format ", format, " but this Strata reads format ",
-                                       kFormat, "; restore it with the Strata version that saved it");
+  if (format > kFormat)
+    STRATA_THROW(STRATA_ERR_UNIMPLEMENTED, "the saved iterator state has format ", format,
+                 " but this Strata reads format ", kFormat, "; restore it with the Strata version that saved it");
+  if (format != kFormat) loss(str_cat("it announces format ", format));
   data_ = bytes.substr(kHeader);
   const std::string saved_kind = str();
   if (saved_kind != kind)
     STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "the saved state is a ", saved_kind, " iterator's, not a ", kind,
-                                       " iterator's; restore it with ", saved_kind, " iterator's restore_state");
+                 " iterator's; restore it with ", saved_kind, " iterator's restore_state");
 }
 
 const char* StateReader::take(std::size_t n) {
   if (n > data_.size() - pos_)
-    STRATA_THROW(STRATA_ERR_DATA_LOSS, "the saved iterator state ends early (", n, " bytes wanted at offset ", pos_, " of ",
-                                data_.size(), "); it was written by an incompatible build or damaged");
+    STRATA_THROW(STRATA_ERR_DATA_LOSS, "the saved iterator state ends early (", n, " bytes wanted at offset ", pos_,
+                 " of ", data_.size(), "); it was written by an incompatible build or damaged");
   const char* p = data_.data() + pos_;
   pos_ += n;
   return p;
@@ -119,7 +120,7 @@ std::uint64_t StateReader::count(std::size_t min_bytes) {
   const std::uint64_t n = u64();
   if (n > (data_.size() - pos_) / (min_bytes == 0 ? 1 : min_bytes))
     STRATA_THROW(STRATA_ERR_DATA_LOSS, "the saved iterator state has a list of ", n, " entries at offset ", pos_,
-                                " but only ", data_.size() - pos_, " bytes left; it is damaged");
+                 " but only ", data_.size() - pos_, " bytes left; it is damaged");
   return n;
 }
 
@@ -150,7 +151,7 @@ Tensor StateReader::tensor() {
   const std::uint64_t n = u64();
   if (n != numel * dtype_size(dtype))
     STRATA_THROW(STRATA_ERR_DATA_LOSS, "the saved iterator state holds a tensor of ", n, " bytes for ", numel, " ",
-                                dtype_name(dtype), " values");
+                 dtype_name(dtype), " values");
   const char* p = take(n);
   if (n == 0) return Tensor::zeros(shape, dtype);
   return Tensor::from_bytes(p, n, shape, dtype);
@@ -170,22 +171,21 @@ Element StateReader::element() {
 void StateReader::expect_end() const {
   if (pos_ != data_.size())
     STRATA_THROW(STRATA_ERR_DATA_LOSS, "the saved iterator state has ", data_.size() - pos_,
-                                " bytes after its end; it was written by an incompatible build or damaged");
+                 " bytes after its end; it was written by an incompatible build or damaged");
 }
 
 void check_same_recipe(const std::vector<std::string>& saved, const std::vector<std::string>& mine, const char* what) {
   const std::size_t n = std::min(saved.size(), mine.size());
   for (std::size_t i = 0; i < n; ++i)
     if (saved[i] != mine[i])
-      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "the saved ", what, " state is of a different dataset: transformation ", i,
-                                         " (counting from the source) is ", saved[i], " in the state but ", mine[i],
-                                         " here; restore into an iterator of the dataset the state was saved from");
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "the saved ", what, " state is of a different dataset: transformation ",
+                   i, " (counting from the source) is ", saved[i], " in the state but ", mine[i],
+                   " here; restore into an iterator of the dataset the state was saved from");
   if (saved.size() != mine.size())
-    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "the saved ", what, " state is of a different dataset: it has ", saved.size(),
-                                       " transformations, this one ", mine.size(), " (the first ", n,
-                                       " agree; the next is ",
-                                       saved.size() > n ? saved[n] + " in the state" : mine[n] + " here",
-                                       "); restore into an iterator of the dataset the state was saved from");
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "the saved ", what, " state is of a different dataset: it has ",
+                 saved.size(), " transformations, this one ", mine.size(), " (the first ", n, " agree; the next is ",
+                 saved.size() > n ? saved[n] + " in the state" : mine[n] + " here",
+                 "); restore into an iterator of the dataset the state was saved from");
 }
 
 void save_input(StateWriter& w, ElementStream* up) {
