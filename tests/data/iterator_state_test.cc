@@ -144,6 +144,10 @@ TEST(IteratorStateTest, ShuffleMidBuffer) {
 TEST(IteratorStateTest, BatchWithAndWithoutRemainder) {
   check_resume([] { return range(11).batch(3); }, {1, 2, 3});
   check_resume([] { return range(11).batch(3, true); }, {1, 2});
+  // The last batch ends exactly at the last row: saved before the source
+  // has reported its end.
+  check_resume([] { return range(10).batch(5); }, {1});
+  check_resume([] { return range(10).shard(2, 1).batch(5); }, {});
 }
 
 TEST(IteratorStateTest, RepeatAtAndAroundRoundBoundaries) {
