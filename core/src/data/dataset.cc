@@ -17,6 +17,7 @@
 #include <deque>
 #include <exception>
 #include <glob.h>
+#include <locale>
 #include <mutex>
 #include <random>
 #include <sstream>
@@ -428,6 +429,7 @@ class ShuffleStream : public ElementStream {
   // input; the pass number is implied by the pass the stream is opened for.
   void save(StateWriter& w) override {
     std::ostringstream rng;
+    rng.imbue(std::locale::classic());  // a user's global locale must not group digits
     rng << rng_;
     w.str(rng.str());
     w.boolean(up_ended_);
@@ -437,6 +439,7 @@ class ShuffleStream : public ElementStream {
   }
   void restore(StateReader& r) override {
     std::istringstream rng(r.str());
+    rng.imbue(std::locale::classic());
     rng >> rng_;
     if (rng.fail()) STRATA_THROW(STRATA_ERR_DATA_LOSS, "shuffle(): the saved random generator state is unreadable");
     up_ended_ = r.boolean();
