@@ -262,7 +262,9 @@ class DataShardProducer : public StepProducer {
       auto [lo, hi] = split_range(b, n, worker_ + static_cast<std::int64_t>(i) * workers_);
       out.push_back(slice_rows(*batch, lo, hi, false));
     }
-    last_global = std::move(batch);  // kept until consumed, for the iterator's state
+    // Worker 0 keeps each global batch until it is consumed: its state is
+    // what another worker count continues from (see restore_state).
+    if (worker_ == 0) last_global = std::move(batch);
     return out;
   }
   ProducerKind kind() const override { return ProducerKind::kData; }
@@ -630,8 +632,9 @@ struct DistributedIteratorImpl {
   //
   // A worker's state is its position after the steps the user got from
   // next(): the input thread is paused between two steps and the steps it
-  // prepared ahead are stored in the state (with, under DATA, their unsliced
-  // global batches), followed by the producer's own position. The thread
+  // prepared ahead are stored in the state (under DATA, worker 0's state
+  // also holds their unsliced global batches, so that another worker count
+  // can continue from it), followed by the producer's own position. The thread
   // is paused, not stopped, so saving costs no read-ahead.
 
   std::string save_state() {
@@ -820,8 +823,9 @@ struct DistributedIteratorImpl {
     for (const Item& item : queue) {
       if (!item.step) break;
       if (saved == ProducerKind::kData) {
-        STRATA_ENFORCE(item.global.has_value(), STRATA_ERR_DATA_LOSS,
-                       "the saved DistributedIterator state lacks a queued step's global batch");
+        STRATA_ENFORCE(item.global.has_value(), STRATA_ERR_INVALID_ARGUMENT,
+                       "the saved DistributedIterator state lacks a queued step's global batch (only worker 0's "
+                       "state has them); pass every worker's state in worker-index order");
         ahead.push_back(item.global->clone());
       } else {
         for (const Element& e : *item.step)
