@@ -149,7 +149,9 @@ class STRATA_API DistributedIterator {
   /// taken, whether this worker's input ended, the element layout), the
   /// worker count and index, the replicas per worker, the applied policy
   /// and the pass (epoch). Save at the same step on every worker and keep
-  /// each worker's bytes (e.g. in the checkpoint). DeadlineExceededError
+  /// each worker's bytes (e.g. in the checkpoint); the state holds element
+  /// data (queued steps, shuffle and prefetch buffers), so it grows with
+  /// them. DeadlineExceededError
   /// when the input thread is stuck in a callback past
   /// InputOptions::timeout_s; FailedPreconditionError when the input it
   /// read ahead failed.
@@ -164,8 +166,11 @@ class STRATA_API DistributedIterator {
   /// With another count, DATA and OFF (whose workers read one global
   /// stream) continue from worker 0's state: the sequence of global batches
   /// continues exactly and only its split over the new replicas differs
-  /// (a one-worker state saved in the middle of a global batch cannot be
-  /// split as DATA and is refused). FILE, HINT and FUNCTION with another
+  /// (under OFF every new worker continues worker 0's stream of rows; a
+  /// state of a worker that cut rows across global batches, i.e. one
+  /// worker or OFF, continues as multi-worker DATA only from a
+  /// global-batch boundary and is refused elsewhere). FILE, HINT and
+  /// FUNCTION with another
   /// topology, a state of another recipe, policy or global batch, and
   /// states out of worker order are InvalidArgumentError saying what
   /// differs and what to do (restore with the same worker count, or
