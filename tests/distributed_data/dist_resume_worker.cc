@@ -30,6 +30,9 @@ int main(int argc, char** argv) {
   app.add_option("--batch", a.base.batch);
   app.add_option("--policy", a.base.policy);
   app.add_option("--prefetch", a.base.prefetch);
+  app.add_option("--composite", a.base.composite);
+  app.add_option("--cycle", a.base.cycle);
+  app.add_option("--block", a.base.block);
   app.add_option("--shuffle", a.shuffle);
   app.add_option("--epochs-before", a.epochs_before);
   app.add_option("--save-after", a.save_after);

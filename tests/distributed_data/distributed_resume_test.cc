@@ -42,6 +42,7 @@ struct Resume {
   std::int64_t shuffle = 8;
   int epochs_before = 1;
   int save_after = 3;
+  std::string composite;  // see composite_source in dist_data_case.h (records only)
   std::string label() const {
     return "W" + std::to_string(workers) + " L" + std::to_string(local) + " " + source + " " + policy + " k" +
            std::to_string(save_after);
@@ -61,6 +62,9 @@ ResumeArgs resume_args(const Resume& s, const std::vector<std::string>& files) {
   a.shuffle = s.shuffle;
   a.epochs_before = s.epochs_before;
   a.save_after = s.save_after;
+  a.base.composite = s.composite;
+  a.base.cycle = 2;
+  a.base.block = 2;
   return a;
 }
 
@@ -86,6 +90,9 @@ std::vector<json> run(const Resume& s, const std::vector<std::string>& files, co
                                 std::to_string(a.epochs_before), "--save-after", std::to_string(a.save_after),
                                 "--out", out.str() + "/out-{rank}.json"})
     argv.push_back(x);
+  if (!s.composite.empty())
+    for (const std::string& x : std::vector<std::string>{"--composite", s.composite, "--cycle", "2", "--block", "2"})
+      argv.push_back(x);
   if (!files.empty()) {
     argv.push_back("--files");
     for (const auto& f : files) argv.push_back(f);
@@ -287,6 +294,28 @@ TEST(DistributedResumeMultiWorkerTest, TwoWorkersDataAndFile) {
   s.source = "memory";
   s.policy = "HINT";
   s.save_after = 2;
+  check_same_workers(s);
+}
+
+TEST(DistributedResumeMultiWorkerTest, InterleaveOverListFilesShardedByFile) {
+  // list_files -> interleave(from_records, cycle 2, block 2) -> shuffle ->
+  // batch, FILE-sharded: the open children (file and byte offset) are in
+  // the state.
+  Resume s;
+  s.workers = 2;
+  s.local = 1;
+  s.source = "records";
+  s.policy = "FILE";
+  s.composite = "interleave";
+  s.file_sizes = {11, 9, 13, 7, 5, 8};
+  for (int k : {1, 4}) {
+    s.save_after = k;
+    check_same_workers(s);
+  }
+  s.workers = 1;
+  s.local = 2;
+  s.policy = "AUTO";
+  s.save_after = 3;
   check_same_workers(s);
 }
 
