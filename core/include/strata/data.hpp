@@ -19,6 +19,16 @@
 //                 .prefetch(2);
 //   for (strata::Element& batch : ds) { ... batch["x"] ... }
 //
+// Checkpoints: DatasetIterator::save_state() captures a pass's exact
+// position (every stage's own state, as tf.data's iterator checkpoints do)
+// and restore_state() continues a fresh iterator of the same recipe from
+// it, also in a restarted process:
+//
+//   std::string pos = it.save_state();           // store with the model
+//   ...                                          // later, maybe elsewhere
+//   strata::DatasetIterator it2 = ds.make_iterator();
+//   it2.restore_state(pos);                      // same elements from here on
+//
 // Errors: a missing file is NotFoundError naming it, a corrupt record is
 // DataLossError naming the file and byte offset (see RecordOptions), a
 // callback's exception (generator, map) propagates to the iterating thread
@@ -150,6 +160,45 @@ class STRATA_API DatasetIterator {
   /// default-constructed iterator.
   std::optional<Element> next();
 
+  /// This pass's exact position as opaque, versioned bytes (tf.data's
+  /// iterator checkpoint). Every stage saves its own state, as tf.data's
+  /// iterators do: the source plugin its position (the "memory" and
+  /// "records" pipelines save the next row or file and byte offset; a
+  /// plugin without save_state, such as a generator, saves the count of
+  /// elements it yielded), shuffle its buffer, random generator state and
+  /// pass number, repeat its round and that round's state, take, skip,
+  /// shard and assert_cardinality their counters, unique its seen set,
+  /// rebatch its queued rows, interleave/flat_map its cycle position and
+  /// every open child (the input element it was opened from and its
+  /// state), zip and concatenate their inputs, list_files its place, and
+  /// prefetch pauses its thread between two elements and saves the
+  /// elements already read ahead with its input's state. Element tensors
+  /// are stored in the state (dtype, shape, raw bytes). Callbacks (map,
+  /// interleave functions, generators) are not saved: restoring calls them
+  /// again. FailedPreconditionError when prefetch() read ahead into an error;
+  /// DeadlineExceededError when the stage before a prefetch() is stuck
+  /// past DatasetOptions::prefetch_timeout_s. An ended pass saves "ended".
+  std::string save_state();
+  /// Continue from `state` (what save_state of an iterator of the same
+  /// recipe and InputContext wrote, in this process or another): this
+  /// iterator must be fresh (next() never called), else
+  /// FailedPreconditionError. A state of a different recipe is
+  /// InvalidArgumentError naming the first differing transformation (a
+  /// different InputContext is InvalidArgumentError too); truncated or
+  /// garbled bytes are DataLossError; a state of a newer format (a newer
+  /// Strata) is UnimplementedError. After it, next() yields exactly what
+  /// the saved iterator would have yielded next, and the restored pass
+  /// keeps the saved pass number (its reshuffles): later make_iterator()
+  /// calls on the Dataset continue from saved pass + 1. Exact when the
+  /// recipe's callbacks are deterministic; a generator source is exact only
+  /// when it yields the same sequence on every call of its make function
+  /// (it is restored by reading that many elements again). A map() or
+  /// interleave() function cannot be compared, only its place in the
+  /// recipe, nor can the contents of in-memory arrays beyond their length,
+  /// names, dtypes and shapes. When restoring a stage fails (e.g. a record
+  /// file changed), the error propagates and the iterator stays fresh.
+  void restore_state(const std::string& state);
+
   /// Range-for support: `for (Element& e : dataset)` (the RangeIter from
   /// Dataset::begin owns its iterator) and `for (Element& e : iterator)`
   /// (continues this pass).
@@ -251,7 +300,7 @@ class STRATA_API Dataset {
   /// Apply `fn` to every element (on the pipeline's thread).
   Dataset map(std::function<Element(Element)> fn) const;
   /// Produce up to `buffer_size` elements ahead on a background thread (-1,
-  /// tf's AUTOTUNE, means 2). Order and errors are preserved. Destroying
+  /// tf's AUTOTUNE, means 2), started by the pass's first next(). Order and errors are preserved. Destroying
   /// the iterator stops the thread; one stuck for over 2 s in a user
   /// callback is left to finish on its own (logged), never joined forever.
   Dataset prefetch(std::int64_t buffer_size) const;

@@ -49,8 +49,17 @@
 // = replica_id_in_sync_group}.
 //
 // Input runs ahead on a background thread per worker (a bounded queue of
-// InputOptions::prefetch_depth steps), so the next step's batch is ready
-// when the training step asks for it.
+// InputOptions::prefetch_depth steps, started by an iterator's first
+// next()), so the next step's batch is ready when the training step asks
+// for it.
+//
+// Saving and restoring the input position (checkpoints):
+// DistributedIterator::save_state() returns this worker's position after
+// the steps consumed (never what the input thread prepared ahead), and
+// restore_state() continues a fresh iterator from the states every worker
+// saved at the same step. Same worker count: exact on every worker. Another
+// worker count: exact global batches for DATA and OFF, refused for FILE,
+// HINT and distribute_datasets_from_function (see restore_state).
 //
 // Lifetime: a DistributedDataset and its iterators keep the strategy's
 // instance alive. Iterators are used from one thread in cross-replica
@@ -129,6 +138,46 @@ class STRATA_API DistributedIterator {
   DistributedElement next();
   /// As next(), but nullopt at the end (tf's get_next_as_optional).
   std::optional<DistributedElement> get_next_as_optional();
+
+  /// This worker's position (cross-replica context; no collective): what
+  /// the user has consumed through next(), NOT what the input thread
+  /// prepared ahead. The thread is paused between two steps (not stopped),
+  /// and the steps it prepared ahead are stored in the state with the
+  /// pipeline's own position after them (see DatasetIterator::save_state
+  /// for what each stage saves and what is exact), together with the
+  /// split's cycle and leftover rows, the end-of-data agreement (steps
+  /// taken, whether this worker's input ended, the element layout), the
+  /// worker count and index, the replicas per worker, the applied policy
+  /// and the pass (epoch). Save at the same step on every worker and keep
+  /// each worker's bytes (e.g. in the checkpoint); the state holds element
+  /// data (queued steps, shuffle and prefetch buffers), so it grows with
+  /// them. DeadlineExceededError
+  /// when the input thread is stuck in a callback past
+  /// InputOptions::timeout_s; FailedPreconditionError when the input it
+  /// read ahead failed.
+  std::string save_state();
+  /// Restore from the states every worker saved at the same step, in
+  /// worker-index order (states_by_worker.size() = number of workers at
+  /// save time). Fresh iterator only (next() never called), else
+  /// FailedPreconditionError. Every worker calls it with the same vector;
+  /// no collective is made. With the same worker count (and replicas per
+  /// worker) each worker continues from states_by_worker[its index] and
+  /// every later step is exactly what the saved run would have produced.
+  /// With another count, DATA and OFF (whose workers read one global
+  /// stream) continue from worker 0's state: the sequence of global batches
+  /// continues exactly and only its split over the new replicas differs
+  /// (under OFF every new worker continues worker 0's stream of rows; a
+  /// state of a worker that cut rows across global batches, i.e. one
+  /// worker or OFF, continues as multi-worker DATA only from a
+  /// global-batch boundary and is refused elsewhere). FILE, HINT and
+  /// FUNCTION with another
+  /// topology, a state of another recipe, policy or global batch, and
+  /// states out of worker order are InvalidArgumentError saying what
+  /// differs and what to do (restore with the same worker count, or
+  /// restore without the iterator to restart the input); damaged bytes
+  /// are DataLossError. The restored pass keeps its epoch number, and later
+  /// make_iterator() calls continue from it + 1.
+  void restore_state(const std::vector<std::string>& states_by_worker);
 
   class RangeIter {
    public:

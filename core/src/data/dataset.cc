@@ -17,8 +17,10 @@
 #include <deque>
 #include <exception>
 #include <glob.h>
+#include <locale>
 #include <mutex>
 #include <random>
+#include <sstream>
 #include <thread>
 #include <unordered_set>
 #include <utility>
@@ -34,6 +36,11 @@ namespace strata {
 struct DatasetIterator::Impl {
   std::unique_ptr<detail::ElementStream> stream;
   bool ended = false;
+  bool used = false;  // next() was called: restore_state is refused
+  // What opened the stream (restore_state reopens it at the saved pass).
+  std::optional<Dataset> dataset;
+  InputContext ctx;
+  detail::StreamRequest req;
 };
 
 namespace detail {
@@ -70,6 +77,9 @@ struct SourceSpec {
   std::optional<std::int64_t> cardinality;
   /// Known without opening the plugin (generator: opening runs user code).
   std::optional<std::uint32_t> shard_flags;
+  /// How an iterator state names this source when options_json holds an
+  /// address (in-memory sources): what stays the same across processes.
+  std::string signature;
 };
 
 struct DatasetNode {
@@ -291,10 +301,70 @@ class SourceStream : public ElementStream {
                         " s: ", msg, "; check the source, or raise DatasetOptions::source_timeout_s"));
       throw_status(st, str_cat("input pipeline '", s.plugin, "' (", s.label, "): ", msg));
     }
+    ++yielded_;
     return convert(el);
   }
 
+  // The plugin's own position when it can save and restore one; otherwise
+  // the count of elements yielded, restored by reading that many again
+  // (exact only for a deterministic source, e.g. a generator that yields
+  // the same sequence on every call of its make function).
+  void save(StateWriter& w) override {
+    w.boolean(ended_);
+    w.i64(yielded_);
+    const bool own = plugin_can_save();
+    w.boolean(own);
+    if (!own || ended_) return;
+    std::string bytes;
+    strata_error err;
+    strata_error_init(&err);
+    const strata_status_t st = vt_->save_state(
+        static_cast<strata_input_t>(inst_.handle()),
+        [](void* user, const char* data, std::uint64_t len) { static_cast<std::string*>(user)->append(data, len); },
+        &bytes, &err);
+    check_status(st, err, where("save_state").c_str());
+    w.str(bytes);
+  }
+
+  void restore(StateReader& r) override {
+    const bool ended = r.boolean();
+    const std::int64_t yielded = r.i64();
+    const bool own = r.boolean();
+    if (ended) {
+      ended_ = true;
+      yielded_ = yielded;
+      return;
+    }
+    if (own) {
+      STRATA_ENFORCE(plugin_can_save(), STRATA_ERR_INVALID_ARGUMENT, where("restore_state"),
+                     ": the state holds the plugin's own position but this build of the plugin cannot restore "
+                     "one; restore with the plugin version that saved it");
+      const std::string bytes = r.str();
+      strata_error err;
+      strata_error_init(&err);
+      const strata_status_t st =
+          vt_->restore_state(static_cast<strata_input_t>(inst_.handle()), bytes.data(), bytes.size(), &err);
+      check_status(st, err, where("restore_state").c_str());
+      yielded_ = yielded;
+      return;
+    }
+    for (std::int64_t i = 0; i < yielded; ++i)
+      if (!next())
+        STRATA_THROW(STRATA_ERR_FAILED_PRECONDITION, where("restore_state"), ": the state was saved after ", yielded,
+                     " elements but this pass ends after ", i,
+                     "; the source is not deterministic (a generator must yield the same sequence on every call "
+                     "of its make function to be restored)");
+  }
+
  private:
+  bool plugin_can_save() const {
+    return STRATA_HAS_FIELD(vt_, strata_input_vtable, restore_state) && vt_->save_state != nullptr &&
+           vt_->restore_state != nullptr;
+  }
+  std::string where(const char* op) const {
+    return str_cat("input pipeline '", node_->source.plugin, "' (", node_->source.label, "): ", op);
+  }
+
   Element convert(strata_element& el) {
     const SourceSpec& s = node_->source;
     if (el.num_components > STRATA_ELEMENT_MAX_COMPONENTS)
@@ -325,6 +395,7 @@ class SourceStream : public ElementStream {
   PluginInstance inst_;
   const strata_input_vtable* vt_ = nullptr;
   std::int64_t timeout_ms_ = 0;
+  std::int64_t yielded_ = 0;
   bool ended_ = false;
 };
 
@@ -352,6 +423,30 @@ class ShuffleStream : public ElementStream {
     Element out = std::move(buf_.back());
     buf_.pop_back();
     return out;
+  }
+
+  // The buffer in order (the RNG picks by index), the RNG itself and the
+  // input; the pass number is implied by the pass the stream is opened for.
+  void save(StateWriter& w) override {
+    std::ostringstream rng;
+    rng.imbue(std::locale::classic());  // a user's global locale must not group digits
+    rng << rng_;
+    w.str(rng.str());
+    w.boolean(up_ended_);
+    w.u64(buf_.size());
+    for (const Element& e : buf_) w.element(e);
+    save_input(w, up_.get());
+  }
+  void restore(StateReader& r) override {
+    std::istringstream rng(r.str());
+    rng.imbue(std::locale::classic());
+    rng >> rng_;
+    if (rng.fail()) STRATA_THROW(STRATA_ERR_DATA_LOSS, "shuffle(): the saved random generator state is unreadable");
+    up_ended_ = r.boolean();
+    buf_.clear();
+    const std::uint64_t n = r.count(8);
+    for (std::uint64_t i = 0; i < n; ++i) buf_.push_back(r.element());
+    restore_input(r, up_);
   }
 
  private:
@@ -384,6 +479,17 @@ class BatchStream : public ElementStream {
     if (items.empty() || (ended_ && node_->flag && static_cast<std::int64_t>(items.size()) < size_))
       return std::nullopt;
     return stack(items, batch);
+  }
+
+  void save(StateWriter& w) override {
+    w.boolean(ended_);
+    w.i64(batches_);
+    save_input(w, ended_ ? nullptr : up_.get());
+  }
+  void restore(StateReader& r) override {
+    ended_ = r.boolean();
+    batches_ = r.i64();
+    restore_input(r, up_);
   }
 
  private:
@@ -455,6 +561,24 @@ class RepeatStream : public ElementStream {
     return std::nullopt;
   }
 
+  // The round and the round's own state; restoring reopens that round.
+  void save(StateWriter& w) override {
+    w.i64(round_);
+    w.boolean(got_any_);
+    save_input(w, up_.get());
+  }
+  void restore(StateReader& r) override {
+    const std::int64_t round = r.i64();
+    const bool got_any = r.boolean();
+    if (round != round_) {
+      up_.reset();
+      round_ = round;
+      open_round();
+    }
+    got_any_ = got_any;
+    restore_input(r, up_);
+  }
+
  private:
   void open_round() {
     // Inner pass numbers continue across top-level passes, so a shuffle
@@ -481,6 +605,14 @@ class TakeStream : public ElementStream {
     if (e) ++taken_;
     return e;
   }
+  void save(StateWriter& w) override {
+    w.i64(taken_);
+    save_input(w, up_.get());
+  }
+  void restore(StateReader& r) override {
+    taken_ = r.i64();
+    restore_input(r, up_);
+  }
 
  private:
   NodePtr node_;
@@ -499,6 +631,14 @@ class SkipStream : public ElementStream {
     }
     return up_->next();
   }
+  void save(StateWriter& w) override {
+    w.boolean(skipped_);
+    save_input(w, up_.get());
+  }
+  void restore(StateReader& r) override {
+    skipped_ = r.boolean();
+    restore_input(r, up_);
+  }
 
  private:
   NodePtr node_;
@@ -514,6 +654,8 @@ class MapStream : public ElementStream {
     if (!e) return std::nullopt;
     return node_->fn(std::move(*e));
   }
+  void save(StateWriter& w) override { save_input(w, up_.get()); }
+  void restore(StateReader& r) override { restore_input(r, up_); }
 
  private:
   NodePtr node_;
@@ -530,6 +672,14 @@ class ShardStream : public ElementStream {
       if (pos_++ % n_ == i_) return e;
     }
   }
+  void save(StateWriter& w) override {
+    w.i64(pos_);
+    save_input(w, up_.get());
+  }
+  void restore(StateReader& r) override {
+    pos_ = r.i64();
+    restore_input(r, up_);
+  }
 
  private:
   std::unique_ptr<ElementStream> up_;
@@ -539,19 +689,23 @@ class ShardStream : public ElementStream {
 /// prefetch(n): a producer thread keeps up to n elements ready. It owns the
 /// upstream (shared state), so that if it is stuck in a source call when
 /// the consumer goes away it can be left to finish on its own instead of
-/// blocking the consumer's destructor.
+/// blocking the consumer's destructor. The thread starts on the first
+/// next() (as tf's prefetch does), so a fresh iterator can be restored
+/// before anything was read ahead.
 class PrefetchStream : public ElementStream {
  public:
   PrefetchStream(std::unique_ptr<ElementStream> up, std::int64_t depth, double timeout_s)
       : st_(std::make_shared<State>()), timeout_s_(timeout_s) {
     st_->up = std::move(up);
     st_->cap = static_cast<std::size_t>(depth);
-    th_ = std::thread(&PrefetchStream::produce, st_);
   }
 
-  ~PrefetchStream() override { stop_producer(*st_, th_, "the stage before prefetch()"); }
+  ~PrefetchStream() override {
+    if (th_.joinable()) stop_producer(*st_, th_, "the stage before prefetch()");
+  }
 
   std::optional<Element> next() override {
+    start();
     std::unique_lock<std::mutex> l(st_->mu);
     // Each source call has the source timeout, but a map() or generator
     // callback upstream does not: bound the wait here too.
@@ -575,6 +729,47 @@ class PrefetchStream : public ElementStream {
     return std::nullopt;
   }
 
+  // tf's prefetch checkpoint: pause the producer between two elements,
+  // then save the elements already buffered and the input's state.
+  void save(StateWriter& w) override {
+    std::unique_lock<std::mutex> l(st_->mu);
+    st_->paused = true;
+    struct Resume {
+      State& st;
+      ~Resume() {
+        st.paused = false;
+        st.cv.notify_all();
+      }
+    } resume{*st_};
+    const bool idle = st_->cv.wait_for(l, wait_limit(timeout_s_), [&] { return !st_->busy || st_->done; });
+    if (!idle)
+      STRATA_THROW(STRATA_ERR_DEADLINE_EXCEEDED, "save_state: the stage before prefetch() did not finish its element "
+                   "within ", timeout_s_, " s, so its position cannot be taken; a map() or generator callback there "
+                   "may block (DatasetOptions::prefetch_timeout_s)");
+    if (st_->error) {
+      try {
+        std::rethrow_exception(st_->error);
+      } catch (const std::exception& e) {
+        STRATA_THROW(STRATA_ERR_FAILED_PRECONDITION, "save_state: the input read ahead by prefetch() failed (",
+                     e.what(), ") after the elements consumed so far, so no position past them can be saved; "
+                     "handle the input's error first");
+      }
+    }
+    w.boolean(st_->end);
+    w.u64(st_->q.size());
+    for (const Element& e : st_->q) w.element(e);
+    save_input(w, st_->end ? nullptr : st_->up.get());
+  }
+
+  void restore(StateReader& r) override {
+    STRATA_ENFORCE(!th_.joinable(), STRATA_ERR_INTERNAL, "prefetch(): restore after its thread started");
+    st_->end = r.boolean();
+    st_->q.clear();
+    const std::uint64_t n = r.count(8);
+    for (std::uint64_t i = 0; i < n; ++i) st_->q.push_back(r.element());
+    restore_input(r, st_->up);
+  }
+
  private:
   struct State {
     std::mutex mu;
@@ -582,16 +777,34 @@ class PrefetchStream : public ElementStream {
     std::deque<Element> q;
     std::exception_ptr error;
     bool end = false, stop = false, done = false;
+    bool paused = false;  // save_state wants the producer to hold still
+    bool busy = false;    // the producer is between waits (in up->next())
     std::size_t cap = 1;
     std::unique_ptr<ElementStream> up;
   };
+
+  void start() {
+    if (started_) return;
+    started_ = true;
+    if (st_->end) {  // restored at the end: nothing left to read
+      std::lock_guard<std::mutex> l(st_->mu);
+      st_->done = true;
+      st_->busy = false;
+      st_->up.reset();
+      return;
+    }
+    th_ = std::thread(&PrefetchStream::produce, st_);
+  }
 
   static void produce(std::shared_ptr<State> s) {
     for (;;) {
       {
         std::unique_lock<std::mutex> l(s->mu);
-        s->cv.wait(l, [&] { return s->stop || s->q.size() < s->cap; });
+        s->busy = false;
+        s->cv.notify_all();
+        s->cv.wait(l, [&] { return s->stop || (!s->paused && s->q.size() < s->cap); });
         if (s->stop) break;
+        s->busy = true;
       }
       std::optional<Element> e;
       std::exception_ptr err;
@@ -620,6 +833,7 @@ class PrefetchStream : public ElementStream {
 
   std::shared_ptr<State> st_;
   std::thread th_;
+  bool started_ = false;
   double timeout_s_;
 };
 
@@ -650,6 +864,13 @@ class ListFilesStream : public ElementStream {
     if (pos_ >= mine_.size()) return std::nullopt;
     return file_name_element(node_->files[mine_[pos_++]]);
   }
+  void save(StateWriter& w) override { w.u64(pos_); }
+  void restore(StateReader& r) override {
+    pos_ = static_cast<std::size_t>(r.u64());
+    if (pos_ > mine_.size())
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "list_files(): the saved position ", pos_, " is past this shard's ",
+                   mine_.size(), " files; restore with the same files and sharding");
+  }
 
  private:
   NodePtr node_;
@@ -677,7 +898,7 @@ class InterleaveStream : public ElementStream {
  public:
   InterleaveStream(NodePtr node, std::unique_ptr<ElementStream> up, const OpenCtx& c, std::int64_t pass)
       : node_(std::move(node)), up_(std::move(up)), ctx_(c), pass_(pass),
-        slots_(static_cast<std::size_t>(node_->count)) {}
+        slots_(static_cast<std::size_t>(node_->count)), inputs_(slots_.size()) {}
   std::optional<Element> next() override {
     const std::size_t cycle = slots_.size();
     while (!input_ended_ || open_ > 0) {
@@ -698,11 +919,8 @@ class InterleaveStream : public ElementStream {
           up_.reset();
           continue;
         }
-        Dataset d = node_->dataset_fn(std::move(*in));
-        STRATA_ENFORCE(d.node() != nullptr, STRATA_ERR_INVALID_ARGUMENT,
-                       "interleave()/flat_map(): the function returned an empty Dataset; return one built with "
-                       "Dataset::from_* (e.g. from_records({Dataset::file_name(e)}))");
-        slot = open_inner(d, ctx_, pass_);
+        inputs_[cur_] = in->clone();  // what a restore opens this slot's dataset from
+        slot = open_inner(make_inner(std::move(*in)), ctx_, pass_);
         ++open_;
       } else {
         advance(cycle);
@@ -711,7 +929,51 @@ class InterleaveStream : public ElementStream {
     return std::nullopt;
   }
 
+  // The cycle position, the input's state, and per open slot the input
+  // element it was opened from (the function runs again on restore) with
+  // that dataset's recipe and position.
+  void save(StateWriter& w) override {
+    w.u64(cur_);
+    w.i64(in_block_);
+    w.i64(open_);
+    w.boolean(input_ended_);
+    save_input(w, up_.get());
+    for (std::size_t i = 0; i < slots_.size(); ++i) {
+      w.boolean(slots_[i] != nullptr);
+      if (!slots_[i]) continue;
+      w.element(inputs_[i]);
+      w.strings(inner_signature(inputs_[i]));
+      slots_[i]->save(w);
+    }
+  }
+  void restore(StateReader& r) override {
+    cur_ = static_cast<std::size_t>(r.u64());
+    if (cur_ >= slots_.size()) STRATA_THROW(STRATA_ERR_DATA_LOSS, "interleave(): saved cycle position out of range");
+    in_block_ = r.i64();
+    open_ = r.i64();
+    input_ended_ = r.boolean();
+    restore_input(r, up_);
+    for (std::size_t i = 0; i < slots_.size(); ++i) {
+      slots_[i].reset();
+      if (!r.boolean()) continue;
+      inputs_[i] = r.element();
+      const std::vector<std::string> saved = r.strings();
+      Dataset d = make_inner(inputs_[i].clone());
+      check_same_recipe(saved, recipe_signature(d), "interleave()/flat_map() child dataset's");
+      slots_[i] = open_inner(d, ctx_, pass_);
+      slots_[i]->restore(r);
+    }
+  }
+
  private:
+  Dataset make_inner(Element in) {
+    Dataset d = node_->dataset_fn(std::move(in));
+    STRATA_ENFORCE(d.node() != nullptr, STRATA_ERR_INVALID_ARGUMENT,
+                   "interleave()/flat_map(): the function returned an empty Dataset; return one built with "
+                   "Dataset::from_* (e.g. from_records({Dataset::file_name(e)}))");
+    return d;
+  }
+  std::vector<std::string> inner_signature(const Element& in) { return recipe_signature(make_inner(in.clone())); }
   void advance(std::size_t cycle) {
     in_block_ = 0;
     cur_ = (cur_ + 1) % cycle;
@@ -721,6 +983,7 @@ class InterleaveStream : public ElementStream {
   OpenCtx ctx_;
   std::int64_t pass_;
   std::vector<std::unique_ptr<ElementStream>> slots_;
+  std::vector<Element> inputs_;
   std::size_t cur_ = 0;
   std::int64_t in_block_ = 0;
   std::int64_t open_ = 0;
@@ -757,6 +1020,19 @@ class ZipStream : public ElementStream {
       }
     }
     return out;
+  }
+  void save(StateWriter& w) override {
+    w.boolean(ended_);
+    if (!ended_)
+      for (auto& up : ups_) up->save(w);
+  }
+  void restore(StateReader& r) override {
+    ended_ = r.boolean();
+    if (ended_) {
+      ups_.clear();
+      return;
+    }
+    for (auto& up : ups_) up->restore(r);
   }
 
  private:
@@ -800,6 +1076,40 @@ class ConcatenateStream : public ElementStream {
     return std::nullopt;
   }
 
+  void save(StateWriter& w) override {
+    w.boolean(second_);
+    w.boolean(checked_);
+    w.boolean(first_layout_.has_value());
+    if (first_layout_) {
+      w.u64(first_layout_->size());
+      for (const auto& [name, dtype] : *first_layout_) {
+        w.str(name);
+        w.u8(static_cast<std::uint8_t>(dtype));
+      }
+      w.str(first_desc_);
+    }
+    save_input(w, up_.get());
+  }
+  void restore(StateReader& r) override {
+    const bool second = r.boolean();
+    checked_ = r.boolean();
+    first_layout_.reset();
+    if (r.boolean()) {
+      first_layout_.emplace();
+      const std::uint64_t n = r.count(9);
+      for (std::uint64_t i = 0; i < n; ++i) {
+        std::string name = r.str();
+        first_layout_->emplace_back(std::move(name), static_cast<DType>(r.u8()));
+      }
+      first_desc_ = r.str();
+    }
+    if (second && !second_) {
+      second_ = true;
+      up_ = open_node(node_->inputs.at(0), ctx_, pass_);
+    }
+    restore_input(r, up_);
+  }
+
  private:
   using Layout = std::vector<std::pair<std::string, DType>>;
   static Layout layout_of(const Element& e) {
@@ -841,6 +1151,17 @@ class UniqueStream : public ElementStream {
       if (seen_.insert(std::move(key)).second) return e;
     }
   }
+  void save(StateWriter& w) override {
+    w.u64(seen_.size());
+    for (const std::string& k : seen_) w.str(k);
+    save_input(w, up_.get());
+  }
+  void restore(StateReader& r) override {
+    seen_.clear();
+    const std::uint64_t n = r.count(8);
+    for (std::uint64_t i = 0; i < n; ++i) seen_.insert(r.str());
+    restore_input(r, up_);
+  }
 
  private:
   std::unique_ptr<ElementStream> up_;
@@ -871,6 +1192,14 @@ class AssertCardinalityStream : public ElementStream {
                    elements_str(n_), " but has at least ", elements_str(count_),
                    "; fix the count passed to assert_cardinality or the input");
     return e;
+  }
+  void save(StateWriter& w) override {
+    w.i64(count_);
+    save_input(w, up_.get());
+  }
+  void restore(StateReader& r) override {
+    count_ = r.i64();
+    restore_input(r, up_);
   }
 
  private:
@@ -913,6 +1242,17 @@ class RebatchStream : public ElementStream {
       if (rows_.buffered() == 0 || node_->flag) return std::nullopt;
     }
     return rows_.take(std::min(want, rows_.buffered()));
+  }
+  void save(StateWriter& w) override {
+    w.u64(next_);
+    w.boolean(ended_);
+    rows_.save(w);
+  }
+  void restore(StateReader& r) override {
+    next_ = static_cast<std::size_t>(r.u64());
+    if (next_ >= node_->sizes.size()) STRATA_THROW(STRATA_ERR_DATA_LOSS, "rebatch(): saved size index out of range");
+    ended_ = r.boolean();
+    rows_.restore(r);
   }
 
  private:
@@ -1228,8 +1568,116 @@ std::unique_ptr<ElementStream> open_stream(const Dataset& ds, const InputContext
   return open_node(ds.node(), c, req.pass);
 }
 
+namespace {
+
+std::string bool_str(bool b) { return b ? "true" : "false"; }
+
+void describe_node(const DatasetNode& n, std::vector<std::string>& out) {
+  if (n.input) describe_node(*n.input, out);
+  for (const NodePtr& in : n.inputs) describe_node(*in, out);
+  switch (n.kind) {
+    case NodeKind::kSource: {
+      const SourceSpec& s = n.source;
+      // In-memory sources carry an address in their options; name them by
+      // what is stable across processes instead.
+      if (!s.signature.empty())
+        out.push_back(s.signature);
+      else
+        out.push_back(str_cat(s.label, " (input pipeline '", s.plugin, "', options ", s.options_json, ")"));
+      return;
+    }
+    case NodeKind::kShuffle:
+      out.push_back(str_cat("shuffle(buffer_size ", n.count, ", seed ", n.seed, ", reshuffle_each_iteration ",
+                            bool_str(n.flag), ")"));
+      return;
+    case NodeKind::kBatch:
+      out.push_back(str_cat("batch(", n.count, ", drop_remainder ", bool_str(n.flag), ")"));
+      return;
+    case NodeKind::kRepeat:
+      out.push_back(str_cat("repeat(", n.count, ")"));
+      return;
+    case NodeKind::kTake:
+      out.push_back(str_cat("take(", n.count, ")"));
+      return;
+    case NodeKind::kSkip:
+      out.push_back(str_cat("skip(", n.count, ")"));
+      return;
+    case NodeKind::kMap:
+      out.push_back("map()");
+      return;
+    case NodeKind::kPrefetch:
+      out.push_back("prefetch()");  // the depth does not change the elements
+      return;
+    case NodeKind::kShard:
+      out.push_back(n.count == SHARD_HINT ? std::string("shard(SHARD_HINT, SHARD_HINT)")
+                                          : str_cat("shard(", n.count, ", ", n.index, ")"));
+      return;
+    case NodeKind::kOptions:
+      return;  // options (timeouts) may change between runs
+    case NodeKind::kListFiles: {
+      std::string files;
+      for (const std::string& f : n.files) files += (files.empty() ? "" : ", ") + f;
+      out.push_back(str_cat("list_files(", n.files.size(), " files: ", files, ")"));
+      return;
+    }
+    case NodeKind::kInterleave:
+      out.push_back(str_cat("interleave(cycle_length ", n.count, ", block_length ", n.block, ")"));
+      return;
+    case NodeKind::kZip:
+      out.push_back(str_cat("zip(", n.inputs.size() + 1, " datasets)"));
+      return;
+    case NodeKind::kConcatenate:
+      out.push_back("concatenate()");
+      return;
+    case NodeKind::kUnique:
+      out.push_back("unique()");
+      return;
+    case NodeKind::kAssertCardinality:
+      out.push_back(str_cat("assert_cardinality(", n.count, ")"));
+      return;
+    case NodeKind::kRebatch: {
+      std::string sizes;
+      for (std::int64_t b : n.sizes) sizes += (sizes.empty() ? "" : ", ") + std::to_string(b);
+      out.push_back(str_cat("rebatch([", sizes, "], drop_remainder ", bool_str(n.flag), ")"));
+      return;
+    }
+  }
+  out.push_back(str_cat("node kind ", static_cast<int>(n.kind)));
+}
+
+}  // namespace
+
+std::vector<std::string> recipe_signature(const Dataset& ds) {
+  std::vector<std::string> out;
+  describe_node(*ds.node(), out);
+  return out;
+}
+
+void note_restored_pass(const Dataset& ds, std::int64_t pass) {
+  std::atomic<std::int64_t>& passes = ds.node()->passes;
+  std::int64_t cur = passes.load();
+  while (cur < pass + 1 && !passes.compare_exchange_weak(cur, pass + 1)) {
+  }
+}
+
 
 // ------------------------------------------------------------ RowQueue ---
+
+namespace {
+
+// A batch's layout (names, dtypes, row shapes) as a batch of no rows.
+Element zero_rows(const Element& b) {
+  Element e;
+  for (std::size_t k = 0; k < b.tensors.size(); ++k) {
+    std::vector<std::int64_t> shape = b.tensors[k].shape();
+    if (!shape.empty()) shape[0] = 0;
+    e.names.push_back(b.names[k]);
+    e.tensors.push_back(Tensor::zeros(shape, b.tensors[k].dtype()));
+  }
+  return e;
+}
+
+}  // namespace
 
 bool RowQueue::fill(std::int64_t n) {
   while ((buffered_ < n || !layout_) && up_) {
@@ -1239,7 +1687,7 @@ bool RowQueue::fill(std::int64_t n) {
       break;
     }
     const std::int64_t r = batch_rows(*b, op_);
-    if (!layout_) layout_ = b->clone();
+    if (!layout_) layout_ = zero_rows(*b);
     check_layout(*b);
     if (r == 0) continue;
     rows_.push_back(r);
@@ -1247,6 +1695,85 @@ bool RowQueue::fill(std::int64_t n) {
     buffered_ += r;
   }
   return buffered_ >= n;
+}
+
+std::vector<Element> RowQueue::buffered_rows() const {
+  std::vector<Element> out;
+  for (std::size_t i = 0; i < pending_.size(); ++i) {
+    if (i > 0 || offset_ == 0) {
+      out.push_back(pending_[i].clone());
+      continue;
+    }
+    Element part;  // the rest of a batch partly taken
+    for (std::size_t k = 0; k < pending_[i].tensors.size(); ++k) {
+      const Tensor& t = pending_[i].tensors[k];
+      const TensorView v(t);
+      std::vector<std::int64_t> shape = t.shape();
+      const std::size_t row = t.nbytes() / static_cast<std::size_t>(rows_[i]);
+      shape[0] = rows_[i] - offset_;
+      part.names.push_back(pending_[i].names[k]);
+      part.tensors.push_back(Tensor::from_bytes(static_cast<const char*>(v.raw_data()) +
+                                                    static_cast<std::size_t>(offset_) * row,
+                                                static_cast<std::size_t>(shape[0]) * row, shape, t.dtype()));
+    }
+    out.push_back(std::move(part));
+  }
+  return out;
+}
+
+void RowQueue::save(StateWriter& w) {
+  w.i64(taken_);
+  w.boolean(layout_.has_value());
+  if (layout_) w.element(*layout_);
+  const std::vector<Element> rows = buffered_rows();
+  w.u64(rows.size());
+  for (const Element& e : rows) w.element(e);
+  save_input(w, up_.get());
+}
+
+void RowQueue::restore(StateReader& r) {
+  const std::int64_t taken = r.i64();
+  std::optional<Element> layout;
+  if (r.boolean()) layout = r.element();
+  const std::uint64_t n = r.count(8);
+  std::vector<Element> batches;
+  for (std::uint64_t i = 0; i < n; ++i) batches.push_back(r.element());
+  resume(std::move(batches), std::move(layout), taken, r);
+}
+
+void RowQueue::resume(std::vector<Element> batches, std::optional<Element> layout, std::int64_t taken,
+                      StateReader& r) {
+  pending_.clear();
+  rows_.clear();
+  offset_ = 0;
+  buffered_ = 0;
+  taken_ = taken;
+  layout_ = std::move(layout);
+  prepend(std::move(batches));
+  restore_input(r, up_);
+}
+
+void RowQueue::prepend(std::vector<Element> batches) {
+  std::deque<Element> old;
+  if (offset_ > 0) {  // the partly taken front batch becomes the rows left of it
+    for (Element& e : buffered_rows()) old.push_back(std::move(e));
+  } else {
+    old = std::move(pending_);
+  }
+  pending_.clear();
+  rows_.clear();
+  offset_ = 0;
+  buffered_ = 0;
+  auto push = [&](Element e) {
+    const std::int64_t r = batch_rows(e, op_);
+    if (!layout_) layout_ = zero_rows(e);
+    if (r == 0) return;
+    rows_.push_back(r);
+    pending_.push_back(std::move(e));
+    buffered_ += r;
+  };
+  for (Element& e : batches) push(std::move(e));
+  for (Element& e : old) push(std::move(e));
 }
 
 void RowQueue::check_layout(const Element& b) const {
@@ -1268,6 +1795,7 @@ Element RowQueue::take(std::int64_t n) {
     pending_.pop_front();
     rows_.pop_front();
     buffered_ -= n;
+    taken_ += n;
     return out;
   }
   Element out;
@@ -1304,6 +1832,7 @@ Element RowQueue::take(std::int64_t n) {
     out.tensors.push_back(std::move(t));
   }
   // Drop the rows taken.
+  taken_ += n;
   buffered_ -= n;
   std::int64_t left = n;
   while (left > 0) {
@@ -1383,6 +1912,11 @@ Dataset Dataset::from_tensor_slices(Element components) {
   s.plugin = "memory";
   s.options_json = nlohmann::json{{"arrays", detail::hex_address(&a->c)}}.dump();
   s.label = "from_tensor_slices";
+  s.signature = "from_tensor_slices(" + std::to_string(rows) + " rows of";
+  for (std::size_t i = 0; i < a->owned.tensors.size(); ++i)
+    s.signature += (i ? ", " : " ") + a->owned.names[i] + ": " + dtype_name(a->owned.tensors[i].dtype()) +
+                   detail::shape_str(a->owned.tensors[i].shape());
+  s.signature += ")";
   s.keep_alive = a;
   s.cardinality = rows;
   return Dataset(source_node(std::move(s)));
@@ -1420,6 +1954,7 @@ Dataset Dataset::from_generator(std::function<Generator(const InputContext&)> ma
   s.plugin = "generator";
   s.options_json = nlohmann::json{{"generator", detail::hex_address(&g->c)}}.dump();
   s.label = "from_generator";
+  s.signature = "from_generator";
   s.keep_alive = g;
   s.cardinality = -1;
   s.shard_flags = STRATA_INPUT_CAN_SHARD_BY_DATA;
@@ -1670,6 +2205,9 @@ DatasetIterator Dataset::make_iterator(const InputContext& ctx) const {
   req.pass = checked(node_)->passes.fetch_add(1);
   auto impl = std::make_unique<DatasetIterator::Impl>();
   impl->stream = detail::open_stream(*this, ctx, req);
+  impl->dataset = *this;
+  impl->ctx = ctx;
+  impl->req = req;
   return DatasetIterator(std::move(impl));
 }
 
@@ -1689,6 +2227,7 @@ std::optional<Element> DatasetIterator::next() {
   STRATA_ENFORCE(impl_ != nullptr, STRATA_ERR_FAILED_PRECONDITION,
                  "next() on an empty DatasetIterator (default-constructed or moved from); get one from "
                  "Dataset::make_iterator");
+  impl_->used = true;
   if (impl_->ended) return std::nullopt;
   try {
     std::optional<Element> e = impl_->stream->next();
@@ -1703,6 +2242,62 @@ std::optional<Element> DatasetIterator::next() {
     impl_->stream.reset();
     throw;
   }
+}
+
+namespace {
+constexpr const char* kStateKind = "DatasetIterator";
+}  // namespace
+
+std::string DatasetIterator::save_state() {
+  STRATA_ENFORCE(impl_ != nullptr, STRATA_ERR_FAILED_PRECONDITION,
+                 "save_state() on an empty DatasetIterator (default-constructed or moved from); get one from "
+                 "Dataset::make_iterator");
+  detail::StateWriter w;
+  w.strings(detail::recipe_signature(*impl_->dataset));
+  w.i64(impl_->ctx.num_input_pipelines);
+  w.i64(impl_->ctx.input_pipeline_id);
+  w.i64(impl_->ctx.num_replicas_in_sync);
+  w.i64(impl_->req.pass);
+  w.boolean(impl_->ended);
+  if (!impl_->ended) impl_->stream->save(w);
+  return w.seal(kStateKind);
+}
+
+void DatasetIterator::restore_state(const std::string& state) {
+  STRATA_ENFORCE(impl_ != nullptr, STRATA_ERR_FAILED_PRECONDITION,
+                 "restore_state() on an empty DatasetIterator (default-constructed or moved from); get one from "
+                 "Dataset::make_iterator");
+  STRATA_ENFORCE(!impl_->used, STRATA_ERR_FAILED_PRECONDITION,
+                 "restore_state() on an iterator that next() was already called on; restore into a fresh iterator "
+                 "(Dataset::make_iterator) before reading from it");
+  detail::StateReader r(state, kStateKind);
+  detail::check_same_recipe(r.strings(), detail::recipe_signature(*impl_->dataset), "DatasetIterator");
+  const std::int64_t pipelines = r.i64(), id = r.i64(), replicas = r.i64();
+  const InputContext& c = impl_->ctx;
+  STRATA_ENFORCE(pipelines == c.num_input_pipelines && id == c.input_pipeline_id &&
+                     replicas == c.num_replicas_in_sync,
+                 STRATA_ERR_INVALID_ARGUMENT, "the saved DatasetIterator state is of input pipeline ", id, " of ",
+                 pipelines, " (", replicas, " replicas in sync) but this iterator is pipeline ", c.input_pipeline_id,
+                 " of ", c.num_input_pipelines, " (", c.num_replicas_in_sync,
+                 " replicas); make the iterator with the InputContext the state was saved with");
+  const std::int64_t pass = r.i64();
+  STRATA_ENFORCE(pass >= 0, STRATA_ERR_DATA_LOSS, "the saved DatasetIterator state has pass number ", pass);
+  const bool ended = r.boolean();
+  // The fresh stream read nothing yet; reopen it at the saved pass (its
+  // shuffles' seeds depend on it) and restore every stage into it.
+  detail::StreamRequest req = impl_->req;
+  req.pass = pass;
+  // On failure the original stream is untouched: the iterator stays fresh.
+  std::unique_ptr<detail::ElementStream> stream;
+  if (!ended) {
+    stream = detail::open_stream(*impl_->dataset, impl_->ctx, req);
+    stream->restore(r);
+  }
+  r.expect_end();
+  impl_->stream = std::move(stream);
+  impl_->ended = ended;
+  impl_->req = req;
+  detail::note_restored_pass(*impl_->dataset, pass);
 }
 
 DatasetIterator::RangeIter::RangeIter(DatasetIterator* it) : it_(it) { cur_ = it_->next(); }

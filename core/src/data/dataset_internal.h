@@ -59,13 +59,86 @@ struct StreamRequest {
   std::int64_t pass = 0;
 };
 
+// ------------------------------------------------------ iterator state ---
+
+/// Builds the payload of an iterator state (little-endian, length-prefixed
+/// fields). seal() frames it: magic, format version, payload length and a
+/// CRC32C of the payload, so that truncated or garbled bytes are caught
+/// before any field is read.
+class StateWriter {
+ public:
+  void u8(std::uint8_t v) { buf_.push_back(static_cast<char>(v)); }
+  void boolean(bool v) { u8(v ? 1 : 0); }
+  void u64(std::uint64_t v);
+  void i64(std::int64_t v) { u64(static_cast<std::uint64_t>(v)); }
+  void str(const std::string& s);
+  void strings(const std::vector<std::string>& v);
+  void tensor(const Tensor& t);  ///< dtype, shape, raw bytes
+  void element(const Element& e);
+  /// The framed bytes; `kind` says what wrote them ("dataset", ...).
+  std::string seal(const std::string& kind) const;
+
+ private:
+  std::string buf_;
+};
+
+/// Reads what StateWriter wrote. Every read is bounds-checked: running off
+/// the end is DataLossError (the CRC makes that rare: it means a state
+/// written by a different build that kept the format number).
+class StateReader {
+ public:
+  /// Checks the frame (DataLossError for wrong magic, length or CRC;
+  /// InvalidArgumentError for another format version or kind).
+  StateReader(const std::string& bytes, const std::string& kind);
+  std::uint8_t u8();
+  bool boolean() { return u8() != 0; }
+  std::uint64_t u64();
+  std::int64_t i64() { return static_cast<std::int64_t>(u64()); }
+  std::string str();
+  std::vector<std::string> strings();
+  Tensor tensor();
+  Element element();
+  /// Count of a list about to be read, bounded by the bytes left (each
+  /// entry takes at least `min_bytes`), so a bad count cannot allocate.
+  std::uint64_t count(std::size_t min_bytes = 1);
+  bool at_end() const { return pos_ == data_.size(); }
+  /// DataLossError unless every byte was read.
+  void expect_end() const;
+
+ private:
+  const char* take(std::size_t n);
+  std::string data_;
+  std::size_t pos_ = 0;
+};
+
+/// The recipe as one line per node, inputs before the node that reads
+/// them (source first): what a state is checked against on restore. A map()
+/// or interleave() function cannot be compared, only its place.
+std::vector<std::string> recipe_signature(const Dataset& ds);
+/// InvalidArgumentError naming the first differing line unless equal.
+void check_same_recipe(const std::vector<std::string>& saved, const std::vector<std::string>& mine,
+                       const char* what);
+
 /// A pass over a recipe. next() returns nullopt at the end and throws the
 /// source's or a callback's error. Not thread-safe (one consumer).
+///
+/// save() writes the stream's position (its own counters and buffers, then
+/// its inputs'), as tf.data's iterators checkpoint themselves. restore()
+/// reads it into a stream freshly opened from the same recipe, request and
+/// pass (one that next() was never called on): it may reopen its inputs
+/// (repeat's round, interleave's children) and then restores them.
 class ElementStream {
  public:
   virtual ~ElementStream() = default;
   virtual std::optional<Element> next() = 0;
+  virtual void save(StateWriter& w) = 0;
+  virtual void restore(StateReader& r) = 0;
 };
+
+/// save()/restore() of an input that may be gone (a stream releases its
+/// input at the end): a presence flag, then the input's state.
+void save_input(StateWriter& w, ElementStream* up);
+void restore_input(StateReader& r, std::unique_ptr<ElementStream>& up);
 std::unique_ptr<ElementStream> open_stream(const Dataset& ds, const InputContext& ctx, const StreamRequest& req);
 
 /// A stream of batches read as one sequence of rows, cut into batches of
@@ -85,6 +158,21 @@ class RowQueue {
   /// The next `n` (<= buffered()) rows; needs a layout when n is 0. A whole
   /// buffered batch is moved out, not copied.
   Element take(std::int64_t n);
+  /// Rows taken so far (what a distributed state uses to tell whether its
+  /// position falls on a global-batch boundary).
+  std::int64_t taken() const { return taken_; }
+  /// The buffered rows in order (whole or partial batches, copies) and the
+  /// input still to read; for the distributed state.
+  std::vector<Element> buffered_rows() const;
+  /// Position: rows taken, layout, buffered rows, then the input's state.
+  void save(StateWriter& w);
+  void restore(StateReader& r);
+  /// Restore with these buffered rows (`batches`, in order, each with a
+  /// leading batch dimension), layout and count of rows taken, then the
+  /// input's state from `r` (what save() wrote after the rows).
+  void resume(std::vector<Element> batches, std::optional<Element> layout, std::int64_t taken, StateReader& r);
+  /// Put `batches` in front of what is buffered.
+  void prepend(std::vector<Element> batches);
 
  private:
   void check_layout(const Element& b) const;
@@ -94,8 +182,14 @@ class RowQueue {
   std::deque<std::int64_t> rows_;
   std::int64_t offset_ = 0;  // rows of pending_.front() already taken
   std::int64_t buffered_ = 0;
+  std::int64_t taken_ = 0;
   std::optional<Element> layout_;
 };
+
+/// After restoring pass `pass` of `ds`: later make_iterator() calls on it
+/// continue from pass + 1 (a restarted program makes epoch 4's iterator
+/// after restoring epoch 3's).
+void note_restored_pass(const Dataset& ds, std::int64_t pass);
 
 /// A user-given timeout in seconds as a wait duration, clamped to a year so
 /// no conversion can overflow.

@@ -186,13 +186,53 @@ std::vector<std::int64_t> rebatch_sizes(std::int64_t global, int workers, int lo
 // worker's input is exhausted.
 using LocalStep = std::optional<std::vector<Element>>;
 
+// How a producer continues a saved position (see
+// DistributedIteratorImpl::restore_state): the data it must hand out before
+// reading its input again, and where its split cycle stands.
+struct Continuation {
+  // Batches to emit first: global batches for a DataShardProducer, rows (any
+  // cut) for a RebatchProducer.
+  std::vector<Element> batches;
+  std::size_t cycle = 0;    // RebatchProducer: index into its sizes
+  std::int64_t taken = 0;   // RebatchProducer: rows of its stream already handed out
+  std::optional<Element> layout;
+};
+
+// What a saved producer state holds before its input's state.
+enum class ProducerKind : std::uint8_t { kData = 0, kRows = 1, kFunction = 2 };
+
 // Produces local steps (runs on the input thread).
 class StepProducer {
  public:
   virtual ~StepProducer() = default;
   virtual LocalStep next() = 0;
+  virtual ProducerKind kind() const = 0;
+  // Its position: a ProducerKind byte, what read_continuation() reads,
+  // then its input's state.
+  virtual void save(StateWriter& w) = 0;
+  // Continue from `c`, then restore the input from `r`, positioned where
+  // save() wrote it.
+  virtual void resume(Continuation c, StateReader& r) = 0;
   Spec spec;  // read by the consumer only after the producer has stopped or via the queue
+  // Per step, moved into the queued item: the unsliced global batch
+  // (DataShardProducer) and the rows taken so far (RebatchProducer).
+  std::optional<Element> last_global;
+  std::int64_t rows_taken = 0;
 };
+
+// Reads what a kData or kRows producer's save() wrote before its input
+// (the kind byte already read).
+Continuation read_continuation(StateReader& r, ProducerKind kind) {
+  Continuation c;
+  if (kind == ProducerKind::kRows) {
+    c.cycle = static_cast<std::size_t>(r.u64());
+    c.taken = r.i64();
+    if (r.boolean()) c.layout = r.element();
+  }
+  const std::uint64_t n = r.count(8);
+  for (std::uint64_t i = 0; i < n; ++i) c.batches.push_back(r.element());
+  return c;
+}
 
 // Under DATA sharding across workers (tf.distribute's legacy rebatch, then
 // shard(num_workers, index) over the minibatches): every worker reads the
@@ -203,21 +243,45 @@ class DataShardProducer : public StepProducer {
   DataShardProducer(std::unique_ptr<ElementStream> stream, int workers, int worker, int local)
       : stream_(std::move(stream)), workers_(workers), worker_(worker), local_(local) {}
   LocalStep next() override {
-    std::optional<Element> batch = stream_->next();
-    if (!batch) return std::nullopt;
+    std::optional<Element> batch;
+    if (!pending_.empty()) {
+      batch = std::move(pending_.front());
+      pending_.pop_front();
+    } else if (stream_) {
+      batch = stream_->next();
+    }
+    if (!batch) {
+      stream_.reset();
+      return std::nullopt;
+    }
     if (!spec.known) spec = spec_of(*batch);
     const std::int64_t b = rows_of(*batch);
     const std::int64_t n = static_cast<std::int64_t>(workers_) * local_;
     std::vector<Element> out;
     for (int i = 0; i < local_; ++i) {
       auto [lo, hi] = split_range(b, n, worker_ + static_cast<std::int64_t>(i) * workers_);
-      out.push_back(slice_rows(*batch, lo, hi, n == 1));
+      out.push_back(slice_rows(*batch, lo, hi, false));
     }
+    // Worker 0 keeps each global batch until it is consumed: its state is
+    // what another worker count continues from (see restore_state).
+    if (worker_ == 0) last_global = std::move(batch);
     return out;
+  }
+  ProducerKind kind() const override { return ProducerKind::kData; }
+  void save(StateWriter& w) override {
+    w.u8(static_cast<std::uint8_t>(kind()));
+    w.u64(pending_.size());
+    for (const Element& e : pending_) w.element(e);
+    save_input(w, stream_.get());
+  }
+  void resume(Continuation c, StateReader& r) override {
+    pending_.assign(std::make_move_iterator(c.batches.begin()), std::make_move_iterator(c.batches.end()));
+    restore_input(r, stream_);
   }
 
  private:
   std::unique_ptr<ElementStream> stream_;
+  std::deque<Element> pending_;  // global batches restored from a state
   int workers_, worker_, local_;
 };
 
@@ -240,7 +304,21 @@ class RebatchProducer : public StepProducer {
       out.push_back(rows_.take(std::min(sizes_[next_], rows_.buffered())));
       next_ = (next_ + 1) % sizes_.size();
     }
+    rows_taken = rows_.taken();
     return out;
+  }
+  ProducerKind kind() const override { return ProducerKind::kRows; }
+  void save(StateWriter& w) override {
+    w.u8(static_cast<std::uint8_t>(kind()));
+    w.u64(next_);
+    rows_.save(w);  // taken, layout, buffered rows, input: read_continuation's order
+  }
+  void resume(Continuation c, StateReader& r) override {
+    if (c.cycle >= sizes_.size())
+      STRATA_THROW(STRATA_ERR_DATA_LOSS, "the saved distributed iterator state has split position ", c.cycle,
+                   " of ", sizes_.size());
+    next_ = c.cycle;
+    rows_.resume(std::move(c.batches), std::move(c.layout), c.taken, r);
   }
 
  private:
@@ -276,6 +354,26 @@ class FunctionProducer : public StepProducer {
     for (auto& g : got) out.push_back(g ? std::move(*g) : empty_like(spec));
     return out;
   }
+  ProducerKind kind() const override { return ProducerKind::kFunction; }
+  void save(StateWriter& w) override {
+    w.u8(static_cast<std::uint8_t>(kind()));
+    w.u64(streams_.size());
+    for (std::size_t i = 0; i < streams_.size(); ++i) {
+      w.boolean(done_[i]);
+      streams_[i]->save(w);
+    }
+  }
+  void resume(Continuation, StateReader& r) override {
+    const std::uint64_t n = r.u64();
+    if (n != streams_.size())
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "the saved distributed iterator state has ", n,
+                   " input pipelines on this worker but this one has ", streams_.size(),
+                   "; restore with the same InputReplicationMode and replicas");
+    for (std::size_t i = 0; i < streams_.size(); ++i) {
+      done_[i] = r.boolean();
+      streams_[i]->restore(r);
+    }
+  }
 
  private:
   std::vector<std::unique_ptr<ElementStream>> streams_;
@@ -294,26 +392,40 @@ struct DistributedDatasetImpl {
   std::atomic<std::int64_t> passes{0};
   // Opens the producer of pass `pass`.
   std::function<std::unique_ptr<StepProducer>(std::int64_t pass)> open;
+  // For iterator states: the recipe (of every pipeline, for
+  // distribute_datasets_from_function) and the global batch size.
+  std::vector<std::string> recipe;
+  std::int64_t global_batch = 0;
 };
 
 // The input thread and its bounded queue of local steps. The thread owns
 // its state through a shared_ptr, so that if it is stuck in a user callback
-// when the iterator goes away it can be left to finish on its own.
+// when the iterator goes away it can be left to finish on its own. It
+// starts on the first next(), so that a fresh iterator can be restored
+// before anything was read.
 struct DistributedIteratorImpl {
   struct Item {
     LocalStep step;
     std::exception_ptr error;
     Spec spec;  // the producer's spec after this step
+    std::optional<Element> global;  // DataShardProducer: the unsliced global batch
+    std::int64_t rows_after = 0;    // RebatchProducer: rows taken after this step
   };
 
   struct Shared {
     std::shared_ptr<DistributedDatasetImpl> ds;
+    std::int64_t pass = 0;
     std::size_t depth = 1;
     std::mutex mu;
     std::condition_variable cv;
     std::deque<Item> queue;
+    // Opened by the thread, or before it by restore_state; touched by the
+    // consumer only while the thread is paused and idle (or not started).
+    std::unique_ptr<StepProducer> producer;
     bool stop = false;
-    bool done = false;  // the thread has returned (or is about to)
+    bool done = false;    // the thread has returned (or is about to)
+    bool paused = false;  // save_state wants the thread to hold still
+    bool busy = false;    // the thread is between waits (opening or producing)
 
     void push(Item item) {
       {
@@ -327,12 +439,22 @@ struct DistributedIteratorImpl {
   DistributedIteratorImpl(std::shared_ptr<DistributedDatasetImpl> ds, std::int64_t pass)
       : ds_(std::move(ds)), sh_(std::make_shared<Shared>()) {
     sh_->ds = ds_;
+    sh_->pass = pass;
     sh_->depth = static_cast<std::size_t>(std::max(1, ds_->options.prefetch_depth));
-    thread_ = std::thread([sh = sh_, pass] { produce(*sh, pass); });
   }
-  ~DistributedIteratorImpl() { stop_producer(*sh_, thread_, "the distributed input thread"); }
+  ~DistributedIteratorImpl() {
+    if (thread_.joinable()) stop_producer(*sh_, thread_, "the distributed input thread");
+  }
 
-  static void produce(Shared& sh, std::int64_t pass) {
+  void start() {
+    if (started_) return;
+    started_ = true;
+    if (exhausted_ || ended_ || no_more_) return;  // restored past this worker's last step
+    sh_->busy = true;
+    thread_ = std::thread([sh = sh_] { produce(*sh); });
+  }
+
+  static void produce(Shared& sh) {
     struct MarkDone {
       Shared& sh;
       ~MarkDone() {
@@ -343,26 +465,35 @@ struct DistributedIteratorImpl {
         sh.cv.notify_all();
       }
     } mark{sh};
-    std::unique_ptr<StepProducer> producer;
-    try {
-      producer = sh.ds->open(pass);
-    } catch (...) {
-      sh.push(Item{std::nullopt, std::current_exception(), {}});
-      return;
+    if (!sh.producer) {
+      try {
+        std::unique_ptr<StepProducer> p = sh.ds->open(sh.pass);
+        std::lock_guard<std::mutex> l(sh.mu);
+        sh.producer = std::move(p);
+      } catch (...) {
+        sh.push(Item{std::nullopt, std::current_exception(), {}, std::nullopt, 0});
+        return;
+      }
     }
+    StepProducer& producer = *sh.producer;
     for (;;) {
       {
         std::unique_lock<std::mutex> l(sh.mu);
-        sh.cv.wait(l, [&] { return sh.stop || sh.queue.size() < sh.depth; });
+        sh.busy = false;
+        sh.cv.notify_all();
+        sh.cv.wait(l, [&] { return sh.stop || (!sh.paused && sh.queue.size() < sh.depth); });
         if (sh.stop) return;
+        sh.busy = true;
       }
       Item item;
       try {
-        item.step = producer->next();
+        item.step = producer.next();
       } catch (...) {
         item.error = std::current_exception();
       }
-      item.spec = producer->spec;
+      item.spec = producer.spec;
+      item.global = std::exchange(producer.last_global, std::nullopt);
+      item.rows_after = producer.rows_taken;
       const bool last = !item.step || item.error;
       sh.push(std::move(item));
       if (last) return;
@@ -449,7 +580,9 @@ struct DistributedIteratorImpl {
   }
 
   std::optional<DistributedElement> next() {
+    used_ = true;
     if (ended_) return std::nullopt;
+    start();
     LocalStep step;
     if (!exhausted_) {
       Item item;
@@ -466,6 +599,7 @@ struct DistributedIteratorImpl {
       if (item.spec.known) spec_ = item.spec;
       step = std::move(item.step);
       if (!step) exhausted_ = true;
+      consumed_rows_ = item.rows_after;
     }
     const std::int64_t live = agree(step.has_value());
     if (live == 0) {
@@ -494,13 +628,255 @@ struct DistributedIteratorImpl {
     return DistributedElement(std::move(names), std::move(values));
   }
 
+  // ------------------------------------------------------------ state ---
+  //
+  // A worker's state is its position after the steps the user got from
+  // next(): the input thread is paused between two steps and the steps it
+  // prepared ahead are stored in the state (under DATA, worker 0's state
+  // also holds their unsliced global batches, so that another worker count
+  // can continue from it), followed by the producer's own position. The thread
+  // is paused, not stopped, so saving costs no read-ahead.
+
+  std::string save_state() {
+    StrategyImpl& s = *ds_->strategy;
+    StateWriter w;
+    w.strings(ds_->recipe);
+    w.str(ds_->policy);
+    w.i64(s.num_workers);
+    w.i64(s.worker_index);
+    w.i64(s.num_local_replicas);
+    w.i64(ds_->global_batch);
+    w.i64(sh_->pass);
+    w.i64(steps_);
+    w.boolean(exhausted_);
+    w.boolean(ended_);
+    w.str(spec_.known ? encode_spec(spec_, s.worker_index) : std::string());
+    w.i64(consumed_rows_);
+    if (!started_ || !thread_.joinable()) {
+      // Not started (or restored past the end): nothing runs ahead.
+      write_queue(w, sh_->queue);
+      write_producer(w, sh_->producer.get());
+      return w.seal(kStateKind);
+    }
+    std::unique_lock<std::mutex> l(sh_->mu);
+    sh_->paused = true;
+    struct Resume {
+      Shared& sh;
+      ~Resume() {
+        {
+          std::lock_guard<std::mutex> g(sh.mu);
+          sh.paused = false;
+        }
+        sh.cv.notify_all();
+      }
+    };
+    const bool idle =
+        sh_->cv.wait_for(l, wait_limit(ds_->options.timeout_s), [&] { return !sh_->busy || sh_->done; });
+    l.unlock();
+    Resume resume{*sh_};
+    if (!idle)
+      STRATA_THROW(STRATA_ERR_DEADLINE_EXCEEDED, "DistributedIterator::save_state: the input thread did not finish "
+                   "its step within ", ds_->options.timeout_s, " s (policy ", ds_->policy,
+                   "), so the position cannot be taken; a map() or generator callback may block "
+                   "(InputOptions::timeout_s)");
+    for (const Item& item : sh_->queue)
+      if (item.error) {
+        try {
+          std::rethrow_exception(item.error);
+        } catch (const std::exception& e) {
+          STRATA_THROW(STRATA_ERR_FAILED_PRECONDITION, "DistributedIterator::save_state: the input read ahead of "
+                       "the steps consumed failed (", e.what(), "), so no position past them can be saved");
+        }
+      }
+    write_queue(w, sh_->queue);
+    write_producer(w, sh_->producer.get());
+    return w.seal(kStateKind);
+  }
+
+  static void write_queue(StateWriter& w, const std::deque<Item>& queue) {
+    w.u64(queue.size());
+    for (const Item& item : queue) {
+      w.boolean(item.step.has_value());
+      if (item.step) {
+        w.u64(item.step->size());
+        for (const Element& e : *item.step) w.element(e);
+      }
+      w.boolean(item.global.has_value());
+      if (item.global) w.element(*item.global);
+      w.i64(item.rows_after);
+    }
+  }
+
+  static void write_producer(StateWriter& w, StepProducer* p) {
+    w.boolean(p != nullptr);
+    if (p != nullptr) p->save(w);
+  }
+
+  void restore_state(const std::vector<std::string>& states) {
+    StrategyImpl& s = *ds_->strategy;
+    STRATA_ENFORCE(!used_, STRATA_ERR_FAILED_PRECONDITION,
+                   "DistributedIterator::restore_state on an iterator that next() was already called on; restore "
+                   "into a fresh iterator (DistributedDataset::make_iterator) before reading from it");
+    STRATA_ENFORCE(!states.empty(), STRATA_ERR_INVALID_ARGUMENT,
+                   "DistributedIterator::restore_state: no states; pass the states every worker saved, in "
+                   "worker-index order");
+    const int saved_workers = static_cast<int>(states.size());
+    const bool same_count = saved_workers == s.num_workers;
+    const std::size_t pick = same_count ? static_cast<std::size_t>(s.worker_index) : 0;
+    StateReader r(states[pick], kStateKind);
+    check_same_recipe(r.strings(), ds_->recipe, "DistributedIterator");
+    const std::string policy = r.str();
+    const std::int64_t workers = r.i64(), index = r.i64(), local = r.i64(), global = r.i64();
+    const std::int64_t pass = r.i64();
+    const std::int64_t steps = r.i64();
+    const bool exhausted = r.boolean(), ended = r.boolean();
+    const std::string spec_text = r.str();
+    const std::int64_t consumed_rows = r.i64();
+    STRATA_ENFORCE(workers == saved_workers, STRATA_ERR_INVALID_ARGUMENT,
+                   "DistributedIterator::restore_state: got ", saved_workers, " states but they were saved by ",
+                   workers, " workers; pass every worker's state, in worker-index order");
+    STRATA_ENFORCE(index == static_cast<std::int64_t>(pick), STRATA_ERR_INVALID_ARGUMENT,
+                   "DistributedIterator::restore_state: states_by_worker[", pick, "] was saved by worker ", index,
+                   "; pass the states in worker-index order");
+    STRATA_ENFORCE(global == ds_->global_batch, STRATA_ERR_INVALID_ARGUMENT,
+                   "DistributedIterator::restore_state: the state was saved with global batch ", global,
+                   " but this dataset's is ", ds_->global_batch);
+    STRATA_ENFORCE(pass >= 0 && steps >= 0, STRATA_ERR_DATA_LOSS,
+                   "the saved DistributedIterator state has pass ", pass, " and step ", steps);
+    const bool same_topology = same_count && local == s.num_local_replicas;
+    const auto continues_globally = [](const std::string& p) { return p == "DATA" || p == "OFF"; };
+    if (same_topology) {
+      STRATA_ENFORCE(policy == ds_->policy, STRATA_ERR_INVALID_ARGUMENT,
+                     "DistributedIterator::restore_state: the state was saved under AutoShardPolicy ", policy,
+                     " but this dataset applies ", ds_->policy, "; distribute the same dataset with the same policy");
+    } else if (!continues_globally(policy) || !continues_globally(ds_->policy)) {
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "DistributedIterator::restore_state: the state was saved by ",
+                   workers, " worker(s) of ", local, " replica(s) under AutoShardPolicy ", policy,
+                   " but this job has ", s.num_workers, " worker(s) of ", s.num_local_replicas,
+                   " replica(s) and applies ", ds_->policy, "; only DATA and OFF read one global stream that "
+                   "continues on another worker count. Restore with the same worker count, or restore without "
+                   "the iterator to restart the input from the beginning");
+    }
+    // Queued steps, then the producer.
+    std::deque<Item> queue;
+    const std::uint64_t n = r.count(3);
+    for (std::uint64_t i = 0; i < n; ++i) {
+      Item item;
+      if (r.boolean()) {
+        item.step.emplace();
+        const std::uint64_t k = r.count(8);
+        for (std::uint64_t j = 0; j < k; ++j) item.step->push_back(r.element());
+      }
+      if (r.boolean()) item.global = r.element();
+      item.rows_after = r.i64();
+      queue.push_back(std::move(item));
+    }
+    std::unique_ptr<StepProducer> producer;
+    std::int64_t rows_taken = consumed_rows;
+    if (r.boolean()) {
+      const auto kind = static_cast<ProducerKind>(r.u8());
+      STRATA_ENFORCE(kind == ProducerKind::kData || kind == ProducerKind::kRows || kind == ProducerKind::kFunction,
+                     STRATA_ERR_DATA_LOSS, "the saved DistributedIterator state has producer kind ",
+                     static_cast<int>(kind));
+      producer = ds_->open(pass);
+      Continuation c;
+      if (kind != ProducerKind::kFunction) c = read_continuation(r, kind);
+      if (same_topology) {
+        STRATA_ENFORCE(kind == producer->kind(), STRATA_ERR_INVALID_ARGUMENT,
+                       "DistributedIterator::restore_state: the state's input split differs from this dataset's; "
+                       "distribute the same dataset with the same policy");
+      } else {
+        c = continue_globally(std::move(c), kind, producer->kind(), queue, consumed_rows, policy, workers, local);
+        queue.clear();
+        rows_taken = c.taken;
+      }
+      producer->resume(std::move(c), r);
+    }
+    r.expect_end();
+    Spec spec;
+    if (!spec_text.empty()) spec = decode_spec(spec_text).first;
+    if (producer && spec.known) producer->spec = spec;
+    // Commit.
+    sh_->pass = pass;
+    sh_->queue = std::move(queue);
+    sh_->producer = std::move(producer);
+    no_more_ = false;  // without a producer (saved before it opened) the thread opens one
+    for (const Item& item : sh_->queue)
+      if (!item.step) no_more_ = true;
+    spec_ = spec;
+    steps_ = steps;
+    exhausted_ = exhausted;
+    ended_ = ended;
+    consumed_rows_ = rows_taken;
+    std::int64_t cur = ds_->passes.load();
+    while (cur < pass + 1 && !ds_->passes.compare_exchange_weak(cur, pass + 1)) {
+    }
+  }
+
+  // The saved worker's unconsumed data re-expressed for a producer of
+  // another topology: the global batches (DATA) or rows (OFF, one worker)
+  // still to come, ahead of its input.
+  Continuation continue_globally(Continuation c, ProducerKind saved, ProducerKind mine, const std::deque<Item>& queue,
+                                 std::int64_t consumed_rows, const std::string& policy, std::int64_t workers,
+                                 std::int64_t local) {
+    std::vector<Element> ahead;
+    for (const Item& item : queue) {
+      if (!item.step) break;
+      if (saved == ProducerKind::kData) {
+        STRATA_ENFORCE(item.global.has_value(), STRATA_ERR_INVALID_ARGUMENT,
+                       "the saved DistributedIterator state lacks a queued step's global batch (only worker 0's "
+                       "state has them); pass every worker's state in worker-index order");
+        ahead.push_back(item.global->clone());
+      } else {
+        for (const Element& e : *item.step)
+          if (rows_of(e) > 0) ahead.push_back(e.clone());
+      }
+    }
+    for (Element& e : c.batches) ahead.push_back(std::move(e));
+    Continuation out;
+    out.layout = std::move(c.layout);
+    // Rows of the original stream handed out so far (a global-batch
+    // boundary when the saved split was DATA's).
+    out.taken = saved == ProducerKind::kRows ? consumed_rows : 0;
+    if (mine == ProducerKind::kRows) {  // rows in order; the new split starts its cycle
+      out.batches = std::move(ahead);
+      return out;
+    }
+    if (saved == ProducerKind::kData) {  // global batches as they were
+      out.batches = std::move(ahead);
+      return out;
+    }
+    // A row stream continued as global batches: only where the saved
+    // worker stood on a global-batch boundary.
+    const std::int64_t g = ds_->global_batch;
+    if (g <= 0 || consumed_rows % g != 0)
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "DistributedIterator::restore_state: the state was saved by ",
+                   workers, " worker(s) of ", local, " replica(s) under ", policy, " in the middle of a global batch (",
+                   consumed_rows, " rows consumed, global batch ", g, "), which ", ds_->policy, " on ",
+                   ds_->strategy->num_workers,
+                   " workers cannot continue exactly; restore with the same worker count, or restore without the "
+                   "iterator to restart the input from the beginning");
+    std::vector<Element> batches;
+    RowQueue rows(nullptr, "restore_state");
+    rows.prepend(std::move(ahead));
+    while (rows.buffered() > 0) batches.push_back(rows.take(std::min(g, rows.buffered())));
+    out.batches = std::move(batches);
+    return out;
+  }
+
+  static constexpr const char* kStateKind = "DistributedIterator";
+
   std::shared_ptr<DistributedDatasetImpl> ds_;
   std::shared_ptr<Shared> sh_;
   std::thread thread_;
   Spec spec_;
+  bool started_ = false;
+  bool used_ = false;      // next() was called: restore_state is refused
+  bool no_more_ = false;   // restored with this worker's end already queued
   bool exhausted_ = false;
   bool ended_ = false;
   std::int64_t steps_ = 0;
+  std::int64_t consumed_rows_ = 0;  // rows of this worker's stream in the steps consumed (RebatchProducer)
 };
 
 namespace {
@@ -530,6 +906,8 @@ std::shared_ptr<DistributedDatasetImpl> make_distributed(StrategyImpl& s, const 
   auto impl = std::make_shared<DistributedDatasetImpl>();
   impl->strategy = s.shared_from_this();
   impl->options = options;
+  impl->recipe = recipe_signature(ds);
+  impl->global_batch = bi.batch_size;
 
   // Decide the policy.
   AutoShardPolicy applied = requested;
@@ -635,6 +1013,10 @@ std::shared_ptr<DistributedDatasetImpl> make_from_function(StrategyImpl& s,
   }
   logger("data")->info("distribute_datasets_from_function: worker {} of {}: {}", s.worker_index, s.num_workers,
                        impl->reason);
+  for (const auto& [ctx, ds] : pipelines) {
+    impl->recipe.push_back(str_cat("pipeline ", ctx.input_pipeline_id, " of ", ctx.num_input_pipelines, ":"));
+    for (std::string& line : recipe_signature(ds)) impl->recipe.push_back(std::move(line));
+  }
   impl->open = [pipelines, local](std::int64_t pass) -> std::unique_ptr<StepProducer> {
     std::vector<std::unique_ptr<ElementStream>> streams;
     for (const auto& [ctx, ds] : pipelines) {
@@ -672,6 +1054,20 @@ DistributedElement DistributedIterator::next() {
                  "end of the distributed dataset: every worker's input is exhausted; make a new iterator for "
                  "another epoch");
   return std::move(*e);
+}
+
+std::string DistributedIterator::save_state() {
+  STRATA_ENFORCE(impl_ != nullptr, STRATA_ERR_FAILED_PRECONDITION,
+                 "this DistributedIterator is empty (moved from); make one with DistributedDataset::make_iterator");
+  detail::require_cross_replica(*impl_->ds_->strategy, "DistributedIterator::save_state");
+  return impl_->save_state();
+}
+
+void DistributedIterator::restore_state(const std::vector<std::string>& states_by_worker) {
+  STRATA_ENFORCE(impl_ != nullptr, STRATA_ERR_FAILED_PRECONDITION,
+                 "this DistributedIterator is empty (moved from); make one with DistributedDataset::make_iterator");
+  detail::require_cross_replica(*impl_->ds_->strategy, "DistributedIterator::restore_state");
+  impl_->restore_state(states_by_worker);
 }
 
 DistributedIterator::RangeIter::RangeIter(DistributedIterator* it) : it_(it) { cur_ = it_->get_next_as_optional(); }
