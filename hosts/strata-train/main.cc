@@ -437,7 +437,7 @@ int train(const Args& a) {
   std::int64_t step64 = 0;
   strata::Checkpoint ckpt;
   for (int i = 0; i < 4; ++i) ckpt.track(strata::train::param_name(i), vars[i]);
-  ckpt.track("step", &step64).track("loss", &loss);
+  ckpt.track("step", &step64).track("loss", &loss).track("input", batches);
   std::optional<strata::BackupAndRestore> backup;
   if (!a.checkpoint_dir.empty()) {
     strata::BackupOptions o;

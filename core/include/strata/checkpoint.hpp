@@ -76,6 +76,8 @@
 #include <string>
 #include <vector>
 
+#include "strata/data.hpp"
+#include "strata/distributed_data.hpp"
 #include "strata/export.hpp"
 #include "strata/variable.hpp"
 
@@ -151,6 +153,15 @@ class STRATA_API Checkpoint {
     std::function<void(const std::vector<std::string>& states_by_worker)> restore;
   };
   Checkpoint& track_state(const std::string& name, State state);
+  /// The input position (a state object, see track_state): a distributed
+  /// iterator saves every worker's position and restores per
+  /// DistributedIterator::restore_state (the same worker count, or another
+  /// one for DATA/OFF sharding); a plain DatasetIterator saves each
+  /// worker's pass and restores the one of this worker's index (another
+  /// worker count: InvalidArgumentError). Restore into a fresh iterator of
+  /// the same recipe. The iterator must outlive the Checkpoint.
+  Checkpoint& track(const std::string& name, DistributedIterator& iterator);
+  Checkpoint& track(const std::string& name, DatasetIterator& iterator);
   /// Layout of a state entry: "STST" magic, u32 version (1), u32 worker
   /// count, then per worker a u64 byte count and the bytes (little endian).
   static constexpr const char* kStateMagic = "STST";

@@ -581,6 +581,26 @@ Checkpoint& Checkpoint::track_state(const std::string& name, State state) {
   return *this;
 }
 
+Checkpoint& Checkpoint::track(const std::string& name, DistributedIterator& iterator) {
+  return track_state(name, {[&iterator] { return iterator.save_state(); },
+                            [&iterator](const std::vector<std::string>& all) { iterator.restore_state(all); }});
+}
+
+Checkpoint& Checkpoint::track(const std::string& name, DatasetIterator& iterator) {
+  Impl* impl = impl_.get();
+  return track_state(name, {[&iterator] { return iterator.save_state(); },
+                            [&iterator, impl, name](const std::vector<std::string>& all) {
+                              const StrategyExtended& ext = impl->strategy().extended();
+                              STRATA_ENFORCE(static_cast<int>(all.size()) == ext.num_workers(),
+                                             STRATA_ERR_INVALID_ARGUMENT, "checkpoint object '", name,
+                                             "' holds the input position of ", all.size(),
+                                             " worker(s), but this job has ", ext.num_workers(),
+                                             "; a DatasetIterator resumes only with the same worker count (a "
+                                             "distributed iterator with DATA sharding can change it)");
+                              iterator.restore_state(all[static_cast<std::size_t>(ext.worker_index())]);
+                            }});
+}
+
 Checkpoint& Checkpoint::track(const std::string& name, double* value) {
   STRATA_ENFORCE(value != nullptr, STRATA_ERR_INVALID_ARGUMENT, "checkpoint object '", name, "' is a null pointer");
   Impl::Object o{name, Impl::Kind::kDouble};
