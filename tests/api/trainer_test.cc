@@ -311,6 +311,65 @@ TEST(TrainerTest, ModelCheckpointResumesBitForBit) {
   EXPECT_FALSE(std::filesystem::exists(dir.path() / "ck" / "ckpt-2"));  // max_to_keep 2: ckpt-3, ckpt-4
 }
 
+// A "crash" at a known global step: an exception out of fit().
+struct CrashAt : Callback {
+  std::int64_t at;
+  explicit CrashAt(std::int64_t step) : at(step) {}
+  void on_train_batch_end(std::int64_t, const Logs&) override {
+    if (trainer()->global_step() == at) throw std::runtime_error("crash");
+  }
+};
+
+// Keras' BackupAndRestore: a run that dies mid-epoch and is started again
+// with the same callback ends with the uninterrupted run's weights, bit for
+// bit, with a reshuffled input (its position and pass are in the backup),
+// Adam's slots and the epoch's running metrics restored; backups are
+// deleted when training completes.
+TEST(TrainerTest, BackupAndRestoreCallbackResumesBitForBit) {
+  test::TempDir dir;
+  const Element data = test::clusters(200, kFeatures, kClasses, 11);
+  auto dataset = [&] { return Dataset::from_tensor_slices(data.clone()).shuffle(64, 3).batch(16); };
+  for (std::int64_t every : {std::int64_t{5}, std::int64_t{0}}) {
+    SCOPED_TRACE("save_every_steps " + std::to_string(every));
+    auto fit = [&](std::optional<std::int64_t> crash, std::vector<float>* weights, History* h) {
+      SoftmaxModel model(kFeatures, kClasses);
+      Adam opt(0.05);
+      Trainer trainer(get_strategy(), model, opt, {"accuracy"});
+      BackupAndRestoreCallback backup((dir.path() / "backup").string(), every);
+      CrashAt c(crash.value_or(-1));
+      FitOptions o;
+      o.epochs = 4;
+      o.callbacks = {&backup, &c};
+      o.verbose = false;
+      try {
+        *h = trainer.fit(dataset(), o);
+      } catch (const std::runtime_error&) {
+        return false;
+      }
+      weights->clear();
+      for (Variable* v : model.trainable_variables())
+        for (float x : v->value().to_vector<float>()) weights->push_back(x);
+      return true;
+    };
+    std::vector<float> straight, resumed;
+    History h1, h2, h3;
+    ASSERT_TRUE(fit(std::nullopt, &straight, &h1));
+    EXPECT_FALSE(std::filesystem::exists(dir.path() / "backup"));  // deleted at the end
+    // 13 steps per epoch (200 / 16): step 32 is in epoch 2 (steps 26..38).
+    ASSERT_FALSE(fit(32, &resumed, &h2));
+    EXPECT_TRUE(latest_checkpoint((dir.path() / "backup").string()).has_value());
+    ASSERT_TRUE(fit(std::nullopt, &resumed, &h3));
+    EXPECT_EQ(resumed, straight);
+    EXPECT_EQ(h3.epochs, (std::vector<int>{2, 3}));
+    // The resumed epoch's logs equal the uninterrupted run's: its running
+    // metrics came back with the backup.
+    EXPECT_EQ(h3.history.at("loss"), std::vector<double>(h1.history.at("loss").begin() + 2, h1.history.at("loss").end()));
+    EXPECT_EQ(h3.history.at("accuracy"),
+              std::vector<double>(h1.history.at("accuracy").begin() + 2, h1.history.at("accuracy").end()));
+    EXPECT_FALSE(std::filesystem::exists(dir.path() / "backup"));
+  }
+}
+
 TEST(TrainerTest, BadUseIsAClearError) {
   Strategy s = Strategy::create("mirrored", devices(2));
   SoftmaxModel outside(kFeatures, kClasses);  // made outside the scope

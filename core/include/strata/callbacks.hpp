@@ -150,4 +150,37 @@ class STRATA_API ModelCheckpoint : public Callback {
   std::optional<double> best_;
 };
 
+/// keras.callbacks.BackupAndRestore for Trainer::fit: a job that is killed
+/// (or preempted) and started again continues where the last backup was
+/// taken, as if nothing had happened. Backups hold the model's trainable
+/// variables, the optimizer's slots and iterations, the metrics' running
+/// state, the epoch and step, and every worker's input position (the
+/// DistributedIterator's state), so the resumed run sees exactly the
+/// batches the lost one would have seen. save_every_steps: 0 saves at the
+/// end of every epoch (Keras' save_freq="epoch"); N also every N training
+/// steps. The newest backup is kept in <directory>/ckpt-<global step>;
+/// training_end deletes them (delete_checkpoint, as Keras), unless training
+/// was stopped by a callback. Every worker must see `directory`.
+class STRATA_API BackupAndRestoreCallback : public Callback {
+ public:
+  explicit BackupAndRestoreCallback(std::string directory, std::int64_t save_every_steps = 0,
+                                    bool delete_checkpoint = true);
+  ~BackupAndRestoreCallback() override;
+  void on_train_begin(const Logs&) override;
+  void on_train_batch_end(std::int64_t batch, const Logs&) override;
+  void on_epoch_end(int epoch, const Logs&) override;
+  void on_train_end(const Logs&) override;
+  /// Whether on_train_begin restored a backup, and its global step.
+  std::optional<std::int64_t> restored_step() const { return restored_; }
+
+ private:
+  void save(bool epoch_done);
+  std::string directory_;
+  std::int64_t every_;
+  bool delete_;
+  std::int64_t step_ = 0, epoch_ = 0, step_in_epoch_ = 0, epoch_done_ = 0;
+  std::unique_ptr<Checkpoint> ckpt_;
+  std::optional<std::int64_t> restored_;
+};
+
 }  // namespace strata

@@ -202,6 +202,19 @@ class STRATA_API Trainer {
   int epoch() const { return epoch_; }
   /// Training steps run by fit() so far (across epochs).
   std::int64_t global_step() const { return global_step_; }
+  /// Steps run in the current epoch.
+  std::int64_t step_in_epoch() const { return step_in_epoch_; }
+  /// The training input's iterator while fit() runs (nullptr otherwise):
+  /// for callbacks that checkpoint the input position. In on_train_begin it
+  /// is the fresh iterator the first epoch will read (restore_state into it
+  /// there); with steps_per_epoch = -1 later epochs get new ones.
+  DistributedIterator* input_iterator() { return input_; }
+  /// For a callback's on_train_begin that restored a backup (Keras'
+  /// BackupAndRestore): fit continues at `epoch`, `step_in_epoch` steps into
+  /// it, with `global_step` steps done, keeping the restored metric state of
+  /// that epoch. `epoch_done`: the backup was taken after the epoch ended,
+  /// so fit starts epoch + 1 afresh.
+  void resume_at(int epoch, std::int64_t step_in_epoch, std::int64_t global_step, bool epoch_done);
 
  protected:
   /// One replica's training step (runs inside strategy.run).
@@ -226,7 +239,14 @@ class STRATA_API Trainer {
   std::int64_t global_batch_ = 0;
   std::vector<std::vector<Tensor>> grads_;  // per local replica, reused by train_step
   int epoch_ = 0;
-  std::int64_t global_step_ = 0;
+  std::int64_t global_step_ = 0, step_in_epoch_ = 0;
+  DistributedIterator* input_ = nullptr;
+  struct Resume {
+    int epoch;
+    std::int64_t step_in_epoch;
+    bool epoch_done;
+  };
+  std::optional<Resume> resume_;
 };
 
 }  // namespace strata

@@ -432,4 +432,64 @@ int ModelCheckpoint::restore_latest(Trainer& trainer, const std::string& directo
   return static_cast<int>(done);
 }
 
+// ---------------------------------------------------------------- BackupAndRestoreCallback
+
+BackupAndRestoreCallback::BackupAndRestoreCallback(std::string directory, std::int64_t save_every_steps,
+                                                   bool delete_checkpoint)
+    : directory_(std::move(directory)), every_(save_every_steps), delete_(delete_checkpoint) {
+  STRATA_ENFORCE(!directory_.empty(), STRATA_ERR_INVALID_ARGUMENT, "BackupAndRestoreCallback: the directory is empty");
+  STRATA_ENFORCE(save_every_steps >= 0, STRATA_ERR_INVALID_ARGUMENT,
+                 "BackupAndRestoreCallback: save_every_steps must be >= 0 (0: every epoch); got ", save_every_steps);
+}
+
+BackupAndRestoreCallback::~BackupAndRestoreCallback() = default;
+
+void BackupAndRestoreCallback::on_train_begin(const Logs&) {
+  Trainer& t = *trainer();
+  ckpt_ = std::make_unique<Checkpoint>();
+  for (Variable* v : t.model().trainable_variables()) ckpt_->track("model/" + v->name(), *v);
+  t.optimizer().track(*ckpt_, "optimizer");
+  for (Metric* m : t.metrics()) m->track(*ckpt_, "metrics/" + m->name());
+  ckpt_->track("step", &step_).track("epoch", &epoch_).track("step_in_epoch", &step_in_epoch_);
+  ckpt_->track("epoch_done", &epoch_done_);
+  ckpt_->track_state("input", {[&t] { return t.input_iterator()->save_state(); },
+                               [&t](const std::vector<std::string>& all) { t.input_iterator()->restore_state(all); }});
+  restored_.reset();
+  const std::optional<std::string> latest = latest_checkpoint(directory_);
+  if (!latest) return;
+  ckpt_->restore(*latest);
+  restored_ = step_;
+  t.resume_at(static_cast<int>(epoch_), step_in_epoch_, step_, epoch_done_ != 0);
+  detail::logger("core")->info("BackupAndRestoreCallback: resumed from {} (epoch {}, step {} of it{})", *latest,
+                               epoch_, step_in_epoch_, epoch_done_ ? ", which had ended" : "");
+}
+
+void BackupAndRestoreCallback::save(bool epoch_done) {
+  Trainer& t = *trainer();
+  step_ = t.global_step();
+  epoch_ = t.epoch();
+  step_in_epoch_ = t.step_in_epoch();
+  epoch_done_ = epoch_done ? 1 : 0;
+  CheckpointManager(*ckpt_, directory_, 1).save(step_);
+}
+
+void BackupAndRestoreCallback::on_train_batch_end(std::int64_t, const Logs&) {
+  if (every_ > 0 && trainer()->global_step() % every_ == 0) save(false);
+}
+
+void BackupAndRestoreCallback::on_epoch_end(int, const Logs&) { save(true); }
+
+void BackupAndRestoreCallback::on_train_end(const Logs&) {
+  Trainer& t = *trainer();
+  ckpt_.reset();
+  if (!delete_ || t.stop_training || !t.strategy().extended().is_chief()) return;
+  Checkpoint nothing;
+  for (const std::string& path : CheckpointManager(nothing, directory_, 0).checkpoints()) {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::error_code ec;
+  fs::remove(directory_, ec);  // only when empty
+}
+
 }  // namespace strata

@@ -194,18 +194,35 @@ History Trainer::fit(const Dataset& dataset, const FitOptions& options) {
   grads_.clear();
   grads_.resize(static_cast<std::size_t>(strategy_->num_local_replicas()));
   DistributedDataset dist = strategy_->distribute_dataset(dataset);
-  std::optional<DistributedIterator> it;
-  if (options.steps_per_epoch > 0) it.emplace(dist.make_iterator());
+  // The first epoch's iterator exists before on_train_begin, so that a
+  // callback restoring a backup can put the input position into it.
+  std::optional<DistributedIterator> it(dist.make_iterator());
+  input_ = &*it;
+  global_step_ = 0;
+  resume_.reset();
 
   History history;
   Logs logs;
   for (Callback* c : callbacks) c->on_train_begin({});
-  for (int epoch = options.initial_epoch; epoch < options.epochs && !stop_training; ++epoch) {
+  int first = options.initial_epoch;
+  std::int64_t first_step = 0;
+  bool fresh_pass = false;  // the first epoch needs a new iterator
+  if (resume_) {
+    first = resume_->epoch + (resume_->epoch_done ? 1 : 0);
+    first_step = resume_->epoch_done ? 0 : resume_->step_in_epoch;
+    fresh_pass = resume_->epoch_done;
+  }
+  for (int epoch = first; epoch < options.epochs && !stop_training; ++epoch) {
     epoch_ = epoch;
-    reset_metrics();
+    const bool resumed_epoch = resume_ && epoch == first && !resume_->epoch_done;
+    if (!resumed_epoch) reset_metrics();  // a resumed epoch keeps its restored running metrics
+    if (options.steps_per_epoch < 0 && (epoch != first || fresh_pass)) {
+      it.emplace(dist.make_iterator());
+      input_ = &*it;
+    }
     for (Callback* c : callbacks) c->on_epoch_begin(epoch, {});
-    if (options.steps_per_epoch < 0) it.emplace(dist.make_iterator());
-    std::int64_t step = 0;
+    std::int64_t step = epoch == first ? first_step : 0;
+    step_in_epoch_ = step;
     bool ended = false;
     while (options.steps_per_epoch < 0 || step < options.steps_per_epoch) {
       for (Callback* c : callbacks) c->on_train_batch_begin(step, {});
@@ -215,10 +232,11 @@ History Trainer::fit(const Dataset& dataset, const FitOptions& options) {
       Logs batch_logs;
       if (std::any_of(callbacks.begin(), callbacks.end(), [&](Callback* c) { return c->wants_batch_logs(step); }))
         batch_logs = metric_logs();
+      step_in_epoch_ = step + 1;
       for (Callback* c : callbacks) c->on_train_batch_end(step, batch_logs);
       ++step;
     }
-    STRATA_ENFORCE(step > 0 || epoch > options.initial_epoch, STRATA_ERR_INVALID_ARGUMENT,
+    STRATA_ENFORCE(step > 0 || epoch > first || resume_, STRATA_ERR_INVALID_ARGUMENT,
                    "Trainer::fit: the dataset yielded no batch; check that it is not empty");
     if (ended && options.steps_per_epoch > 0) {
       detail::logger("core")->warn(
@@ -240,7 +258,18 @@ History Trainer::fit(const Dataset& dataset, const FitOptions& options) {
   }
   for (Callback* c : callbacks) c->on_train_end(logs);
   for (Callback* c : callbacks) c->trainer_ = nullptr;
+  input_ = nullptr;
+  resume_.reset();
   return history;
+}
+
+void Trainer::resume_at(int epoch, std::int64_t step_in_epoch, std::int64_t global_step, bool epoch_done) {
+  STRATA_ENFORCE(input_ != nullptr, STRATA_ERR_FAILED_PRECONDITION,
+                 "Trainer::resume_at is for a callback's on_train_begin, while fit() runs");
+  STRATA_ENFORCE(epoch >= 0 && step_in_epoch >= 0 && global_step >= 0, STRATA_ERR_INVALID_ARGUMENT,
+                 "Trainer::resume_at: epoch, step and global step must be >= 0");
+  resume_ = Resume{epoch, step_in_epoch, epoch_done};
+  global_step_ = global_step;
 }
 
 Logs Trainer::evaluate(const Dataset& dataset, const std::vector<Callback*>& callbacks) {
