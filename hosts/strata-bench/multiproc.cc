@@ -556,11 +556,11 @@ double hmac_sha256_us() {
 
 // This process's connected TCP sockets that are not the store's (every
 // rank has one to the store, rank 0 one from each rank): the transport's.
-// And its open fds and resident memory, for what a large job needs.
+// And its open fds and memory (PSS), for what a large job needs.
 struct ProcessUse {
   int transport_sockets = 0;
   int fds = 0;
-  double rss_mib = 0;
+  double pss_mib = 0;
 };
 
 ProcessUse process_use(int store_port) {
@@ -587,11 +587,13 @@ ProcessUse process_use(int store_port) {
     }
     ::closedir(d);
   }
-  std::FILE* f = std::fopen("/proc/self/status", "r");
+  // Proportional set size: shared pages (the libraries every rank maps)
+  // count 1/N each, so N times this is what N ranks take.
+  std::FILE* f = std::fopen("/proc/self/smaps_rollup", "r");
   if (f != nullptr) {
     char line[256];
     while (std::fgets(line, sizeof line, f) != nullptr)
-      if (std::strncmp(line, "VmRSS:", 6) == 0) u.rss_mib = std::atof(line + 6) / 1024.0;
+      if (std::strncmp(line, "Pss:", 4) == 0) u.pss_mib = std::atof(line + 4) / 1024.0;
     std::fclose(f);
   }
   return u;
@@ -602,10 +604,13 @@ ProcessUse process_use(int store_port) {
 // its HMAC proof, the server's proof) once, then, --repeats times, builds a
 // ring communicator (rendezvous gate, address exchange; with the tcp
 // transport's lazy connections nothing else) and does one all-reduce of one
-// value (which makes the connections the ring needs: signed handshakes with
-// its two neighbours), and times both; every figure is the slowest rank's.
+// value (which makes the connections it needs: with the tcp transport's
+// lazy connections and --ring-options '{"direct_max_bytes": 0}' a signed
+// handshake with each ring neighbour; with the ring's default, a payload
+// this small goes straight to every rank, and so connects to all of them),
+// and times both; every figure is the slowest rank's.
 // Then it counts each rank's transport sockets (connected TCP sockets other
-// than the store's), open fds and resident memory.
+// than the store's), open fds and memory.
 int rendezvous_body(const MultiProcOptions& o, int rank, double store_s) {
   std::vector<double> setup(std::size_t(o.trials)), ready(std::size_t(o.trials));
   double store_max = 0;
@@ -614,7 +619,7 @@ int rendezvous_body(const MultiProcOptions& o, int rank, double store_s) {
     const std::string a = PluginHost::global().store_address();
     if (a.rfind(':') != std::string::npos) store_port = std::atoi(a.c_str() + a.rfind(':') + 1);
   }
-  double sockets_max = 0, sockets_min = 0, fds_max = 0, rss_max = 0;
+  double sockets_max = 0, sockets_min = 0, fds_max = 0, pss_max = 0;
   for (int t = 0; t < o.trials; ++t) {
     const auto t0 = Clock::now();
     Ring ring(o, rank, str_cat("strata-bench-rendezvous-", t));
@@ -625,14 +630,16 @@ int rendezvous_body(const MultiProcOptions& o, int rank, double store_s) {
     ready[std::size_t(t)] = ring.max_across_ranks(dt);
     if (t == 0) store_max = ring.max_across_ranks(store_s);
     if (t == o.trials - 1) {
-      ring.barrier();
+      // (Not ring.barrier(): the ring's barrier, like its all-reduces up to
+      // direct_max_bytes, talks to every rank, which would connect them all.)
+      (void)ring.sum_across_ranks(0);
       const ProcessUse u = process_use(store_port);
       sockets_max = ring.max_across_ranks(u.transport_sockets);
       sockets_min = -ring.max_across_ranks(-u.transport_sockets);
       fds_max = ring.max_across_ranks(u.fds);
-      rss_max = ring.max_across_ranks(u.rss_mib);
+      pss_max = ring.max_across_ranks(u.pss_mib);
     }
-    ring.barrier();
+    (void)ring.sum_across_ranks(0);  // every rank is done with this communicator
   }
   if (rank != 0) return 0;
   auto median = [](std::vector<double> v) {
@@ -660,7 +667,7 @@ int rendezvous_body(const MultiProcOptions& o, int rank, double store_s) {
                                           {"transport_sockets_per_rank_max", sockets_max},
                                           {"transport_sockets_per_rank_min", sockets_min},
                                           {"open_fds_per_rank_max", fds_max},
-                                          {"rss_mib_per_rank_max", rss_max},
+                                          {"pss_mib_per_rank_max", pss_max},
                                           {"hmac_sha256_us", hmac_us},
                                           {"hmacs_per_rank", hmacs_per_rank}}}}}
                                  .dump(2)
@@ -672,9 +679,9 @@ int rendezvous_body(const MultiProcOptions& o, int rank, double store_s) {
     std::printf("communicator create (gate + addresses): median %.2f ms\n", setup_med * 1e3);
     std::printf("ready (create + first all-reduce, with its connections): median %.2f ms (min %.2f, max %.2f)\n",
                 med * 1e3, lo * 1e3, hi * 1e3);
-    std::printf("transport sockets per rank: %.0f..%.0f; open fds per rank: max %.0f; resident memory per rank: max "
+    std::printf("transport sockets per rank: %.0f..%.0f; open fds per rank: max %.0f; memory per rank (PSS): max "
                 "%.1f MiB\n",
-                sockets_min, sockets_max, fds_max, rss_max);
+                sockets_min, sockets_max, fds_max, pss_max);
     std::printf("HMAC-SHA256 of a handshake: %.2f us; %d per rank = %.1f us of each rank's setup\n", hmac_us,
                 hmacs_per_rank, hmac_us * hmacs_per_rank);
   }
