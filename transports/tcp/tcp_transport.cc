@@ -162,6 +162,9 @@ bool same_secret(const std::string& a, const std::string& b) {
 // strangers) drop the oldest, so fds stay bounded and a real peer's
 // connection is always read.
 constexpr size_t kMaxPendingHandshakes = 64;
+// How long the higher rank of a pair waits for the lower one to connect
+// before it connects itself (see link_locked).
+constexpr std::chrono::milliseconds kHigherRankConnectDelay{100};
 
 struct Conn {
   explicit Conn(asio::io_context& io) : socket(io) {}
@@ -196,7 +199,8 @@ struct Peer {
   std::vector<std::unique_ptr<Conn>> in;   // kAccepting: the peer's, by index (null until it arrives)
   int handshakes_done = 0;                 // of `out` or `in`
   std::deque<Request*> unsent;             // sends posted before kReady, in seq order
-  std::unique_ptr<asio::steady_timer> link_timer;  // bounds kConnecting/kAccepting
+  std::unique_ptr<asio::steady_timer> link_timer;   // bounds kConnecting/kAccepting
+  std::unique_ptr<asio::steady_timer> defer_timer;  // a higher rank's delayed connect (link_locked)
   uint64_t send_seq = 0;
   uint64_t next_announce = 0;  // lowest incoming seq not seen yet
   std::map<uint64_t, std::unique_ptr<InMsg>> msgs;
@@ -432,6 +436,7 @@ void TcpComm::fail_peer_locked(int p, strata_status_t code, const std::string& r
       for (auto& c : *v)
         if (c) c->socket.close(ec);
     if (peer.link_timer) peer.link_timer->cancel();
+    if (peer.defer_timer) peer.defer_timer->cancel();
   });
   cv_.notify_all();
 }
@@ -1108,7 +1113,25 @@ void TcpComm::link_locked(int p) {
   // the link first (both at once: the lower rank's connections win).
   if (!opts_.lazy && p < rank_) return;
   peer.link = Link::kConnecting;
-  asio::post(io_, [this, p] { connect_peer(p); });
+  if (!opts_.lazy || p > rank_) {
+    asio::post(io_, [this, p] { connect_peer(p); });
+    return;
+  }
+  // The higher rank of a pair gives the lower one a moment to connect first:
+  // in the usual patterns it does (a receive posted by the higher rank meets
+  // the lower rank's send, an all-to-all has both send), and one set of
+  // connections beats two racing (each race costs a declined set). Only if
+  // none arrives does the higher rank connect itself, so a lower rank that
+  // posts nothing for a while still gets this rank's messages.
+  asio::post(io_, [this, p] {
+    std::lock_guard<std::mutex> lock(mu_);
+    Peer& peer = peers_[p];
+    if (peer.failed || peer.link != Link::kConnecting) return;
+    peer.defer_timer = std::make_unique<asio::steady_timer>(io_, kHigherRankConnectDelay);
+    peer.defer_timer->async_wait([this, p](const boost::system::error_code& ec) {
+      if (!ec) connect_peer(p);
+    });
+  });
 }
 
 void TcpComm::start_link_timer_locked(int p) {
@@ -1385,6 +1408,7 @@ void TcpComm::ready_locked(int p, std::vector<std::unique_ptr<Conn>> conns) {
   peer.in.clear();
   peer.link = Link::kReady;
   if (peer.link_timer) peer.link_timer->cancel();
+  if (peer.defer_timer) peer.defer_timer->cancel();
   for (auto& c : peer.conns) {
     Conn* cp = c.get();
     asio::post(io_, [this, cp] { read_header(cp); });
