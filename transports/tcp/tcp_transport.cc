@@ -847,7 +847,8 @@ void TcpComm::cancel(strata_request_t h) noexcept {
 // ---------------------------------------------------------------- setup ---
 
 void TcpComm::setup(int64_t timeout_ms) {
-  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  const auto setup_start = Clock::now();
+  const auto deadline = setup_start + std::chrono::milliseconds(timeout_ms);
   auto left_ms = [&] {
     return std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count());
   };
@@ -955,6 +956,8 @@ void TcpComm::setup(int64_t timeout_ms) {
       }
     }
     host_.store_set(str_cat(name_, "/peers"), peers, left_ms());
+    host_.debug(who, ": read ", world_, " addresses and published the list in ",
+                std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - setup_start).count(), " ms");
   } else {
     try {
       peers = host_.store_get(str_cat(name_, "/peers"), left_ms());
@@ -1017,6 +1020,8 @@ void TcpComm::setup(int64_t timeout_ms) {
       }
     }
   });
+  host_.debug(who, ": ready to connect lazily after ",
+              std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - setup_start).count(), " ms");
   if (opts_.lazy) return;
 
   // "connect": "eager": every connection now, each rank connecting to the
