@@ -6,6 +6,7 @@
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -787,6 +788,107 @@ TEST(TcpTest, APeerThatNeverAnswersALazyConnectionIsNamedAtTheDeadline) {
     EXPECT_NE(std::string(e.what()).find("cannot connect to rank 2 (" + gone + ")"), std::string::npos) << e.what();
   }
   r.leave();
+  ::close(lfd);
+}
+
+// The simultaneous-connect rule, from the lower rank's side, by hand: rank 0
+// (real) is connecting to rank 1 (a test-made listener that does not accept
+// yet) when rank 1 connects to it with a correctly signed handshake. Rank 0
+// must answer "declined" (frame.h: kFlagHandshake | kFlagDeclined, MAC role
+// "decline" over rank 1's nonce) and close; then its own connection, once
+// rank 1 accepts and answers it, carries the message.
+TEST(TcpTest, TheLowerRankDeclinesAHigherRanksConnectionWhileItConnectsItself) {
+  PluginHost host;
+  const strata_host_api* api = host.host_api();
+  const std::string name = unique_name("decline");
+  const int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(lfd, 4), 0);
+  socklen_t len = sizeof a;
+  ::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
+  const std::string nonce1(32, 'o');
+  store_set(api, name + "/addr/1", "127.0.0.1:" + std::to_string(ntohs(a.sin_port)));
+  store_set(api, name + "/nonce/1", nonce1);
+  Rank r(host, R"({"connections_per_peer": 1, "timeout_s": 10})");
+  r.join(name, 0, 2, 5000);
+  const std::string secret = store_get(api, name + "/secret", 1000);
+  const std::string nonce0 = store_get(api, name + "/nonce/0", 1000);
+  uint64_t v = 42;
+  auto q = r.isend(1, 3, &v, 8);  // rank 0 connects to rank 1 now
+  pollfd pending{lfd, POLLIN, 0};
+  ASSERT_EQ(::poll(&pending, 1, 5000), 1) << "rank 0 did not connect";
+
+  auto read_exact = [](int fd, uint8_t* out, size_t n) {
+    timeval tv{5, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    size_t got = 0;
+    while (got < n) {
+      const ssize_t k = ::recv(fd, out + got, n - got, 0);
+      if (k <= 0) return false;
+      got += size_t(k);
+    }
+    return true;
+  };
+  constexpr size_t kHs = tcpw::kFrameHeaderBytes + tcpw::kHandshakeBytes;
+  auto signed_hs = [&](uint8_t* out, const char* role, const std::string& acceptor_nonce, const std::string& nonce) {
+    tcpw::FrameHeader h;
+    h.flags = tcpw::kFlagHandshake;
+    h.length = h.total = tcpw::kHandshakeBytes;
+    tcpw::encode_header(h, out);
+    tcpw::Handshake me;
+    me.name_hash = tcpw::comm_name_hash(name);
+    me.rank = 1;
+    me.world = 2;
+    me.conn_index = 0;
+    me.conns_per_peer = 1;
+    tcpw::encode_handshake(me, out + tcpw::kFrameHeaderBytes);
+    me.nonce = nonce;
+    me.mac = hs_mac(secret, role, out + tcpw::kFrameHeaderBytes, acceptor_nonce, nonce);
+    tcpw::encode_handshake(me, out + tcpw::kFrameHeaderBytes);
+  };
+
+  // Rank 1 connects to rank 0 as well: declined.
+  const int fd = connect_to(store_get(api, name + "/addr/0", 1000));
+  ASSERT_GE(fd, 0);
+  uint8_t hs[kHs];
+  const std::string my_nonce(32, 'x');
+  signed_hs(hs, "connect", nonce0, my_nonce);
+  ASSERT_EQ(::send(fd, hs, kHs, MSG_NOSIGNAL), ssize_t(kHs));
+  ASSERT_TRUE(read_exact(fd, hs, kHs)) << "no answer to rank 1's handshake";
+  tcpw::FrameHeader fh;
+  ASSERT_EQ(tcpw::decode_header(hs, tcpw::kFrameHeaderBytes, &fh), "");
+  EXPECT_EQ(fh.flags, tcpw::kFlagHandshake | tcpw::kFlagDeclined);
+  tcpw::Handshake ans;
+  ASSERT_EQ(tcpw::decode_handshake(hs + tcpw::kFrameHeaderBytes, tcpw::kHandshakeBytes, &ans), "");
+  EXPECT_EQ(ans.rank, 0);
+  EXPECT_EQ(ans.nonce, my_nonce);
+  EXPECT_EQ(ans.mac, hs_mac(secret, "decline", hs + tcpw::kFrameHeaderBytes, nonce0, my_nonce));
+  uint8_t more = 0;
+  EXPECT_EQ(::recv(fd, &more, 1, 0), 0) << "the declined connection stays open";
+  ::close(fd);
+
+  // Rank 0's own connection wins: accept it, answer, receive the message.
+  const int cfd = ::accept(lfd, nullptr, nullptr);
+  ASSERT_GE(cfd, 0);
+  ASSERT_TRUE(read_exact(cfd, hs, kHs));
+  tcpw::Handshake theirs;
+  ASSERT_EQ(tcpw::decode_handshake(hs + tcpw::kFrameHeaderBytes, tcpw::kHandshakeBytes, &theirs), "");
+  EXPECT_EQ(theirs.rank, 0);
+  signed_hs(hs, "accept", nonce1, theirs.nonce);
+  ASSERT_EQ(::send(cfd, hs, kHs, MSG_NOSIGNAL), ssize_t(kHs));
+  uint8_t frame[tcpw::kFrameHeaderBytes + 8];
+  ASSERT_TRUE(read_exact(cfd, frame, sizeof frame)) << "no message after the handshake";
+  ASSERT_EQ(tcpw::decode_header(frame, tcpw::kFrameHeaderBytes, &fh), "");
+  EXPECT_EQ(fh.tag, 3u);
+  uint64_t got = 0;
+  std::memcpy(&got, frame + tcpw::kFrameHeaderBytes, 8);
+  EXPECT_EQ(got, 42u);
+  EXPECT_EQ(r.wait(q, 5000), 8u);
+  r.leave();
+  ::close(cfd);
   ::close(lfd);
 }
 
