@@ -1046,9 +1046,14 @@ void TcpComm::setup(int64_t timeout_ms) {
     detail::throw_status(code, why);
   }
   if (!settled()) {
+    // At most 16 named: a 1,024-rank mesh that missed its deadline would
+    // otherwise put a thousand numbers in every rank's message.
     std::string missing;
+    int count = 0;
     for (int p = 0; p < world_; ++p)
-      if (p != rank_ && peers_[p].link != Link::kReady) missing += str_cat(missing.empty() ? "" : ", ", p);
+      if (p != rank_ && peers_[p].link != Link::kReady && ++count <= 16)
+        missing += str_cat(missing.empty() ? "" : ", ", p);
+    if (count > 16) missing += str_cat(" and ", count - 16, " more");
     lock.unlock();
     STRATA_THROW(STRATA_ERR_DEADLINE_EXCEEDED, who, ": rank(s) ", missing, " never connected within ", timeout_ms,
                  " ms; check that every rank creates communicator '", name_, "' and can reach ", my_addr);
