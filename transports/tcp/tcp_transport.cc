@@ -162,8 +162,8 @@ bool same_secret(const std::string& a, const std::string& b) {
 // strangers) drop the oldest, so fds stay bounded and a real peer's
 // connection is always read.
 constexpr size_t kMaxPendingHandshakes = 64;
-// How long the higher rank of a pair waits for the lower one to connect
-// before it connects itself (see link_locked).
+// How long a receive from a lower rank waits for it to connect before this
+// rank connects itself (see link_locked).
 constexpr std::chrono::milliseconds kHigherRankConnectDelay{100};
 
 struct Conn {
@@ -279,7 +279,7 @@ class TcpComm : public sdk::CommBase {
 
   // Connections (lazy by default): see "Link". All socket work below runs on
   // the io thread; link_locked may be called from any thread.
-  void link_locked(int p);
+  void link_locked(int p, bool for_send);
   void connect_peer(int p);
   void on_connected(Conn* c, const boost::system::error_code& ec);
   void on_answer(Conn* c, const boost::system::error_code& ec);
@@ -467,7 +467,7 @@ strata_request_t TcpComm::isend(int32_t peer, uint64_t tag, const strata_buffer&
   if (p.link != Link::kReady) {
     // Sent in order once the connections are up (or failed with the peer).
     p.unsent.push_back(r);
-    link_locked(peer);
+    link_locked(peer, true);
   } else {
     issue_send_locked(p, r);
   }
@@ -602,7 +602,7 @@ strata_request_t TcpComm::irecv(int32_t peer, uint64_t tag, const strata_buffer&
     p.posted[tag].push_back(r);
     // Connecting on a receive too (not only on the peer's send) finds a
     // peer that is gone at the first collective, not at the deadline.
-    if (!p.failed) link_locked(peer);
+    if (!p.failed) link_locked(peer, false);
     return reinterpret_cast<strata_request_t>(r);
   }
   const uint64_t seq = it->second.front();
@@ -1027,7 +1027,7 @@ void TcpComm::setup(int64_t timeout_ms) {
   // "connect": "eager": every connection now, each rank connecting to the
   // higher ones, within the setup deadline.
   std::unique_lock<std::mutex> lock(mu_);
-  for (int p = rank_ + 1; p < world_; ++p) link_locked(p);
+  for (int p = rank_ + 1; p < world_; ++p) link_locked(p, true);
   auto settled = [&] {
     for (int p = 0; p < world_; ++p)
       if (p != rank_ && (peers_[p].failed || peers_[p].link != Link::kReady)) return false;
@@ -1116,23 +1116,25 @@ bool TcpComm::signed_by_peer(const Conn& c, const Handshake& hs, const char* rol
   return same_secret(hs.mac, handshake_mac(secret_, role, c.hs.data() + kFrameHeaderBytes, acceptor_nonce, hs.nonce));
 }
 
-void TcpComm::link_locked(int p) {
+void TcpComm::link_locked(int p, bool for_send) {
   Peer& peer = peers_[p];
   if (peer.failed || peer.link != Link::kNone) return;
   // Eagerly, only the lower rank of a pair connects; lazily, whoever needs
   // the link first (both at once: the lower rank's connections win).
   if (!opts_.lazy && p < rank_) return;
   peer.link = Link::kConnecting;
-  if (!opts_.lazy || p > rank_) {
+  if (!opts_.lazy || p > rank_ || for_send) {
     asio::post(io_, [this, p] { connect_peer(p); });
     return;
   }
-  // The higher rank of a pair gives the lower one a moment to connect first:
-  // in the usual patterns it does (a receive posted by the higher rank meets
-  // the lower rank's send, an all-to-all has both send), and one set of
-  // connections beats two racing (each race costs a declined set). Only if
-  // none arrives does the higher rank connect itself, so a lower rank that
-  // posts nothing for a while still gets this rank's messages.
+  // A receive from a lower rank gives it a moment to connect first: its
+  // message can only come after its own send, which connects at once, so
+  // waiting costs nothing and avoids a race (each race costs a declined
+  // set; a ring's rank r+1 would race rank r's send every time). Only if
+  // nothing arrives does this rank connect itself, so a peer that is gone
+  // is still found at the first receive. (A send never waits: collectives
+  // that wait on their sends one peer at a time would pay the delay per
+  // peer.)
   asio::post(io_, [this, p] {
     std::lock_guard<std::mutex> lock(mu_);
     Peer& peer = peers_[p];

@@ -31,11 +31,11 @@
 // with the communicator's secret) are made lazily: the first isend or irecv
 // naming a peer starts them, and they last until the communicator is
 // destroyed, so a rank holds sockets only to the peers it talks to (a ring:
-// 2 peers, whatever the world size). The lower rank of a pair connects at
-// once; the higher one first gives it 100 ms to do so (usually it does: its
-// matching send or receive), then connects itself. When both connect at
-// once, the lower rank's connections win and the higher rank's are declined
-// (frame.h). Sends posted before the connections are up wait, in order, and
+// 2 peers, whatever the world size). A send connects at once; a receive
+// from a lower rank first gives that rank 100 ms to connect (its message
+// comes after its own send, which connects), then connects itself. When
+// both ranks of a pair connect at once, the lower rank's connections win
+// and the higher rank's are declined (frame.h). Sends posted before the connections are up wait, in order, and
 // go when they are. A peer that does not complete the connection within
 // timeout_s fails that peer's requests with DEADLINE_EXCEEDED naming it (a
 // wait with a shorter timeout says the connection is not up yet); a peer
