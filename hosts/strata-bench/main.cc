@@ -227,9 +227,16 @@ int main(int argc, char** argv) {
   for (CLI::App* sub : {allreduce, broadcast, allgather, pingpong, rendezvous}) {
     if (sub == rendezvous) {
       sub->add_option("--transport", transport, "Transport of the communicators (tcp by default, shm, auto, ...)");
-      sub->add_option("-n,--ranks", mp.ranks, "Processes to start")->capture_default_str()->check(CLI::Range(2, 256));
+      // 4096: kMaxRendezvousRanks in multiproc.cc.
+      sub->add_option("-n,--ranks", mp.ranks, "Processes to start (up to 4096; see ulimit -n)")
+          ->capture_default_str()
+          ->check(CLI::Range(2, 4096));
       sub->add_option("--option", mp.transport_option_pairs, "Transport option KEY=JSON (repeatable)");
       sub->add_option("--timeout", mp.timeout_s, "Deadline in seconds of the rendezvous")->capture_default_str();
+      sub->add_option("--ring-options", mp.ring_options,
+                      "Extra options of the ring cross_device_ops, JSON (e.g. '{\"direct_max_bytes\": 0}': the "
+                      "first all-reduce goes around the ring instead of straight to every rank)")
+          ->capture_default_str();
       continue;
     }
     if (sub == pingpong)

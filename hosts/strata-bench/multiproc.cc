@@ -1,10 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "multiproc.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -41,6 +44,12 @@ using Clock = std::chrono::steady_clock;
 using detail::str_cat;
 
 constexpr const char* kStoreEnv = "STRATA_BENCH_STORE";
+// -n cap of `strata-bench rendezvous` (main.cc repeats it for the CLI):
+// each rank is a process with a store connection, a listening socket, its
+// transport connections and a few threads; rank 0 also serves the store
+// (one connection per rank), so 4,096 ranks stay far below a 20,000-fd
+// limit. The data benches stay at 256.
+constexpr int kMaxRendezvousRanks = 4096;
 constexpr const char* kReportFdEnv = "STRATA_BENCH_REPORT_FD";
 // How long the other workers get to report their own error once one failed.
 constexpr std::chrono::seconds kFailureGrace{15};
@@ -84,8 +93,12 @@ void validate(const MultiProcOptions& o) {
                  "': use allreduce, broadcast, allgather, pingpong or rendezvous");
   if (pingpong && o.ranks != 2)
     STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "-n ", o.ranks, ": pingpong runs between exactly 2 processes; pass -n 2");
-  if (o.ranks < 2 || o.ranks > 256)
-    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "-n ", o.ranks, ": the multi-process bench needs 2..256 processes");
+  // rendezvous measures scale (issue 12: 1,024 ranks and more); the others
+  // move data and stay at 256.
+  const int max_ranks = o.op == "rendezvous" ? kMaxRendezvousRanks : 256;
+  if (o.ranks < 2 || o.ranks > max_ranks)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "-n ", o.ranks, ": the multi-process ", o.op, " bench needs 2..",
+                 max_ranks, " processes");
   const DTypeInfo& d = dtype_info(o.dtype);
   if (o.sizes.empty() && o.op != "rendezvous") STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "--sizes is empty: pass e.g. --sizes 4K:64M");
   const std::uint64_t min_bytes = pingpong ? 0 : d.size * (o.op == "allgather" ? std::uint64_t(o.ranks) : 1);
@@ -541,31 +554,105 @@ double hmac_sha256_us() {
   return t[1000];
 }
 
+// This process's connected TCP sockets that are not the store's (every
+// rank has one to the store, rank 0 one from each rank): the transport's.
+// And its open fds and memory (PSS), for what a large job needs.
+struct ProcessUse {
+  int transport_sockets = 0;
+  int fds = 0;
+  double pss_mib = 0;
+};
+
+ProcessUse process_use(int store_port) {
+  ProcessUse u;
+  if (DIR* d = ::opendir("/proc/self/fd")) {
+    while (dirent* e = ::readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      ++u.fds;
+      const int fd = std::atoi(e->d_name);
+      int type = 0;
+      socklen_t tl = sizeof type;
+      if (::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tl) != 0 || type != SOCK_STREAM) continue;
+      sockaddr_storage self{}, peer{};
+      socklen_t sl = sizeof self, pl = sizeof peer;
+      if (::getsockname(fd, reinterpret_cast<sockaddr*>(&self), &sl) != 0) continue;
+      if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) continue;  // listening
+      auto port = [](const sockaddr_storage& a) -> int {
+        if (a.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in&>(a).sin_port);
+        if (a.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6&>(a).sin6_port);
+        return -1;
+      };
+      if (port(self) < 0 || port(self) == store_port || port(peer) == store_port) continue;
+      ++u.transport_sockets;
+    }
+    ::closedir(d);
+  }
+  // Proportional set size: shared pages (the libraries every rank maps)
+  // count 1/N each, so N times this is what N ranks take.
+  std::FILE* f = std::fopen("/proc/self/smaps_rollup", "r");
+  if (f != nullptr) {
+    char line[256];
+    while (std::fgets(line, sizeof line, f) != nullptr)
+      if (std::strncmp(line, "Pss:", 4) == 0) u.pss_mib = std::atof(line + 4) / 1024.0;
+    std::fclose(f);
+  }
+  return u;
+}
+
 // strata-bench rendezvous: what joining a job costs. Each rank times its
 // connect_store (the authenticated store handshake: challenge, HELLO with
-// its HMAC proof, the server's proof) once, then builds --repeats ring
-// communicators in a row (rendezvous gate, address exchange, the transport's
-// signed handshakes) and times each; every figure is the slowest rank's.
+// its HMAC proof, the server's proof) once, then, --repeats times, builds a
+// ring communicator (rendezvous gate, address exchange; with the tcp
+// transport's lazy connections nothing else) and does one all-reduce of one
+// value (which makes the connections it needs: with the tcp transport's
+// lazy connections and --ring-options '{"direct_max_bytes": 0}' a signed
+// handshake with each ring neighbour; with the ring's default, a payload
+// this small goes straight to every rank, and so connects to all of them),
+// and times both; every figure is the slowest rank's.
+// Then it counts each rank's transport sockets (connected TCP sockets other
+// than the store's), open fds and memory.
 int rendezvous_body(const MultiProcOptions& o, int rank, double store_s) {
-  std::vector<double> setup(std::size_t(o.trials));
+  std::vector<double> setup(std::size_t(o.trials)), ready(std::size_t(o.trials));
   double store_max = 0;
+  int store_port = -1;
+  {
+    const std::string a = PluginHost::global().store_address();
+    if (a.rfind(':') != std::string::npos) store_port = std::atoi(a.c_str() + a.rfind(':') + 1);
+  }
+  double sockets_max = 0, sockets_min = 0, fds_max = 0, pss_max = 0;
   for (int t = 0; t < o.trials; ++t) {
     const auto t0 = Clock::now();
     Ring ring(o, rank, str_cat("strata-bench-rendezvous-", t));
-    ring.barrier();  // ready: every rank's communicator is built
+    const double dt_setup = std::chrono::duration<double>(Clock::now() - t0).count();
+    (void)ring.sum_across_ranks(1);  // ready: the communicator did its first all-reduce
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-    setup[std::size_t(t)] = ring.max_across_ranks(dt);
+    setup[std::size_t(t)] = ring.max_across_ranks(dt_setup);
+    ready[std::size_t(t)] = ring.max_across_ranks(dt);
     if (t == 0) store_max = ring.max_across_ranks(store_s);
-    ring.barrier();
+    if (t == o.trials - 1) {
+      // (Not ring.barrier(): the ring's barrier, like its all-reduces up to
+      // direct_max_bytes, talks to every rank, which would connect them all.)
+      (void)ring.sum_across_ranks(0);
+      const ProcessUse u = process_use(store_port);
+      sockets_max = ring.max_across_ranks(u.transport_sockets);
+      sockets_min = -ring.max_across_ranks(-u.transport_sockets);
+      fds_max = ring.max_across_ranks(u.fds);
+      pss_max = ring.max_across_ranks(u.pss_mib);
+    }
+    (void)ring.sum_across_ranks(0);  // every rank is done with this communicator
   }
   if (rank != 0) return 0;
-  std::sort(setup.begin(), setup.end());
-  const double med = setup[setup.size() / 2];
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const double med = median(ready), setup_med = median(setup);
+  const double lo = *std::min_element(ready.begin(), ready.end()), hi = *std::max_element(ready.begin(), ready.end());
   const double hmac_us = hmac_sha256_us();
   // Per rank: 2 HMACs for the store (its proof and the check of the
-  // server's) plus, per transport connection, 2 (the tcp ring connects each
-  // rank to its 2 neighbours: 4 per rank).
-  const int hmacs_per_rank = 2 + 4;
+  // server's) plus 2 per transport connection (its proof, the check of the
+  // peer's).
+  const int hmacs_per_rank = 2 + 2 * static_cast<int>(sockets_max);
   if (o.json) {
     std::printf("%s\n", nlohmann::json{{"results",
                                         {{{"op", "rendezvous"},
@@ -573,9 +660,14 @@ int rendezvous_body(const MultiProcOptions& o, int rank, double store_s) {
                                           {"ranks", o.ranks},
                                           {"trials", o.trials},
                                           {"connect_store_max_ms", store_max * 1e3},
+                                          {"communicator_create_ms", setup_med * 1e3},
                                           {"communicator_setup_ms", med * 1e3},
-                                          {"communicator_setup_min_ms", setup.front() * 1e3},
-                                          {"communicator_setup_max_ms", setup.back() * 1e3},
+                                          {"communicator_setup_min_ms", lo * 1e3},
+                                          {"communicator_setup_max_ms", hi * 1e3},
+                                          {"transport_sockets_per_rank_max", sockets_max},
+                                          {"transport_sockets_per_rank_min", sockets_min},
+                                          {"open_fds_per_rank_max", fds_max},
+                                          {"pss_mib_per_rank_max", pss_max},
                                           {"hmac_sha256_us", hmac_us},
                                           {"hmacs_per_rank", hmacs_per_rank}}}}}
                                  .dump(2)
@@ -584,8 +676,12 @@ int rendezvous_body(const MultiProcOptions& o, int rank, double store_s) {
     std::printf("# rendezvous, ranks=%d, transport=%s, trials=%d (slowest rank of each)\n", o.ranks,
                 o.transport.c_str(), o.trials);
     std::printf("connect_store (authenticated store handshake, once per process): %.2f ms\n", store_max * 1e3);
-    std::printf("communicator setup (gate + addresses + signed transport handshakes): median %.2f ms (min %.2f, max %.2f)\n",
-                med * 1e3, setup.front() * 1e3, setup.back() * 1e3);
+    std::printf("communicator create (gate + addresses): median %.2f ms\n", setup_med * 1e3);
+    std::printf("ready (create + first all-reduce, with its connections): median %.2f ms (min %.2f, max %.2f)\n",
+                med * 1e3, lo * 1e3, hi * 1e3);
+    std::printf("transport sockets per rank: %.0f..%.0f; open fds per rank: max %.0f; memory per rank (PSS): max "
+                "%.1f MiB\n",
+                sockets_min, sockets_max, fds_max, pss_max);
     std::printf("HMAC-SHA256 of a handshake: %.2f us; %d per rank = %.1f us of each rank's setup\n", hmac_us,
                 hmacs_per_rank, hmac_us * hmacs_per_rank);
   }

@@ -4,7 +4,9 @@
 // in-process store is shared) or as forked processes that rendezvous
 // through the TCP store (PluginHost::connect_store).
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -68,6 +70,13 @@ TEST(TcpTest, OptionsAreValidatedAndCapsReported) {
   EXPECT_THROW(Rank(host, R"({"bind": "not-an-ip"})"), InvalidArgumentError);
   EXPECT_THROW(Rank(host, R"({"bind": "::1"})"), InvalidArgumentError);  // ipv6 false
   EXPECT_THROW(Rank(host, R"({"timeout_s": 0})"), InvalidArgumentError);
+  try {
+    Rank r(host, R"({"connect": "sometimes"})");
+    ADD_FAILURE() << "connect = sometimes accepted";
+  } catch (const InvalidArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find("\"lazy\""), std::string::npos) << e.what();
+  }
+  Rank eager(host, R"({"connect": "eager"})");
   Rank ok(host, R"({"ports": "0", "connections_per_peer": 1, "socket_buffer_bytes": 0})");
   const auto caps = ok.caps();
   EXPECT_TRUE(caps.flags & STRATA_TRANSPORT_CAP_P2P);
@@ -545,6 +554,343 @@ TEST(TcpTest, GarbageFromAPeerFailsItsRequestsNamingIt) {
   ::close(lfd);
 }
 
+
+// ------------------------------------------------------ lazy connections ---
+
+// Connected TCP sockets of this process that belong to communicator `name`:
+// accepted on this rank's transport port, or connected to a peer's (the
+// ports come from the store's "<name>/addr/<rank>"), so the store's own
+// connections do not count.
+int transport_sockets(const strata_host_api* api, const std::string& name, int rank, int world) {
+  std::vector<int> ports(static_cast<size_t>(world));
+  for (int p = 0; p < world; ++p) {
+    const std::string a = store_get(api, name + "/addr/" + std::to_string(p), 5000);
+    ports[size_t(p)] = std::stoi(a.substr(a.rfind(':') + 1));
+  }
+  int n = 0;
+  DIR* d = ::opendir("/proc/self/fd");
+  if (d == nullptr) return -1;
+  while (dirent* e = ::readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    const int fd = std::atoi(e->d_name);
+    int type = 0;
+    socklen_t tl = sizeof type;
+    if (::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tl) != 0 || type != SOCK_STREAM) continue;
+    sockaddr_in self{}, peer{};
+    socklen_t sl = sizeof self, pl = sizeof peer;
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&self), &sl) != 0 || self.sin_family != AF_INET) continue;
+    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) continue;  // listening or unconnected
+    const int local = ntohs(self.sin_port), remote = ntohs(peer.sin_port);
+    bool ours = local == ports[size_t(rank)];
+    for (int p = 0; p < world; ++p) ours = ours || (p != rank && remote == ports[size_t(p)]);
+    n += ours ? 1 : 0;
+  }
+  ::closedir(d);
+  return n;
+}
+
+// transport_sockets() once it equals `want` (a connection that lost a
+// simultaneous-connect race closes asynchronously), or its last value after 5 s.
+int settled_sockets(const strata_host_api* api, const std::string& name, int rank, int world, int want) {
+  int n = -1;
+  for (auto until = Clock::now() + std::chrono::seconds(5); Clock::now() < until;) {
+    n = transport_sockets(api, name, rank, world);
+    if (n == want) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return n;
+}
+
+// A ring all-reduce (reduce-scatter, then all-gather: each rank sends only
+// to rank+1 and receives only from rank-1) of world * 64 uint64 values.
+int ring_all_reduce(Rank& r, int rank, int world) {
+  constexpr size_t kChunk = 64;
+  std::vector<uint64_t> v(size_t(world) * kChunk), in(kChunk);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = uint64_t(rank) * 1000 + i;
+  const int next = (rank + 1) % world, prev = (rank + world - 1) % world;
+  auto chunk = [&](int c) { return v.data() + size_t((c % world + world) % world) * kChunk; };
+  for (int s = 0; s < 2 * (world - 1); ++s) {
+    const bool gather = s >= world - 1;
+    const int t = gather ? s - (world - 1) : s;
+    uint64_t* send = chunk(gather ? rank + 1 - t : rank - t);
+    uint64_t* recv = chunk(gather ? rank - t : rank - t - 1);
+    auto rq = r.irecv(prev, uint64_t(s), in.data(), kChunk * 8);
+    r.wait(r.isend(next, uint64_t(s), send, kChunk * 8));
+    if (r.wait(rq) != kChunk * 8) return 10;
+    for (size_t i = 0; i < kChunk; ++i) recv[i] = gather ? in[i] : recv[i] + in[i];
+  }
+  const uint64_t ranks = uint64_t(world) * uint64_t(world - 1) / 2;
+  for (size_t i = 0; i < v.size(); ++i)
+    if (v[i] != ranks * 1000 + uint64_t(world) * i) return 11;
+  return 0;
+}
+
+// A barrier over the ring's own connections: a token goes around twice
+// (the first lap gathers every rank, the second releases them).
+void ring_barrier(Rank& r, int rank, int world, uint64_t tag) {
+  const int next = (rank + 1) % world, prev = (rank + world - 1) % world;
+  uint8_t b = 0;
+  for (int lap = 0; lap < 2; ++lap) {
+    if (rank == 0) {
+      r.wait(r.isend(next, tag + uint64_t(lap), &b, 1));
+      r.wait(r.irecv(prev, tag + uint64_t(lap), &b, 1));
+    } else {
+      r.wait(r.irecv(prev, tag + uint64_t(lap), &b, 1));
+      r.wait(r.isend(next, tag + uint64_t(lap), &b, 1));
+    }
+  }
+}
+
+// Every rank sends its rank to every other and checks what it got.
+int all_to_all(Rank& r, int rank, int world, uint64_t tag) {
+  std::vector<uint64_t> got(static_cast<size_t>(world), 99), mine(static_cast<size_t>(world), static_cast<uint64_t>(rank));
+  std::vector<strata_request_t> rq, sq;
+  for (int p = 0; p < world; ++p)
+    if (p != rank) rq.push_back(r.irecv(p, tag, &got[size_t(p)], 8));
+  for (int p = 0; p < world; ++p)
+    if (p != rank) sq.push_back(r.isend(p, tag, &mine[size_t(p)], 8));
+  for (auto q : sq) r.wait(q);
+  for (auto q : rq) r.wait(q);
+  for (int p = 0; p < world; ++p)
+    if (p != rank && got[size_t(p)] != uint64_t(p)) return 20;
+  return 0;
+}
+
+// Issue 12 (bounded connection counts): with lazy connections (the default)
+// a ring all-reduce of 8 processes leaves each with exactly 2 transport
+// sockets (one per ring neighbour, connections_per_peer = 1), not 7; traffic
+// to every other rank then connects on demand (7). With "connect": "eager"
+// every rank holds all 7 as soon as comm_create returns.
+TEST(TcpTest, RingAllReduceOfEightProcessesHoldsTwoConnectionsPerRankThenAllToAllConnectsOnDemand) {
+  constexpr int kWorld = 8;
+  const std::string store = "127.0.0.1:" + std::to_string(unused_port());
+  test::run_forked_world(kWorld, store, [](PluginHost& host, int rank) -> int {
+    const strata_host_api* api = host.host_api();
+    {
+      Rank r(host, R"({"connections_per_peer": 1, "timeout_s": 20})");
+      r.join("lazy", rank, kWorld);  // connects nobody (see APeerThatNeverAnswers...)
+      if (const int bad = ring_all_reduce(r, rank, kWorld)) return bad;
+      if (const int n = settled_sockets(api, "lazy", rank, kWorld, 2); n != 2) {
+        std::fprintf(stderr, "rank %d: %d transport sockets after a ring all-reduce, want 2\n", rank, n);
+        return 31;
+      }
+      ring_barrier(r, rank, kWorld, 50);  // nobody connects further before every rank counted
+      if (const int bad = all_to_all(r, rank, kWorld, 100)) return bad;
+      if (const int n = settled_sockets(api, "lazy", rank, kWorld, kWorld - 1); n != kWorld - 1) {
+        std::fprintf(stderr, "rank %d: %d transport sockets after an all-to-all, want %d\n", rank, n, kWorld - 1);
+        return 32;
+      }
+      // Nobody leaves (closing its sockets) before every rank counted.
+      if (const int bad = all_to_all(r, rank, kWorld, 101)) return bad;
+    }
+    {
+      Rank r(host, R"({"connections_per_peer": 1, "connect": "eager"})");
+      r.join("eager", rank, kWorld);
+      if (const int n = settled_sockets(api, "eager", rank, kWorld, kWorld - 1); n != kWorld - 1) {
+        std::fprintf(stderr, "rank %d: %d transport sockets after an eager comm_create, want %d\n", rank, n,
+                     kWorld - 1);
+        return 33;
+      }
+      if (const int bad = all_to_all(r, rank, kWorld, 102)) return bad;  // nobody leaves before every rank counted
+      if (const int bad = ring_all_reduce(r, rank, kWorld)) return bad;
+      ring_barrier(r, rank, kWorld, 60);
+    }
+    return 0;
+  });
+}
+
+// Both ranks of a pair send first, at once, so both connect: the lower
+// rank's connections win and the higher rank's are declined; data flows
+// either way and in order, with 1 and 3 connections per peer.
+TEST(TcpTest, SimultaneousFirstSendsFromBothSidesConnectOnce) {
+  PluginHost host;
+  for (const char* opts : {R"({"connections_per_peer": 1})", R"({"connections_per_peer": 3})"}) {
+    for (int trial = 0; trial < 10; ++trial) {
+      const std::string name = unique_name("simul");
+      std::atomic<int> ready{0};
+      run_ranks(2, [&](int rank) {
+        Rank r(host, opts);
+        r.join(name, rank, 2, 10000);
+        ready++;
+        while (ready.load() < 2) std::this_thread::yield();
+        const int other = 1 - rank;
+        std::vector<uint64_t> out(600000), in(600000);  // 4.8 MB: striped when there are several connections
+        for (size_t i = 0; i < out.size(); ++i) out[i] = uint64_t(rank) * 7 + i;
+        auto s1 = r.isend(other, 1, out.data(), 8);
+        auto s2 = r.isend(other, 2, out.data(), out.size() * 8);
+        uint64_t first = 0;
+        auto q2 = r.irecv(other, 2, in.data(), in.size() * 8);
+        EXPECT_EQ(r.wait(r.irecv(other, 1, &first, 8), 10000), 8u);
+        EXPECT_EQ(r.wait(q2, 10000), in.size() * 8);
+        r.wait(s1, 10000);
+        r.wait(s2, 10000);
+        EXPECT_EQ(first, uint64_t(other) * 7);
+        for (size_t i = 0; i < in.size(); i += 4999) ASSERT_EQ(in[i], uint64_t(other) * 7 + i) << i;
+        uint8_t b = 0;  // neither leaves before the other has it all
+        auto bs = r.isend(other, 3, &b, 1);
+        r.wait(r.irecv(other, 3, &b, 1), 10000);
+        r.wait(bs, 10000);
+      });
+    }
+  }
+}
+
+// A rank published its address but never answers a connection (its process
+// is stopped, say: the kernel completes the TCP connect, nobody handshakes).
+// The first send to it fails at the transport's deadline (timeout_s) naming
+// it, not with a hang; a shorter wait says the connection is not up yet.
+// A rank whose port refuses (its process is gone) is UNAVAILABLE at once.
+TEST(TcpTest, APeerThatNeverAnswersALazyConnectionIsNamedAtTheDeadline) {
+  PluginHost host;
+  const strata_host_api* api = host.host_api();
+  const std::string name = unique_name("silent");
+  const int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(lfd, 4), 0);  // never accepted
+  socklen_t len = sizeof a;
+  ::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
+  const std::string silent = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  const std::string gone = "127.0.0.1:" + std::to_string(unused_port());
+  store_set(api, name + "/addr/1", silent);
+  store_set(api, name + "/nonce/1", std::string(32, 's'));
+  store_set(api, name + "/addr/2", gone);
+  store_set(api, name + "/nonce/2", std::string(32, 'g'));
+  Rank r(host, R"({"connections_per_peer": 1, "timeout_s": 1})");
+  r.join(name, 0, 3, 5000);  // lazily: succeeds, nobody is contacted yet
+  uint64_t v = 1;
+  auto q = r.isend(1, 0, &v, 8);
+  try {
+    r.wait(q, 200);
+    ADD_FAILURE() << "a send to a silent rank completed";
+  } catch (const DeadlineExceededError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1 (" + silent + ") has not finished the connection handshake"),
+              std::string::npos)
+        << e.what();
+  }
+  const auto t0 = Clock::now();
+  try {
+    r.wait(q, 20000);
+    ADD_FAILURE() << "a send to a silent rank completed";
+  } catch (const DeadlineExceededError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1 (" + silent + ") did not answer the connection handshake within 1000 ms"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(5));
+  EXPECT_THROW(r.wait(r.irecv(1, 0, &v, 8), 1000), DeadlineExceededError);  // the peer stays failed
+  try {
+    r.wait(r.irecv(2, 0, &v, 8), 5000);
+    ADD_FAILURE() << "a receive from a rank whose port refuses completed";
+  } catch (const UnavailableError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot connect to rank 2 (" + gone + ")"), std::string::npos) << e.what();
+  }
+  r.leave();
+  ::close(lfd);
+}
+
+// The simultaneous-connect rule, from the lower rank's side, by hand: rank 0
+// (real) is connecting to rank 1 (a test-made listener that does not accept
+// yet) when rank 1 connects to it with a correctly signed handshake. Rank 0
+// must answer "declined" (frame.h: kFlagHandshake | kFlagDeclined, MAC role
+// "decline" over rank 1's nonce) and close; then its own connection, once
+// rank 1 accepts and answers it, carries the message.
+TEST(TcpTest, TheLowerRankDeclinesAHigherRanksConnectionWhileItConnectsItself) {
+  PluginHost host;
+  const strata_host_api* api = host.host_api();
+  const std::string name = unique_name("decline");
+  const int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(lfd, 4), 0);
+  socklen_t len = sizeof a;
+  ::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
+  const std::string nonce1(32, 'o');
+  store_set(api, name + "/addr/1", "127.0.0.1:" + std::to_string(ntohs(a.sin_port)));
+  store_set(api, name + "/nonce/1", nonce1);
+  Rank r(host, R"({"connections_per_peer": 1, "timeout_s": 10})");
+  r.join(name, 0, 2, 5000);
+  const std::string secret = store_get(api, name + "/secret", 1000);
+  const std::string nonce0 = store_get(api, name + "/nonce/0", 1000);
+  uint64_t v = 42;
+  auto q = r.isend(1, 3, &v, 8);  // rank 0 connects to rank 1 now
+  pollfd pending{lfd, POLLIN, 0};
+  ASSERT_EQ(::poll(&pending, 1, 5000), 1) << "rank 0 did not connect";
+
+  auto read_exact = [](int fd, uint8_t* out, size_t n) {
+    timeval tv{5, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    size_t got = 0;
+    while (got < n) {
+      const ssize_t k = ::recv(fd, out + got, n - got, 0);
+      if (k <= 0) return false;
+      got += size_t(k);
+    }
+    return true;
+  };
+  constexpr size_t kHs = tcpw::kFrameHeaderBytes + tcpw::kHandshakeBytes;
+  auto signed_hs = [&](uint8_t* out, const char* role, const std::string& acceptor_nonce, const std::string& nonce) {
+    tcpw::FrameHeader h;
+    h.flags = tcpw::kFlagHandshake;
+    h.length = h.total = tcpw::kHandshakeBytes;
+    tcpw::encode_header(h, out);
+    tcpw::Handshake me;
+    me.name_hash = tcpw::comm_name_hash(name);
+    me.rank = 1;
+    me.world = 2;
+    me.conn_index = 0;
+    me.conns_per_peer = 1;
+    tcpw::encode_handshake(me, out + tcpw::kFrameHeaderBytes);
+    me.nonce = nonce;
+    me.mac = hs_mac(secret, role, out + tcpw::kFrameHeaderBytes, acceptor_nonce, nonce);
+    tcpw::encode_handshake(me, out + tcpw::kFrameHeaderBytes);
+  };
+
+  // Rank 1 connects to rank 0 as well: declined.
+  const int fd = connect_to(store_get(api, name + "/addr/0", 1000));
+  ASSERT_GE(fd, 0);
+  uint8_t hs[kHs];
+  const std::string my_nonce(32, 'x');
+  signed_hs(hs, "connect", nonce0, my_nonce);
+  ASSERT_EQ(::send(fd, hs, kHs, MSG_NOSIGNAL), ssize_t(kHs));
+  ASSERT_TRUE(read_exact(fd, hs, kHs)) << "no answer to rank 1's handshake";
+  tcpw::FrameHeader fh;
+  ASSERT_EQ(tcpw::decode_header(hs, tcpw::kFrameHeaderBytes, &fh), "");
+  EXPECT_EQ(fh.flags, tcpw::kFlagHandshake | tcpw::kFlagDeclined);
+  tcpw::Handshake ans;
+  ASSERT_EQ(tcpw::decode_handshake(hs + tcpw::kFrameHeaderBytes, tcpw::kHandshakeBytes, &ans), "");
+  EXPECT_EQ(ans.rank, 0);
+  EXPECT_EQ(ans.nonce, my_nonce);
+  EXPECT_EQ(ans.mac, hs_mac(secret, "decline", hs + tcpw::kFrameHeaderBytes, nonce0, my_nonce));
+  uint8_t more = 0;
+  EXPECT_EQ(::recv(fd, &more, 1, 0), 0) << "the declined connection stays open";
+  ::close(fd);
+
+  // Rank 0's own connection wins: accept it, answer, receive the message.
+  const int cfd = ::accept(lfd, nullptr, nullptr);
+  ASSERT_GE(cfd, 0);
+  ASSERT_TRUE(read_exact(cfd, hs, kHs));
+  tcpw::Handshake theirs;
+  ASSERT_EQ(tcpw::decode_handshake(hs + tcpw::kFrameHeaderBytes, tcpw::kHandshakeBytes, &theirs), "");
+  EXPECT_EQ(theirs.rank, 0);
+  signed_hs(hs, "accept", nonce1, theirs.nonce);
+  ASSERT_EQ(::send(cfd, hs, kHs, MSG_NOSIGNAL), ssize_t(kHs));
+  uint8_t frame[tcpw::kFrameHeaderBytes + 8];
+  ASSERT_TRUE(read_exact(cfd, frame, sizeof frame)) << "no message after the handshake";
+  ASSERT_EQ(tcpw::decode_header(frame, tcpw::kFrameHeaderBytes, &fh), "");
+  EXPECT_EQ(fh.tag, 3u);
+  uint64_t got = 0;
+  std::memcpy(&got, frame + tcpw::kFrameHeaderBytes, 8);
+  EXPECT_EQ(got, 42u);
+  EXPECT_EQ(r.wait(q, 5000), 8u);
+  r.leave();
+  ::close(cfd);
+  ::close(lfd);
+}
 
 TEST(TcpTest, ForkedProcessesRingExchangeOverTheTcpStore) {
   const std::string store = "127.0.0.1:" + std::to_string(unused_port());

@@ -61,7 +61,7 @@ std::string decode_header(const uint8_t* data, size_t size, FrameHeader* out) {
   if (version != kFrameVersion)
     return "frame version " + std::to_string(version) + " but this process speaks " +
            std::to_string(kFrameVersion) + " (run the same Strata version on every rank)";
-  if (h.flags != kFlagData && h.flags != kFlagHandshake)
+  if (h.flags != kFlagData && h.flags != kFlagHandshake && h.flags != (kFlagHandshake | kFlagDeclined))
     return "unknown frame flags " + hex(h.flags);
   if (h.total > kMaxMessageBytes)
     return "message size " + std::to_string(h.total) + " exceeds the limit of " +
@@ -69,7 +69,7 @@ std::string decode_header(const uint8_t* data, size_t size, FrameHeader* out) {
   if (h.length > h.total || h.offset > h.total - h.length)
     return "frame range [" + std::to_string(h.offset) + ", +" + std::to_string(h.length) +
            ") lies outside the " + std::to_string(h.total) + "-byte message";
-  if (h.flags == kFlagHandshake && (h.length != kHandshakeBytes || h.total != kHandshakeBytes))
+  if ((h.flags & kFlagHandshake) != 0 && (h.length != kHandshakeBytes || h.total != kHandshakeBytes))
     return "handshake frame of " + std::to_string(h.length) + " bytes (expected " +
            std::to_string(kHandshakeBytes) + ")";
   *out = h;

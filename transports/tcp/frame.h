@@ -21,6 +21,13 @@
 // store access cannot join or inject data, and a recorded handshake is
 // useless in another communicator (other nonces) or the same one (slot
 // already taken).
+//
+// Version 3 (lazy connections): either rank of a pair may connect first.
+// When both do at once, the lower rank's connections win: an acceptor that
+// is itself connecting to a higher rank answers that rank's handshake with
+// flags = kFlagHandshake | kFlagDeclined and HMAC(secret, "strata-tcp-2
+// decline" | ...), and closes; the higher rank then waits for the lower
+// rank's connections. A version-2 peer sees a clear version error.
 #pragma once
 
 #include <cstddef>
@@ -30,7 +37,7 @@
 namespace strata::transport::tcp {
 
 constexpr uint32_t kFrameMagic = 0x53545446;  // "FTTS"
-constexpr uint16_t kFrameVersion = 2;
+constexpr uint16_t kFrameVersion = 3;
 constexpr size_t kFrameHeaderBytes = 48;
 constexpr size_t kHandshakeFieldBytes = 24;  ///< name_hash .. conns_per_peer, the MAC's input
 constexpr size_t kHandshakeNonceBytes = 32;
@@ -39,7 +46,11 @@ constexpr size_t kHandshakeBytes = kHandshakeFieldBytes + kHandshakeNonceBytes +
 /// Largest message the decoder accepts (a sanity bound against garbage).
 constexpr uint64_t kMaxMessageBytes = 1ull << 40;
 
-enum FrameFlags : uint16_t { kFlagData = 0, kFlagHandshake = 1 };
+enum FrameFlags : uint16_t {
+  kFlagData = 0,
+  kFlagHandshake = 1,
+  kFlagDeclined = 2,  ///< only with kFlagHandshake: "connect to me the other way" (see above)
+};
 
 struct FrameHeader {
   uint16_t flags = kFlagData;

@@ -157,10 +157,14 @@ bool same_secret(const std::string& a, const std::string& b) {
 }
 
 // Connections accepted but not yet through their handshake, at most, on
-// top of every lower rank's connections (which may all arrive at once in a
-// large job): more (a flood of idle strangers) drop the oldest, so fds stay
-// bounded and a real peer's connection is always read.
+// top of one set per other rank (with lazy connections any rank may connect
+// at any time, all at once in an all-to-all): more (a flood of idle
+// strangers) drop the oldest, so fds stay bounded and a real peer's
+// connection is always read.
 constexpr size_t kMaxPendingHandshakes = 64;
+// How long a receive from a lower rank waits for it to connect before this
+// rank connects itself (see link_locked).
+constexpr std::chrono::milliseconds kHigherRankConnectDelay{100};
 
 struct Conn {
   explicit Conn(asio::io_context& io) : socket(io) {}
@@ -171,15 +175,32 @@ struct Conn {
   FrameHeader rx{};
   bool parked = false;  // holds rx for a message whose lower-numbered predecessors are unknown
   bool eof = false;     // the peer closed this connection cleanly
+  bool abandoned = false;  // lost a simultaneous-connect race (or its peer failed): ignore its handlers
   std::deque<SendFrame> sendq;
   bool writing = false;
   std::array<uint8_t, kFrameHeaderBytes + kHandshakeBytes> hs{};  // handshake I/O
   std::string hs_nonce;  // connecting side: this connection's nonce
 };
 
+// Where the connections to one peer stand. kNone until this rank sends to
+// or receives from the peer (or the peer connects); kConnecting while our
+// own connections' handshakes run; kAccepting while the peer's do (it
+// connected first, or won the race: the lower rank's connections win);
+// kReady once all connections_per_peer are through, for the communicator's
+// lifetime.
+enum class Link : uint8_t { kNone, kConnecting, kAccepting, kReady };
+
 struct Peer {
   std::string address;
-  std::vector<std::unique_ptr<Conn>> conns;
+  tcp::endpoint endpoint;
+  std::vector<std::unique_ptr<Conn>> conns;  // the ready connections (empty before kReady)
+  Link link = Link::kNone;
+  std::vector<std::unique_ptr<Conn>> out;  // kConnecting: ours, by index
+  std::vector<std::unique_ptr<Conn>> in;   // kAccepting: the peer's, by index (null until it arrives)
+  int handshakes_done = 0;                 // of `out` or `in`
+  std::deque<Request*> unsent;             // sends posted before kReady, in seq order
+  std::unique_ptr<asio::steady_timer> link_timer;   // bounds kConnecting/kAccepting
+  std::unique_ptr<asio::steady_timer> defer_timer;  // a higher rank's delayed connect (link_locked)
   uint64_t send_seq = 0;
   uint64_t next_announce = 0;  // lowest incoming seq not seen yet
   std::map<uint64_t, std::unique_ptr<InMsg>> msgs;
@@ -254,6 +275,25 @@ class TcpComm : public sdk::CommBase {
   void complete_msg_locked(int p, uint64_t seq, InMsg* m);
   bool try_send_inline_locked(Conn* c, SendFrame& f);
   void match_posted_locked(Peer& peer, Request* r);
+  void issue_send_locked(Peer& p, Request* r);
+
+  // Connections (lazy by default): see "Link". All socket work below runs on
+  // the io thread; link_locked may be called from any thread.
+  void link_locked(int p, bool for_send);
+  void connect_peer(int p);
+  void on_connected(Conn* c, const boost::system::error_code& ec);
+  void on_answer(Conn* c, const boost::system::error_code& ec);
+  void accept_next();
+  void on_peer_handshake(Conn* c, const boost::system::error_code& ec);
+  void answer_locked(Conn* c, const Handshake& theirs, bool decline);
+  void abandon_locked(std::vector<std::unique_ptr<Conn>>& conns);
+  void start_link_timer_locked(int p);
+  void ready_locked(int p, std::vector<std::unique_ptr<Conn>> conns);
+  void tune(tcp::socket& s) const;
+  std::string check_hs(const Conn& c, Handshake* hs, uint16_t* flags) const;
+  void my_hs(Conn& c, uint16_t flags, const char* role, const std::string& acceptor_nonce,
+             const std::string& nonce) const;
+  bool signed_by_peer(const Conn& c, const Handshake& hs, const char* role, const std::string& acceptor_nonce) const;
 
   sdk::Host host_;
   Options opts_;
@@ -261,6 +301,21 @@ class TcpComm : public sdk::CommBase {
   int32_t rank_, world_;
   asio::io_context io_;  // first: destroyed after every socket
   std::vector<Peer> peers_;
+  // Handshake context, fixed after the rendezvous.
+  int nconn_ = 1;
+  uint64_t hash_ = 0;
+  std::string who_, secret_, my_nonce_;
+  std::vector<std::string> nonces_;
+  // The acceptor lives as long as the communicator; strangers and losers of a
+  // race are dropped. `handshaking_` (accepted, answer not yet written) and
+  // `unverified_` (handshake not read yet, oldest first) belong to the io thread.
+  tcp::acceptor acceptor_{io_};
+  asio::steady_timer accept_retry_{io_};
+  std::unordered_map<Conn*, std::unique_ptr<Conn>> handshaking_;
+  std::deque<Conn*> unverified_;
+  size_t max_pending_ = kMaxPendingHandshakes;
+  bool accept_error_logged_ = false;
+  std::vector<std::unique_ptr<Conn>> graveyard_;  // abandoned (closed) until their handlers ran; under mu_
   std::thread thread_;
   std::unique_ptr<asio::executor_work_guard<asio::io_context::executor_type>> work_;
   char region_token_ = 0;
@@ -276,7 +331,12 @@ TcpComm::~TcpComm() {
   abort("communicator destroyed");
   if (thread_.joinable()) {
     work_.reset();
-    asio::post(io_, [this] { io_.stop(); });
+    asio::post(io_, [this] {
+      boost::system::error_code ignored;
+      acceptor_.close(ignored);
+      accept_retry_.cancel();
+      io_.stop();
+    });
     thread_.join();
   }
   for (Request* r : live_) delete r;
@@ -364,12 +424,19 @@ void TcpComm::fail_peer_locked(int p, strata_status_t code, const std::string& r
       finish_locked(r, code, str_cat(describe(*r), ": ", reason));
     }
   }
-  // Sockets belong to the io thread; close them there.
+  for (Request* r : peer.unsent) finish_locked(r, code, str_cat(describe(*r), ": ", reason));
+  peer.unsent.clear();
+  // Sockets belong to the io thread; close them there (connections still in
+  // their handshake too: their handlers see `failed` and stop).
   asio::post(io_, [this, p] {
-    for (auto& c : peers_[p].conns) {
-      boost::system::error_code ec;
-      if (c) c->socket.close(ec);
-    }
+    std::lock_guard<std::mutex> lock(mu_);
+    Peer& peer = peers_[p];
+    boost::system::error_code ec;
+    for (auto* v : {&peer.conns, &peer.out, &peer.in})
+      for (auto& c : *v)
+        if (c) c->socket.close(ec);
+    if (peer.link_timer) peer.link_timer->cancel();
+    if (peer.defer_timer) peer.defer_timer->cancel();
   });
   cv_.notify_all();
 }
@@ -395,21 +462,31 @@ strata_request_t TcpComm::isend(int32_t peer, uint64_t tag, const strata_buffer&
     return reinterpret_cast<strata_request_t>(r);
   }
   p.send_seq++;
-  const size_t nconn = p.conns.size();
-  uint64_t stripes = 1;
-  if (nconn > 1 && buf.bytes >= 2 * kStripeMinBytes)
-    stripes = std::min<uint64_t>(nconn, buf.bytes / kStripeMinBytes);
-  const uint64_t per = (buf.bytes + stripes - 1) / stripes;
   Request* r = req.release();
   live_.insert(r);
+  if (p.link != Link::kReady) {
+    // Sent in order once the connections are up (or failed with the peer).
+    p.unsent.push_back(r);
+    link_locked(peer, true);
+  } else {
+    issue_send_locked(p, r);
+  }
+  return reinterpret_cast<strata_request_t>(r);
+}
+
+void TcpComm::issue_send_locked(Peer& p, Request* r) {
+  const size_t nconn = p.conns.size();
+  uint64_t stripes = 1;
+  if (nconn > 1 && r->bytes >= 2 * kStripeMinBytes) stripes = std::min<uint64_t>(nconn, r->bytes / kStripeMinBytes);
+  const uint64_t per = (r->bytes + stripes - 1) / stripes;
   r->pending_frames = static_cast<int>(stripes);
   for (uint64_t i = 0; i < stripes; ++i) {
     FrameHeader h;
-    h.tag = tag;
+    h.tag = r->tag;
     h.seq = r->seq;
-    h.offset = std::min(buf.bytes, i * per);
-    h.length = std::min(per, buf.bytes - h.offset);
-    h.total = buf.bytes;
+    h.offset = std::min(r->bytes, i * per);
+    h.length = std::min(per, r->bytes - h.offset);
+    h.total = r->bytes;
     Conn* c = p.conns[(r->seq + i) % nconn].get();
     SendFrame f;
     encode_header(h, f.header.data());
@@ -428,7 +505,6 @@ strata_request_t TcpComm::isend(int32_t peer, uint64_t tag, const strata_buffer&
     c->sendq.push_back(f);
     if (!c->writing) start_write_locked(c);
   }
-  return reinterpret_cast<strata_request_t>(r);
 }
 
 // Write as much of `f` as the socket takes now without blocking. Returns true
@@ -524,6 +600,9 @@ strata_request_t TcpComm::irecv(int32_t peer, uint64_t tag, const strata_buffer&
   }
   if (!buffered) {
     p.posted[tag].push_back(r);
+    // Connecting on a receive too (not only on the peer's send) finds a
+    // peer that is gone at the first collective, not at the deadline.
+    if (!p.failed) link_locked(peer, false);
     return reinterpret_cast<strata_request_t>(r);
   }
   const uint64_t seq = it->second.front();
@@ -722,10 +801,18 @@ uint64_t TcpComm::wait(strata_request_t h, int64_t timeout_ms) {
   if (timeout_ms < 0) timeout_ms = static_cast<int64_t>(opts_.timeout_s * 1000.0);
   std::unique_lock<std::mutex> lock(mu_);
   Request* r = lookup_locked(h);
-  if (!cv_.wait_until(lock, Clock::now() + std::chrono::milliseconds(timeout_ms), [&] { return visible(*r); }))
+  if (!cv_.wait_until(lock, Clock::now() + std::chrono::milliseconds(timeout_ms), [&] { return visible(*r); })) {
+    const Link link = peers_[r->peer].link;
+    if (link != Link::kReady)
+      STRATA_THROW(STRATA_ERR_DEADLINE_EXCEEDED, describe(*r), ": not complete after ", timeout_ms, " ms: ",
+                   peer_name(r->peer),
+                   link == Link::kNone ? " has not connected" : " has not finished the connection handshake",
+                   " (it may be stopped, overloaded or not running communicator '", name_,
+                   "'; the request is still pending)");
     STRATA_THROW(STRATA_ERR_DEADLINE_EXCEEDED, describe(*r), ": not complete after ", timeout_ms,
                  " ms; the peer may be stalled or has not posted the matching ",
                  r->is_send ? "irecv" : "isend", " (the request is still pending)");
+  }
   return release_locked(r);
 }
 
@@ -760,13 +847,15 @@ void TcpComm::cancel(strata_request_t h) noexcept {
 // ---------------------------------------------------------------- setup ---
 
 void TcpComm::setup(int64_t timeout_ms) {
-  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  const auto setup_start = Clock::now();
+  const auto deadline = setup_start + std::chrono::milliseconds(timeout_ms);
   auto left_ms = [&] {
     return std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count());
   };
-  const int nconn = opts_.connections_per_peer;
-  const uint64_t hash = comm_name_hash(name_);
+  nconn_ = opts_.connections_per_peer;
+  hash_ = comm_name_hash(name_);
   const std::string who = str_cat("comm_create('", name_, "') rank ", rank_, " of ", world_);
+  who_ = str_cat("tcp communicator '", name_, "' rank ", rank_, " of ", world_);  // after setup
 
   // Listen.
   std::string bind = opts_.bind;
@@ -797,7 +886,7 @@ void TcpComm::setup(int64_t timeout_ms) {
   } else {
     advertise = bind_addr.to_string();
   }
-  tcp::acceptor acceptor(io_);
+  tcp::acceptor& acceptor = acceptor_;
   uint16_t bound = 0;
   std::string last_error;
   for (uint32_t port = opts_.port_lo; port <= opts_.port_hi; ++port) {
@@ -822,21 +911,19 @@ void TcpComm::setup(int64_t timeout_ms) {
                  " (last error: ", last_error, "); widen the 'ports' option or use \"0\" for an ephemeral port");
   const std::string my_addr = join_host_port(advertise, bound);
   peers_[rank_].address = my_addr;
-  const std::string my_nonce = random_bytes(kHandshakeNonceBytes);
+  my_nonce_ = random_bytes(kHandshakeNonceBytes);
+  const std::string& my_nonce = my_nonce_;
   host_.store_set(str_cat(name_, "/nonce/", rank_), my_nonce, left_ms());
   host_.store_set(str_cat(name_, "/addr/", rank_), my_addr, left_ms());
   // The communicator's handshake secret, from rank 0 through the store.
-  std::string secret;
+  std::string& secret = secret_;
   if (rank_ == 0) {
     secret = random_bytes(32);
     host_.store_set(str_cat(name_, "/secret"), secret, left_ms());
   }
 
-  for (int p = 0; p < world_; ++p) {
-    if (p == rank_) continue;
-    peers_[p].conns.resize(static_cast<size_t>(nconn));
-  }
-  std::vector<std::string> nonces(static_cast<size_t>(world_));
+  nonces_.resize(static_cast<size_t>(world_));
+  std::vector<std::string>& nonces = nonces_;
   try {
     if (rank_ != 0) secret = host_.store_get(str_cat(name_, "/secret"), left_ms());
   } catch (const Error& e) {
@@ -869,6 +956,8 @@ void TcpComm::setup(int64_t timeout_ms) {
       }
     }
     host_.store_set(str_cat(name_, "/peers"), peers, left_ms());
+    host_.debug(who, ": read ", world_, " addresses and published the list in ",
+                std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - setup_start).count(), " ms");
   } else {
     try {
       peers = host_.store_get(str_cat(name_, "/peers"), left_ms());
@@ -899,219 +988,28 @@ void TcpComm::setup(int64_t timeout_ms) {
                    " for this rank, which listens at ", my_addr,
                    "; two processes joined communicator '", name_, "' as rank ", rank_);
   }
-  for (int p = rank_ + 1; p < world_; ++p) peers_[p].address = addrs[size_t(p)];
-
-
-  int pending = (world_ - 1) * nconn;
-  std::string failure;
-  strata_status_t failure_code = STRATA_OK;
-  auto fail = [&](strata_status_t code, const std::string& msg) {
-    if (failure.empty()) {
-      failure = msg;
-      failure_code = code;
-    }
-  };
-  auto tune = [&](tcp::socket& s) {
-    boost::system::error_code e;
-    s.set_option(tcp::no_delay(true), e);
-    if (opts_.socket_buffer_bytes > 0) {
-      s.set_option(asio::socket_base::send_buffer_size(static_cast<int>(opts_.socket_buffer_bytes)), e);
-      s.set_option(asio::socket_base::receive_buffer_size(static_cast<int>(opts_.socket_buffer_bytes)), e);
-    }
-  };
-  auto check_hs = [&](const Conn& c, const std::array<uint8_t, kFrameHeaderBytes + kHandshakeBytes>& buf,
-                      Handshake* hs) -> std::string {
-    FrameHeader h;
-    std::string bad = decode_header(buf.data(), kFrameHeaderBytes, &h);
-    if (bad.empty() && h.flags != kFlagHandshake) bad = "the first frame is not a handshake";
-    if (bad.empty()) bad = decode_handshake(buf.data() + kFrameHeaderBytes, kHandshakeBytes, hs);
-    if (!bad.empty()) return bad;
-    if (hs->name_hash != hash)
-      return "it belongs to another communicator (name hash differs); give every rank the same communicator name";
-    if (hs->world != world_)
-      return str_cat("it has world size ", hs->world, " but this rank has ", world_,
-                     "; start every rank with the same world size");
-    if (static_cast<int>(hs->conns_per_peer) != nconn)
-      return str_cat("it uses connections_per_peer = ", hs->conns_per_peer, " but this rank uses ", nconn,
-                     "; give every rank the same transport options");
-    return "";
-  };
-  // Our handshake on `c`: as the connecting side (acceptor_nonce = the
-  // peer's published nonce, nonce = a fresh one) or as the accepting side
-  // (acceptor_nonce = ours, nonce = the one the peer sent).
-  auto my_hs = [&](Conn& c, int index, const char* role, const std::string& acceptor_nonce, const std::string& nonce) {
-    FrameHeader h;
-    h.flags = kFlagHandshake;
-    h.length = h.total = kHandshakeBytes;
-    encode_header(h, c.hs.data());
-    Handshake hs;
-    hs.name_hash = hash;
-    hs.rank = rank_;
-    hs.world = world_;
-    hs.conn_index = static_cast<uint32_t>(index);
-    hs.conns_per_peer = static_cast<uint32_t>(nconn);
-    uint8_t* payload = c.hs.data() + kFrameHeaderBytes;
-    encode_handshake(hs, payload);  // the fields, for the MAC
-    hs.nonce = nonce;
-    hs.mac = handshake_mac(secret, role, payload, acceptor_nonce, nonce);
-    encode_handshake(hs, payload);
-  };
-  auto signed_by_peer = [&](const Conn& c, const Handshake& hs, const char* role, const std::string& acceptor_nonce) {
-    return same_secret(hs.mac, handshake_mac(secret, role, c.hs.data() + kFrameHeaderBytes, acceptor_nonce, hs.nonce));
-  };
-
-  // Accept from lower ranks. Keep accepting until setup ends, whatever the
-  // accepted connections do: an idle or hostile stranger must never take the
-  // turn of a real peer. A handshake without this communicator's MAC is
-  // dropped with a warning; a signed one that does not fit fails the setup.
-  std::vector<std::unique_ptr<Conn>> accepted;
-  std::deque<Conn*> unverified;  // accepted, handshake not read yet, oldest first
-  const size_t max_pending = kMaxPendingHandshakes + static_cast<size_t>(nconn) * static_cast<size_t>(rank_);
-  std::function<void()> do_accept;
-  auto forget = [&](Conn* c) { unverified.erase(std::remove(unverified.begin(), unverified.end(), c), unverified.end()); };
-  do_accept = [&] {
-    auto conn = std::make_unique<Conn>(io_);
-    Conn* c = conn.get();
-    accepted.push_back(std::move(conn));
-    acceptor.async_accept(c->socket, [&, c](const boost::system::error_code& e) {
-      if (e) return;
-      do_accept();
-      tune(c->socket);
-      if (unverified.size() >= max_pending) {
-        boost::system::error_code ignored;
-        Conn* oldest = unverified.front();
-        unverified.pop_front();
-        host_.warn(who, ": dropped a connection that sent no handshake: more than ", max_pending,
-                   " connections were waiting to be verified (is something flooding this port?)");
-        oldest->socket.close(ignored);
-      }
-      unverified.push_back(c);
-      asio::async_read(c->socket, asio::buffer(c->hs), [&, c](const boost::system::error_code& e2, size_t) {
-        forget(c);
-        boost::system::error_code ignored;
-        const auto remote = c->socket.remote_endpoint(ignored);
-        const std::string from = join_host_port(remote.address().to_string(), remote.port());
-        if (e2 == asio::error::operation_aborted) return;
-        if (e2) {
-          host_.warn(who, ": dropped a connection from ", from, " that closed before its handshake (", e2.message(), ")");
-          c->socket.close(ignored);
-          return;
-        }
-        FrameHeader fh;
-        Handshake hs;
-        if (!decode_header(c->hs.data(), kFrameHeaderBytes, &fh).empty() || fh.flags != kFlagHandshake ||
-            !decode_handshake(c->hs.data() + kFrameHeaderBytes, kHandshakeBytes, &hs).empty() ||
-            !signed_by_peer(*c, hs, "connect", my_nonce)) {
-          // Not a rank of this communicator (a port scanner, a process of
-          // another job, a replay): drop it, keep waiting for the real one.
-          host_.warn(who, ": dropped a connection from ", from,
-                     " whose handshake is not signed with this communicator's secret (a stranger, or a rank of "
-                     "another job or an earlier run)");
-          c->socket.close(ignored);
-          return;
-        }
-        std::string bad = check_hs(*c, c->hs, &hs);
-        if (bad.empty() && hs.rank >= rank_)
-          bad = str_cat("rank ", hs.rank, " connected, but only lower ranks connect to rank ", rank_);
-        if (bad.empty() && peers_[hs.rank].conns[hs.conn_index] != nullptr)
-          bad = str_cat("rank ", hs.rank, " opened connection ", hs.conn_index, " twice");
-        if (!bad.empty()) {
-          fail(STRATA_ERR_FAILED_PRECONDITION, str_cat(who, ": rejected a connection from ", from, ": ", bad));
-          c->socket.close(ignored);
-          return;
-        }
-        c->peer = hs.rank;
-        c->index = static_cast<int>(hs.conn_index);
-        if (peers_[hs.rank].address.empty()) peers_[hs.rank].address = from;
-        my_hs(*c, c->index, "accept", my_nonce, hs.nonce);
-        asio::async_write(c->socket, asio::buffer(c->hs), [&, c](const boost::system::error_code& e3, size_t) {
-          if (e3) return fail(STRATA_ERR_UNAVAILABLE, str_cat(who, ": lost ", peer_name(c->peer), " during the handshake: ", e3.message()));
-          for (auto& a : accepted)
-            if (a.get() == c) peers_[c->peer].conns[c->index] = std::move(a);
-          --pending;
-        });
-      });
-    });
-  };
-  if (rank_ > 0) do_accept();
-
-  // Connect to higher ranks.
-  for (int p = rank_ + 1; p < world_; ++p) {
+  for (int p = 0; p < world_; ++p) {
+    if (p == rank_) continue;
+    Peer& peer = peers_[p];
+    peer.address = addrs[size_t(p)];
     std::string h;
     uint16_t port = 0;
-    if (!split_host_port(peers_[p].address, &h, &port))
-      STRATA_THROW(STRATA_ERR_DATA_LOSS, who, ": rank ", p, " published a malformed address '", peers_[p].address, "'");
+    if (!split_host_port(peer.address, &h, &port))
+      STRATA_THROW(STRATA_ERR_DATA_LOSS, who, ": rank ", p, " published a malformed address '", peer.address, "'");
     const auto addr = asio::ip::make_address(h, ec);
     if (ec)
-      STRATA_THROW(STRATA_ERR_DATA_LOSS, who, ": rank ", p, " published '", peers_[p].address, "', not an IP address");
-    for (int i = 0; i < nconn; ++i) {
-      peers_[p].conns[i] = std::make_unique<Conn>(io_);
-      Conn* c = peers_[p].conns[i].get();
-      c->peer = p;
-      c->index = i;
-      c->socket.async_connect(tcp::endpoint(addr, port), [&, c](const boost::system::error_code& e) {
-        if (e) return fail(STRATA_ERR_UNAVAILABLE, str_cat(who, ": cannot connect to ", peer_name(c->peer), ": ", e.message()));
-        tune(c->socket);
-        c->hs_nonce = random_bytes(kHandshakeNonceBytes);
-        my_hs(*c, c->index, "connect", nonces[size_t(c->peer)], c->hs_nonce);
-        asio::async_write(c->socket, asio::buffer(c->hs), [&, c](const boost::system::error_code& e2, size_t) {
-          if (e2) return fail(STRATA_ERR_UNAVAILABLE, str_cat(who, ": lost ", peer_name(c->peer), " during the handshake: ", e2.message()));
-          asio::async_read(c->socket, asio::buffer(c->hs), [&, c](const boost::system::error_code& e3, size_t) {
-            if (e3)
-              return fail(STRATA_ERR_UNAVAILABLE, str_cat(who, ": ", peer_name(c->peer), " closed the connection during the handshake (",
-                                                          e3.message(), "); see its log for the reason"));
-            Handshake hs;
-            std::string bad = check_hs(*c, c->hs, &hs);
-            if (bad.empty() && (hs.nonce != c->hs_nonce || !signed_by_peer(*c, hs, "accept", nonces[size_t(c->peer)])))
-              bad = "its answer is not signed with this communicator's secret (another job's process on that port?)";
-            if (bad.empty() && (hs.rank != c->peer || static_cast<int>(hs.conn_index) != c->index))
-              bad = str_cat("it answered as rank ", hs.rank, " (a stale address from an earlier run?)");
-            if (!bad.empty()) return fail(STRATA_ERR_FAILED_PRECONDITION, str_cat(who, ": ", peer_name(c->peer), " is incompatible: ", bad));
-            --pending;
-          });
-        });
-      });
-    }
+      STRATA_THROW(STRATA_ERR_DATA_LOSS, who, ": rank ", p, " published '", peer.address, "', not an IP address");
+    peer.endpoint = tcp::endpoint(addr, port);
   }
+  // Any rank may connect (lazily, any time); eagerly only the lower ones, all
+  // at once. Either way a real peer's connections always fit in the quota.
+  max_pending_ = kMaxPendingHandshakes + static_cast<size_t>(nconn_) *
+                                             static_cast<size_t>(opts_.lazy ? world_ - 1 : rank_);
 
-  while (pending > 0 && failure.empty() && Clock::now() < deadline) io_.run_one_until(deadline);
-  boost::system::error_code ignored;
-  acceptor.close(ignored);
-  if (pending > 0 || !failure.empty()) {
-    for (int p = 0; p < world_; ++p)
-      for (auto& c : peers_[p].conns)
-        if (c) c->socket.close(ignored);
-    for (auto& c : accepted)
-      if (c) c->socket.close(ignored);
-    io_.restart();
-    io_.poll();  // run the cancelled handlers while their captures are alive
-    if (!failure.empty()) detail::throw_status(failure_code, failure);
-    std::string missing;
-    for (int p = 0; p < rank_; ++p) {
-      bool all = true;
-      for (auto& c : peers_[p].conns) all = all && c != nullptr;
-      if (!all) missing += str_cat(missing.empty() ? "" : ", ", p);
-    }
-    if (rank_ + 1 < world_ && missing.empty()) missing = "a higher rank (handshake unanswered)";
-    STRATA_THROW(STRATA_ERR_DEADLINE_EXCEEDED, who, ": rank(s) ", missing, " never connected within ", timeout_ms,
-                 " ms; check that every rank creates communicator '", name_, "' and can reach ", my_addr);
-  }
-  // The accept is always re-armed, and strangers that never sent their
-  // handshake still have a read posted: close them and run those
-  // cancellations now, while the locals their handlers capture are alive.
-  for (auto& c : accepted)
-    if (c) c->socket.close(ignored);
-  io_.restart();
-  io_.poll();
-  accepted.clear();
-  io_.restart();
-  for (int p = 0; p < rank_; ++p) peers_[p].address = addrs[size_t(p)];
+  // From here the io thread owns the sockets: the acceptor runs for the
+  // communicator's lifetime, connections are made on demand (link_locked).
   work_ = std::make_unique<asio::executor_work_guard<asio::io_context::executor_type>>(io_.get_executor());
-  for (int p = 0; p < world_; ++p)
-    for (auto& c : peers_[p].conns) {
-      Conn* cp = c.get();
-      asio::post(io_, [this, cp] { read_header(cp); });
-    }
+  if (world_ > 1) asio::post(io_, [this] { accept_next(); });
   thread_ = std::thread([this] {
     for (;;) {
       try {
@@ -1122,6 +1020,417 @@ void TcpComm::setup(int64_t timeout_ms) {
       }
     }
   });
+  host_.debug(who, ": ready to connect lazily after ",
+              std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - setup_start).count(), " ms");
+  if (opts_.lazy) return;
+
+  // "connect": "eager": every connection now, each rank connecting to the
+  // higher ones, within the setup deadline.
+  std::unique_lock<std::mutex> lock(mu_);
+  for (int p = rank_ + 1; p < world_; ++p) link_locked(p, true);
+  auto settled = [&] {
+    for (int p = 0; p < world_; ++p)
+      if (p != rank_ && (peers_[p].failed || peers_[p].link != Link::kReady)) return false;
+    return true;
+  };
+  auto any_failed = [&]() -> const Peer* {
+    for (int p = 0; p < world_; ++p)
+      if (p != rank_ && peers_[p].failed) return &peers_[p];
+    return nullptr;
+  };
+  cv_.wait_until(lock, deadline, [&] { return settled() || any_failed() != nullptr; });
+  if (const Peer* f = any_failed()) {
+    const strata_status_t code = f->fail_code;
+    const std::string why = f->fail_reason;
+    lock.unlock();
+    detail::throw_status(code, why);
+  }
+  if (!settled()) {
+    // At most 16 named: a 1,024-rank mesh that missed its deadline would
+    // otherwise put a thousand numbers in every rank's message.
+    std::string missing;
+    int count = 0;
+    for (int p = 0; p < world_; ++p)
+      if (p != rank_ && peers_[p].link != Link::kReady && ++count <= 16)
+        missing += str_cat(missing.empty() ? "" : ", ", p);
+    if (count > 16) missing += str_cat(" and ", count - 16, " more");
+    lock.unlock();
+    STRATA_THROW(STRATA_ERR_DEADLINE_EXCEEDED, who, ": rank(s) ", missing, " never connected within ", timeout_ms,
+                 " ms; check that every rank creates communicator '", name_, "' and can reach ", my_addr);
+  }
+}
+
+// ---------------------------------------------------------- connections ---
+
+void TcpComm::tune(tcp::socket& s) const {
+  boost::system::error_code e;
+  s.set_option(tcp::no_delay(true), e);
+  if (opts_.socket_buffer_bytes > 0) {
+    s.set_option(asio::socket_base::send_buffer_size(static_cast<int>(opts_.socket_buffer_bytes)), e);
+    s.set_option(asio::socket_base::receive_buffer_size(static_cast<int>(opts_.socket_buffer_bytes)), e);
+  }
+}
+
+std::string TcpComm::check_hs(const Conn& c, Handshake* hs, uint16_t* flags) const {
+  FrameHeader h;
+  std::string bad = decode_header(c.hs.data(), kFrameHeaderBytes, &h);
+  if (bad.empty() && (h.flags & kFlagHandshake) == 0) bad = "the first frame is not a handshake";
+  if (bad.empty()) bad = decode_handshake(c.hs.data() + kFrameHeaderBytes, kHandshakeBytes, hs);
+  if (!bad.empty()) return bad;
+  *flags = h.flags;
+  if (hs->name_hash != hash_)
+    return "it belongs to another communicator (name hash differs); give every rank the same communicator name";
+  if (hs->world != world_)
+    return str_cat("it has world size ", hs->world, " but this rank has ", world_,
+                   "; start every rank with the same world size");
+  if (static_cast<int>(hs->conns_per_peer) != nconn_)
+    return str_cat("it uses connections_per_peer = ", hs->conns_per_peer, " but this rank uses ", nconn_,
+                   "; give every rank the same transport options");
+  return "";
+}
+
+// Our handshake on `c`: as the connecting side (acceptor_nonce = the peer's
+// published nonce, nonce = a fresh one) or as the accepting side
+// (acceptor_nonce = ours, nonce = the one the peer sent).
+void TcpComm::my_hs(Conn& c, uint16_t flags, const char* role, const std::string& acceptor_nonce,
+                    const std::string& nonce) const {
+  FrameHeader h;
+  h.flags = flags;
+  h.length = h.total = kHandshakeBytes;
+  encode_header(h, c.hs.data());
+  Handshake hs;
+  hs.name_hash = hash_;
+  hs.rank = rank_;
+  hs.world = world_;
+  hs.conn_index = static_cast<uint32_t>(c.index);
+  hs.conns_per_peer = static_cast<uint32_t>(nconn_);
+  uint8_t* payload = c.hs.data() + kFrameHeaderBytes;
+  encode_handshake(hs, payload);  // the fields, for the MAC
+  hs.nonce = nonce;
+  hs.mac = handshake_mac(secret_, role, payload, acceptor_nonce, nonce);
+  encode_handshake(hs, payload);
+}
+
+bool TcpComm::signed_by_peer(const Conn& c, const Handshake& hs, const char* role,
+                             const std::string& acceptor_nonce) const {
+  return same_secret(hs.mac, handshake_mac(secret_, role, c.hs.data() + kFrameHeaderBytes, acceptor_nonce, hs.nonce));
+}
+
+void TcpComm::link_locked(int p, bool for_send) {
+  Peer& peer = peers_[p];
+  if (peer.failed || peer.link != Link::kNone) return;
+  // Eagerly, only the lower rank of a pair connects; lazily, whoever needs
+  // the link first (both at once: the lower rank's connections win).
+  if (!opts_.lazy && p < rank_) return;
+  peer.link = Link::kConnecting;
+  if (!opts_.lazy || p > rank_ || for_send) {
+    asio::post(io_, [this, p] { connect_peer(p); });
+    return;
+  }
+  // A receive from a lower rank gives it a moment to connect first: its
+  // message can only come after its own send, which connects at once, so
+  // waiting costs nothing and avoids a race (each race costs a declined
+  // set; a ring's rank r+1 would race rank r's send every time). Only if
+  // nothing arrives does this rank connect itself, so a peer that is gone
+  // is still found at the first receive. (A send never waits: collectives
+  // that wait on their sends one peer at a time would pay the delay per
+  // peer.)
+  asio::post(io_, [this, p] {
+    std::lock_guard<std::mutex> lock(mu_);
+    Peer& peer = peers_[p];
+    if (peer.failed || peer.link != Link::kConnecting) return;
+    peer.defer_timer = std::make_unique<asio::steady_timer>(io_, kHigherRankConnectDelay);
+    peer.defer_timer->async_wait([this, p](const boost::system::error_code& ec) {
+      if (!ec) connect_peer(p);
+    });
+  });
+}
+
+void TcpComm::start_link_timer_locked(int p) {
+  Peer& peer = peers_[p];
+  if (!peer.link_timer) peer.link_timer = std::make_unique<asio::steady_timer>(io_);
+  const auto ms = static_cast<int64_t>(opts_.timeout_s * 1000.0);
+  peer.link_timer->expires_after(std::chrono::milliseconds(ms));
+  peer.link_timer->async_wait([this, p, ms](const boost::system::error_code& ec) {
+    if (ec) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    Peer& peer = peers_[p];
+    if (peer.failed || peer.link == Link::kReady) return;
+    fail_peer_locked(p, STRATA_ERR_DEADLINE_EXCEEDED,
+                     str_cat(who_, ": ", peer_name(p),
+                             peer.link == Link::kConnecting ? " did not answer" : " did not finish",
+                             " the connection handshake within ", ms,
+                             " ms (option timeout_s); it may be stopped, overloaded or not running communicator '",
+                             name_, "'"),
+                     true);
+  });
+}
+
+void TcpComm::abandon_locked(std::vector<std::unique_ptr<Conn>>& conns) {
+  boost::system::error_code ignored;
+  for (auto& c : conns) {
+    if (!c) continue;
+    c->abandoned = true;
+    c->socket.close(ignored);
+    graveyard_.push_back(std::move(c));
+  }
+  conns.clear();
+}
+
+void TcpComm::connect_peer(int p) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Peer& peer = peers_[p];
+  if (peer.failed || peer.link != Link::kConnecting || !peer.out.empty()) return;
+  start_link_timer_locked(p);
+  peer.handshakes_done = 0;
+  for (int i = 0; i < nconn_; ++i) {
+    peer.out.push_back(std::make_unique<Conn>(io_));
+    Conn* c = peer.out.back().get();
+    c->peer = p;
+    c->index = i;
+    c->socket.async_connect(peer.endpoint, [this, c](const boost::system::error_code& ec) { on_connected(c, ec); });
+  }
+}
+
+void TcpComm::on_connected(Conn* c, const boost::system::error_code& ec) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int p = c->peer;
+  if (c->abandoned || peers_[p].failed) return;
+  if (ec) {
+    fail_peer_locked(p, STRATA_ERR_UNAVAILABLE, str_cat(who_, ": cannot connect to ", peer_name(p), ": ", ec.message()),
+                     true);
+    return;
+  }
+  tune(c->socket);
+  c->hs_nonce = random_bytes(kHandshakeNonceBytes);
+  my_hs(*c, kFlagHandshake, "connect", nonces_[size_t(p)], c->hs_nonce);
+  asio::async_write(c->socket, asio::buffer(c->hs), [this, c](const boost::system::error_code& e2, size_t) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const int p = c->peer;
+    if (c->abandoned || peers_[p].failed) return;
+    if (e2) {
+      fail_peer_locked(p, STRATA_ERR_UNAVAILABLE,
+                       str_cat(who_, ": lost ", peer_name(p), " during the handshake: ", e2.message()), true);
+      return;
+    }
+    asio::async_read(c->socket, asio::buffer(c->hs),
+                     [this, c](const boost::system::error_code& e3, size_t) { on_answer(c, e3); });
+  });
+}
+
+void TcpComm::on_answer(Conn* c, const boost::system::error_code& ec) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int p = c->peer;
+  Peer& peer = peers_[p];
+  if (c->abandoned || peer.failed) return;
+  if (ec) {
+    fail_peer_locked(p, STRATA_ERR_UNAVAILABLE,
+                     str_cat(who_, ": ", peer_name(p), " closed the connection during the handshake (", ec.message(),
+                             "); see its log for the reason"),
+                     true);
+    return;
+  }
+  Handshake hs;
+  uint16_t flags = 0;
+  std::string bad = check_hs(*c, &hs, &flags);
+  const bool declined = bad.empty() && (flags & kFlagDeclined) != 0;
+  if (bad.empty() &&
+      (hs.nonce != c->hs_nonce || !signed_by_peer(*c, hs, declined ? "decline" : "accept", nonces_[size_t(p)])))
+    bad = "its answer is not signed with this communicator's secret (another job's process on that port?)";
+  if (bad.empty() && (hs.rank != p || static_cast<int>(hs.conn_index) != c->index))
+    bad = str_cat("it answered as rank ", hs.rank, " (a stale address from an earlier run?)");
+  if (!bad.empty()) {
+    fail_peer_locked(p, STRATA_ERR_FAILED_PRECONDITION, str_cat(who_, ": ", peer_name(p), " is incompatible: ", bad),
+                     true);
+    return;
+  }
+  if (declined) {
+    // The peer (a lower rank) is connecting to us at the same time: its
+    // connections win; the link timer keeps running until they arrive.
+    if (peer.link == Link::kConnecting) {
+      abandon_locked(peer.out);
+      peer.link = Link::kAccepting;
+      peer.handshakes_done = 0;
+    }
+    return;
+  }
+  if (++peer.handshakes_done == nconn_) ready_locked(p, std::move(peer.out));
+}
+
+void TcpComm::accept_next() {
+  auto owned = std::make_unique<Conn>(io_);
+  Conn* c = owned.get();
+  handshaking_.emplace(c, std::move(owned));
+  acceptor_.async_accept(c->socket, [this, c](const boost::system::error_code& e) {
+    if (e) {
+      handshaking_.erase(c);
+      if (e == asio::error::operation_aborted || !acceptor_.is_open()) return;
+      // Out of fds (EMFILE) and the like: the acceptor must outlive them.
+      if (!accept_error_logged_) {
+        accept_error_logged_ = true;
+        host_.warn(who_, ": accepting a connection failed (", e.message(),
+                   "); retrying every 100 ms (raise the open-file limit, ulimit -n, for large jobs)");
+      }
+      accept_retry_.expires_after(std::chrono::milliseconds(100));
+      accept_retry_.async_wait([this](const boost::system::error_code& e2) {
+        if (!e2) accept_next();
+      });
+      return;
+    }
+    accept_next();
+    tune(c->socket);
+    if (unverified_.size() >= max_pending_) {
+      boost::system::error_code ignored;
+      Conn* oldest = unverified_.front();
+      unverified_.pop_front();
+      host_.warn(who_, ": dropped a connection that sent no handshake: more than ", max_pending_,
+                 " connections were waiting to be verified (is something flooding this port?)");
+      oldest->socket.close(ignored);
+    }
+    unverified_.push_back(c);
+    asio::async_read(c->socket, asio::buffer(c->hs),
+                     [this, c](const boost::system::error_code& e2, size_t) { on_peer_handshake(c, e2); });
+  });
+}
+
+void TcpComm::on_peer_handshake(Conn* c, const boost::system::error_code& ec) {
+  unverified_.erase(std::remove(unverified_.begin(), unverified_.end(), c), unverified_.end());
+  boost::system::error_code ignored;
+  const auto remote = c->socket.remote_endpoint(ignored);
+  const std::string from = join_host_port(remote.address().to_string(), remote.port());
+  if (ec == asio::error::operation_aborted) {
+    handshaking_.erase(c);
+    return;
+  }
+  if (ec) {
+    // Also the loser of a simultaneous connect that gave up before its handshake.
+    host_.debug(who_, ": dropped a connection from ", from, " that closed before its handshake (", ec.message(), ")");
+    handshaking_.erase(c);
+    return;
+  }
+  FrameHeader fh;
+  Handshake hs;
+  if (!decode_header(c->hs.data(), kFrameHeaderBytes, &fh).empty() || fh.flags != kFlagHandshake ||
+      !decode_handshake(c->hs.data() + kFrameHeaderBytes, kHandshakeBytes, &hs).empty() ||
+      !signed_by_peer(*c, hs, "connect", my_nonce_)) {
+    // Not a rank of this communicator (a port scanner, a process of another
+    // job, a replay): drop it, keep accepting.
+    host_.warn(who_, ": dropped a connection from ", from,
+               " whose handshake is not signed with this communicator's secret (a stranger, or a rank of "
+               "another job or an earlier run)");
+    handshaking_.erase(c);
+    return;
+  }
+  uint16_t flags = 0;
+  std::string bad = check_hs(*c, &hs, &flags);
+  if (bad.empty() && hs.rank == rank_) bad = str_cat("it claims to be this rank (", rank_, ")");
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!bad.empty()) {
+    // Signed with our secret: one of our ranks, started differently.
+    const std::string why = str_cat(who_, ": rejected a connection from ", from, ": ", bad);
+    if (hs.rank >= 0 && hs.rank < world_ && hs.rank != rank_)
+      fail_peer_locked(hs.rank, STRATA_ERR_FAILED_PRECONDITION, why, true);
+    else
+      host_.warn(why);
+    handshaking_.erase(c);
+    return;
+  }
+  const int q = hs.rank;
+  Peer& peer = peers_[q];
+  if (peer.failed) {
+    handshaking_.erase(c);
+    return;
+  }
+  c->peer = q;
+  c->index = static_cast<int>(hs.conn_index);
+  bool decline = false;
+  switch (peer.link) {
+    case Link::kNone:
+      peer.link = Link::kAccepting;
+      peer.handshakes_done = 0;
+      start_link_timer_locked(q);
+      break;
+    case Link::kConnecting:
+      // Both connect at once: the lower rank's connections win.
+      if (q < rank_) {
+        abandon_locked(peer.out);
+        peer.link = Link::kAccepting;
+        peer.handshakes_done = 0;
+        start_link_timer_locked(q);  // (connect_peer may not have run yet)
+      } else {
+        decline = true;
+      }
+      break;
+    case Link::kAccepting:
+      if (!peer.in.empty() && peer.in[size_t(c->index)] != nullptr) {
+        host_.warn(who_, ": ", peer_name(q), " opened connection ", c->index, " twice; declined the second");
+        decline = true;
+      }
+      break;
+    case Link::kReady:
+      // From a higher rank: the rest of a set that lost a race and was
+      // given up (its first connection was declined). A lower rank never
+      // loses a race, so from one this is a fault worth a warning.
+      if (q < rank_)
+        host_.warn(who_, ": ", peer_name(q), " connected again although its connections are up; declined");
+      decline = true;
+      break;
+  }
+  answer_locked(c, hs, decline);
+}
+
+// Answer a verified handshake: accept (the connection joins the peer's set)
+// or decline (the answer is written, then the connection closed).
+void TcpComm::answer_locked(Conn* c, const Handshake& theirs, bool decline) {
+  const int q = c->peer;
+  Peer& peer = peers_[q];
+  auto owned = std::move(handshaking_.at(c));
+  handshaking_.erase(c);
+  if (decline) {
+    my_hs(*c, kFlagHandshake | kFlagDeclined, "decline", my_nonce_, theirs.nonce);
+    graveyard_.push_back(std::move(owned));
+    asio::async_write(c->socket, asio::buffer(c->hs), [c](const boost::system::error_code&, size_t) {
+      boost::system::error_code ignored;
+      c->socket.shutdown(tcp::socket::shutdown_send, ignored);
+      c->socket.close(ignored);
+    });
+    return;
+  }
+  if (peer.in.empty()) peer.in.resize(static_cast<size_t>(nconn_));
+  peer.in[size_t(c->index)] = std::move(owned);
+  my_hs(*c, kFlagHandshake, "accept", my_nonce_, theirs.nonce);
+  asio::async_write(c->socket, asio::buffer(c->hs), [this, c](const boost::system::error_code& e, size_t) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const int q = c->peer;
+    Peer& peer = peers_[q];
+    if (c->abandoned || peer.failed) return;
+    if (e) {
+      fail_peer_locked(q, STRATA_ERR_UNAVAILABLE,
+                       str_cat(who_, ": lost ", peer_name(q), " during the handshake: ", e.message()), true);
+      return;
+    }
+    if (++peer.handshakes_done == nconn_) ready_locked(q, std::move(peer.in));
+  });
+}
+
+void TcpComm::ready_locked(int p, std::vector<std::unique_ptr<Conn>> conns) {
+  Peer& peer = peers_[p];
+  peer.conns = std::move(conns);
+  peer.out.clear();
+  peer.in.clear();
+  peer.link = Link::kReady;
+  if (peer.link_timer) peer.link_timer->cancel();
+  if (peer.defer_timer) peer.defer_timer->cancel();
+  for (auto& c : peer.conns) {
+    Conn* cp = c.get();
+    asio::post(io_, [this, cp] { read_header(cp); });
+  }
+  while (!peer.unsent.empty()) {
+    Request* r = peer.unsent.front();
+    peer.unsent.pop_front();
+    issue_send_locked(peer, r);
+  }
+  cv_.notify_all();
 }
 
 // ------------------------------------------------------------ transport ---
@@ -1131,8 +1440,16 @@ TcpTransport::TcpTransport(sdk::Host host, const char* options_json) : host_(std
   const auto o = sdk::parse_options(options_json, comp);
   sdk::check_known_keys(o,
                         {"bind", "ports", "connections_per_peer", "ipv6", "socket_buffer_bytes", "timeout_s",
-                         "max_unexpected_bytes"},
+                         "max_unexpected_bytes", "connect"},
                         comp);
+  {
+    const std::string connect = sdk::get_option<std::string>(o, "connect", "lazy", comp);
+    if (connect != "lazy" && connect != "eager")
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'connect' of ", comp, " is '", connect,
+                   "'; use \"lazy\" (connect to a peer at its first send or receive) or \"eager\" (connect to "
+                   "every peer in comm_create)");
+    opts_.lazy = connect == "lazy";
+  }
   opts_.bind = sdk::get_option<std::string>(o, "bind", "", comp);
   opts_.ipv6 = sdk::get_option<bool>(o, "ipv6", false, comp);
   opts_.connections_per_peer = sdk::get_option<int>(o, "connections_per_peer", 2, comp);

@@ -16,12 +16,34 @@
 //                          timeout (default /timeouts/collective_s, else 300).
 //   "max_unexpected_bytes" bound on bytes buffered for messages that arrive
 //                          before their receive is posted (default 1 GiB).
+//   "connect"              "lazy" (default): connect to a peer at the first
+//                          isend or irecv naming it; "eager": connect to every
+//                          peer inside comm_create (a full mesh, N-1 peers
+//                          per rank; for latency-critical first steps or to
+//                          find unreachable peers up front).
 //
 // Model. comm_create listens, publishes "<name>/addr/<rank>" = "host:port"
-// in the host store, reads the peers' addresses, connects to every higher
-// rank and accepts from every lower one (connections_per_peer sockets per
-// pair, each opened with a handshake naming communicator, rank, world and
-// connection index). Then one io thread per communicator moves all bytes.
+// and a nonce in the host store, reads every peer's address in one record
+// from rank 0 ("<name>/peers") and starts one io thread per communicator,
+// which accepts connections for the communicator's lifetime and moves all
+// bytes. Connections (connections_per_peer sockets per pair, each opened with
+// a handshake naming communicator, rank, world and connection index, signed
+// with the communicator's secret) are made lazily: the first isend or irecv
+// naming a peer starts them, and they last until the communicator is
+// destroyed, so a rank holds sockets only to the peers it talks to (a ring:
+// 2 peers, whatever the world size). A send connects at once; a receive
+// from a lower rank first gives that rank 100 ms to connect (its message
+// comes after its own send, which connects), then connects itself. When
+// both ranks of a pair connect at once, the lower rank's connections win
+// and the higher rank's are declined (frame.h). Sends posted before the connections are up wait, in order, and
+// go when they are. A peer that does not complete the connection within
+// timeout_s fails that peer's requests with DEADLINE_EXCEEDED naming it (a
+// wait with a shorter timeout says the connection is not up yet); a peer
+// that refuses it (its process is gone) fails them with UNAVAILABLE. The
+// acceptor drops unsigned handshakes and keeps at most 64 + one set per
+// other rank of them pending. With "connect": "eager" the lower rank of each
+// pair connects inside comm_create, which fails naming the ranks that never
+// connected by its deadline.
 // Sends are matched to receives per (peer, tag) in posting order; a receive
 // posted before its message arrives gets the bytes written straight into its
 // buffer, otherwise the message is staged and copied once when the receive
@@ -47,6 +69,7 @@ struct Options {
   int64_t socket_buffer_bytes = 4 << 20;
   double timeout_s = 300;
   uint64_t max_unexpected_bytes = 1ull << 30;
+  bool lazy = true;  // "connect": "lazy" (default) or "eager"
 };
 
 class TcpComm;

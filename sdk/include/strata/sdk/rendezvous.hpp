@@ -107,7 +107,49 @@ inline void rendezvous_gate(const Host& host, const std::string& name, int rank,
   if (host.store_add(::strata::detail::str_cat(name, "/joined/count"), 1, timeout_ms) == world)
     host.store_set(open_key, "1", timeout_ms);
   const std::vector<std::string> keys{open_key};
-  auto missing = [&] { return missing_ranks(host, world, rank, key); };
+  // Who is missing costs one store request per rank. Only rank 0 looks
+  // (every report_every_ms, for its log) and leaves the answer under
+  // "<name>/joined/missing" ("-" for nobody); the others read that one key
+  // and, at their deadline, check just the ranks it names (ranks never
+  // leave, so that is exact). If every waiting rank listed them itself, a
+  // gate whose last rank starts late would send world x world requests to
+  // the store every few seconds (1,024 ranks: a million each 5 s).
+  const std::string missing_key = ::strata::detail::str_cat(name, "/joined/missing");
+  auto rank0_list = [&]() -> std::string {
+    try {
+      return host.store_get(missing_key, 0);
+    } catch (const Error& e) {
+      if (e.code() != STRATA_ERR_DEADLINE_EXCEEDED) throw;
+      return "";  // not written yet
+    }
+  };
+  auto missing = [&] {
+    if (rank == 0) {
+      std::string m = missing_ranks(host, world, rank, key);
+      host.store_set(missing_key, m.empty() ? std::string("-") : m, timeout_ms);
+      return m;
+    }
+    const std::string listed = rank0_list();
+    if (listed.empty()) return missing_ranks(host, world, rank, key);  // rank 0 has not looked (yet)
+    std::string m;
+    int n = 0;
+    for (size_t i = 0; i < listed.size();) {
+      if (listed[i] < '0' || listed[i] > '9') {
+        ++i;
+        continue;
+      }
+      const int r = std::atoi(listed.c_str() + i);
+      while (i < listed.size() && listed[i] >= '0' && listed[i] <= '9') ++i;
+      if (r == rank) continue;
+      try {
+        host.store_get(key(r), 0);
+      } catch (const Error& e) {
+        if (e.code() != STRATA_ERR_DEADLINE_EXCEEDED) throw;
+        m += (n++ == 0 ? "" : ", ") + std::to_string(r);
+      }
+    }
+    return m.empty() ? m : (n == 1 ? "rank " : "ranks ") + m;
+  };
   std::string last_missing;
   for (;;) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
@@ -122,6 +164,12 @@ inline void rendezvous_gate(const Host& host, const std::string& name, int rank,
                      "rendezvous deadline); start every worker the cluster spec lists (check their logs): ",
                      e.what());
       if (e.code() != STRATA_ERR_DEADLINE_EXCEEDED) throw;
+    }
+    if (rank != 0 && Clock::now() < deadline) {
+      // One request: rank 0's latest list, for the message should the store go away.
+      const std::string listed = rank0_list();
+      if (!listed.empty() && listed != "-") last_missing = listed;
+      continue;
     }
     const std::string m = missing();
     last_missing = m;
