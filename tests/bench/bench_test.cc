@@ -330,7 +330,7 @@ TEST(BenchTest, RendezvousReportsTheCostOfJoiningAJob) {
   EXPECT_GT(r.at("hmac_sha256_us").get<double>(), 0.0);
   Bench bad({"rendezvous", "-n", "1"});
   EXPECT_NE(bad.wait(std::chrono::seconds(30)), 0);
-  EXPECT_NE(bad.err().find("--ranks: Value 1 not in range 2 to 256"), std::string::npos) << bad.err();
+  EXPECT_NE(bad.err().find("--ranks: Value 1 not in range 2 to 4096"), std::string::npos) << bad.err();
 }
 
 TEST(BenchTest, InProcessModesStillWork) {
