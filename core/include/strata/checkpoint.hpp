@@ -206,6 +206,10 @@ class STRATA_API CheckpointManager {
   std::optional<std::string> latest_checkpoint() const;
   /// Paths of the complete checkpoints, oldest first.
   std::vector<std::string> checkpoints() const;
+  /// Delete every complete checkpoint (each first renamed away, so none is
+  /// ever seen half deleted) and then `directory` if that left it empty.
+  /// The caller decides who deletes (normally the chief only).
+  void delete_all();
   /// Restore the newest checkpoint when there is one (returns its status),
   /// else nullopt and nothing changes (tf's restore_or_initialize).
   std::optional<RestoreStatus> restore_or_initialize(const RestoreOptions& options = {});

@@ -387,10 +387,11 @@ void TensorBoard::on_train_end(const Logs&) {
 
 namespace {
 
-void track_model(Checkpoint& ckpt, Trainer& t, std::int64_t* epoch) {
+// What every trainer checkpoint holds: the model's trainable variables and
+// the optimizer's slots and iterations.
+void track_model(Checkpoint& ckpt, Trainer& t) {
   for (Variable* v : t.model().trainable_variables()) ckpt.track("model/" + v->name(), *v);
   t.optimizer().track(ckpt, "optimizer");
-  ckpt.track("step", epoch);
 }
 
 }  // namespace
@@ -418,7 +419,8 @@ void ModelCheckpoint::on_epoch_end(int epoch, const Logs& logs) {
   }
   std::int64_t done = epoch + 1;
   Checkpoint ckpt;
-  track_model(ckpt, *trainer(), &done);
+  track_model(ckpt, *trainer());
+  ckpt.track("step", &done);
   CheckpointManager(ckpt, directory_, max_to_keep_).save(done);  // every worker; the chief writes
 }
 
@@ -427,7 +429,8 @@ int ModelCheckpoint::restore_latest(Trainer& trainer, const std::string& directo
   if (!latest) return 0;
   std::int64_t done = 0;
   Checkpoint ckpt;
-  track_model(ckpt, trainer, &done);
+  track_model(ckpt, trainer);
+  ckpt.track("step", &done);
   ckpt.restore(*latest);
   return static_cast<int>(done);
 }
@@ -447,8 +450,7 @@ BackupAndRestoreCallback::~BackupAndRestoreCallback() = default;
 void BackupAndRestoreCallback::on_train_begin(const Logs&) {
   Trainer& t = *trainer();
   ckpt_ = std::make_unique<Checkpoint>();
-  for (Variable* v : t.model().trainable_variables()) ckpt_->track("model/" + v->name(), *v);
-  t.optimizer().track(*ckpt_, "optimizer");
+  track_model(*ckpt_, t);
   for (Metric* m : t.metrics()) m->track(*ckpt_, "metrics/" + m->name());
   ckpt_->track("step", &step_).track("epoch", &epoch_).track("step_in_epoch", &step_in_epoch_);
   ckpt_->track("epoch_done", &epoch_done_);
@@ -484,12 +486,7 @@ void BackupAndRestoreCallback::on_train_end(const Logs&) {
   ckpt_.reset();
   if (!delete_ || t.stop_training || !t.strategy().extended().is_chief()) return;
   Checkpoint nothing;
-  for (const std::string& path : CheckpointManager(nothing, directory_, 0).checkpoints()) {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::error_code ec;
-  fs::remove(directory_, ec);  // only when empty
+  CheckpointManager(nothing, directory_, 0).delete_all();
 }
 
 }  // namespace strata

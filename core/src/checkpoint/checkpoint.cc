@@ -876,6 +876,12 @@ std::string CheckpointManager::save(std::int64_t step) {
   return path;
 }
 
+void CheckpointManager::delete_all() {
+  for (const std::string& path : checkpoints()) delete_checkpoint(path);
+  std::error_code ec;
+  fs::remove(directory_, ec);  // only when empty: never the user's other files
+}
+
 std::optional<std::string> CheckpointManager::latest_checkpoint() const { return strata::latest_checkpoint(directory_); }
 
 std::vector<std::string> CheckpointManager::checkpoints() const {
@@ -989,9 +995,7 @@ void BackupAndRestore::training_end() {
   if (!options_.delete_on_completion || preempted_) return;
   Strategy& strategy = checkpoint_->impl_->strategy();
   if (!strategy.extended().is_chief()) return;
-  for (const std::string& path : manager_.checkpoints()) delete_checkpoint(path);
-  std::error_code ec;
-  fs::remove(manager_.directory(), ec);  // only when empty: never the user's other files
+  manager_.delete_all();
 }
 
 }  // namespace strata
