@@ -494,7 +494,7 @@ void* RingComm::work(size_t bytes) {
 // neighbours first). A mismatch is reported in preference to a transport
 // error seen while looking for it.
 void RingComm::step0(Op& op, const std::vector<int32_t>& send_to, const std::vector<int32_t>& recv_from,
-                     const void* payload, size_t payload_bytes, uint64_t aux) {
+                     const void* payload, size_t payload_bytes, uint64_t aux, bool wait_sends) {
   const CollectiveDesc& d = op.desc();
   const size_t slot = round_up(kHdr + opt_.direct_max_bytes, 64);
   ensure(hdr_recv_, slot * size_t(opt_.world_size));
@@ -583,6 +583,10 @@ void RingComm::step0(Op& op, const std::vector<int32_t>& send_to, const std::vec
     }
     check(recv_from[i], bytes);
   }
+  // A caller that rewrites hdr_send_ next (the barrier's next round) must
+  // not do so while a send of it is still queued (e.g. behind a connect).
+  if (wait_sends)
+    for (size_t s : sends) op.wait(s);
 }
 
 namespace {
@@ -905,7 +909,7 @@ void RingComm::barrier_impl() {
     // hears from rank - 2^k, so after ceil(log2 n) rounds each has heard,
     // through others, from every rank. Each pair meets at most once per
     // direction (the distances differ), so one tag serves every round.
-    for (int32_t k = 1; k < n; k *= 2) step0(op, {(r + k) % n}, {(r + n - k) % n}, nullptr, 0, 0);
+    for (int32_t k = 1; k < n; k *= 2) step0(op, {(r + k) % n}, {(r + n - k) % n}, nullptr, 0, 0, /*wait_sends=*/true);
   }
   op.finish();
 }

@@ -156,7 +156,7 @@ class RingComm {
 
   // The pieces of one collective; `Op` carries the sequence and cleanup.
   void step0(Op& op, const std::vector<int32_t>& send_to, const std::vector<int32_t>& recv_from,
-             const void* payload, size_t payload_bytes, uint64_t aux);
+             const void* payload, size_t payload_bytes, uint64_t aux, bool wait_sends = false);
   void ring_reduce_scatter(Op& op, DLDataType wire, strata_reduce_op rop, size_t count, int shift);
   void ring_all_gather(Op& op, size_t esize, size_t count, int shift);
   void direct_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop, size_t count);
