@@ -545,6 +545,19 @@ TEST_P(RingTest, AllOpsAllDtypesRingSmallChunks) {
   }
 }
 
+// Above direct_max_ranks nothing talks to every rank: small payloads take
+// the ring and the barrier is a dissemination barrier (3, 5 and 8 ranks: a
+// world that is not a power of two included). Every op and dtype still
+// gives the right result.
+TEST_P(RingTest, AboveDirectMaxRanksSmallPayloadsAndBarriersUseBoundedPeers) {
+  const json extra = {{"direct_max_ranks", 2}};
+  for (World w : {World{3, 1}, World{5, 2}, World{8, 1}}) {
+    if (kSanitized && w.n > 5) continue;
+    run_matrix(transport(), w, extra, kSanitized ? std::vector<size_t>{0, 1, 7, 13} : std::vector<size_t>{0, 1, 7, 13, 1001});
+    if (HasFailure()) return;
+  }
+}
+
 // Random (non-integer) float data: results are bit-identical on every rank
 // and from run to run, and close to a float64 reference.
 TEST_P(RingTest, BitIdenticalAcrossRanksAndRuns) {
@@ -706,10 +719,12 @@ TEST_P(RingTest, StartWaitOverlaps) {
 }
 
 TEST_P(RingTest, BarrierWaitsForEveryRank) {
-  const int n = 4;
+  for (const json& extra : {json::object(), json{{"direct_max_ranks", 2}}}) {  // all-to-all, then dissemination
+  SCOPED_TRACE(extra.dump());
+  const int n = extra.empty() ? 4 : 7;
   std::atomic<int64_t> late_arrival_ns{0};
-  std::vector<int64_t> returned(n);
-  run_world(transport(), n, json::object(), [&](int rank, Cdo& cdo) {
+  std::vector<int64_t> returned(static_cast<size_t>(n));
+  run_world(transport(), n, extra, [&](int rank, Cdo& cdo) {
     for (int round = 0; round < 3; ++round) {
       if (rank == 2 && round == 1) {
         std::this_thread::sleep_for(std::chrono::milliseconds(300));
@@ -721,6 +736,7 @@ TEST_P(RingTest, BarrierWaitsForEveryRank) {
     }
   });
   for (int k = 0; k < n; ++k) EXPECT_GE(returned[size_t(k)], late_arrival_ns.load()) << "rank " << k;
+  }
 }
 
 // ------------------------------------------------------------ failures ---

@@ -15,6 +15,10 @@
 //   "direct_max_bytes": all-reduce/broadcast payloads up to this size skip
 //                  the ring and go straight to every rank in one message
 //                  (latency; default 32 KiB; 0 = always ring)
+//   "direct_max_ranks": above this many ranks (default 16) nothing talks to
+//                  every rank: small payloads take the ring and the barrier
+//                  is a log2(n)-round dissemination, so a lazily connecting
+//                  transport (tcp's default) keeps O(log n) peers per rank
 //   "timeout_s":   deadline of every wait (default /timeouts/collective_s, 300)
 //   "setup_timeout_s": deadline for every rank to join and the transport
 //                  communicator to be built (default /timeouts/rendezvous_s,
@@ -134,7 +138,7 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
     const nlohmann::json o = sdk::parse_options(options_json, kComponent);
     sdk::check_known_keys(o,
                           {"transport", "rank", "world_size", "communicator", "bytes_per_pack", "chunk_bytes",
-                           "direct_max_bytes", "timeout_s", "setup_timeout_s", "heartbeat_timeout_s",
+                           "direct_max_bytes", "direct_max_ranks", "timeout_s", "setup_timeout_s", "heartbeat_timeout_s",
                            "heartbeat_interval_s", "diagnosis_timeout_s"},
                           kComponent);
     RingCommOptions co;
@@ -153,6 +157,10 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
     bytes_per_pack_ = sdk::get_option<uint64_t>(o, "bytes_per_pack", uint64_t(32) << 20, kComponent);
     co.chunk_bytes = sdk::get_option<uint64_t>(o, "chunk_bytes", 0, kComponent);
     co.direct_max_bytes = sdk::get_option<uint64_t>(o, "direct_max_bytes", 32768, kComponent);
+    co.direct_max_ranks = sdk::get_option<int32_t>(o, "direct_max_ranks", 16, kComponent);
+    if (co.direct_max_ranks < 2)
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'direct_max_ranks' of ", kComponent,
+                   " must be >= 2, got ", co.direct_max_ranks);
     const double timeout_s = sdk::collective_timeout_s(host_, o, kComponent);
     co.timeout_ms = static_cast<int64_t>(timeout_s * 1000.0);
     co.setup_timeout_ms = static_cast<int64_t>(sdk::rendezvous_timeout_s(host_, o, kComponent) * 1000.0);

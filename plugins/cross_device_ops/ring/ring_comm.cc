@@ -355,6 +355,7 @@ RingComm::RingComm(sdk::Host host, const strata_transport_vtable* vt, strata_tra
   chunk_bytes_ = opt_.chunk_bytes != 0 ? opt_.chunk_bytes
                  : caps.preferred_chunk_bytes != 0 ? caps.preferred_chunk_bytes
                                                    : kDefaultChunkBytes;
+  if (opt_.world_size > opt_.direct_max_ranks) opt_.direct_max_bytes = 0;
   if (caps.max_message_bytes != 0) {
     chunk_bytes_ = std::min<uint64_t>(chunk_bytes_, caps.max_message_bytes);
     if (opt_.direct_max_bytes + kHdr > caps.max_message_bytes)
@@ -493,7 +494,7 @@ void* RingComm::work(size_t bytes) {
 // neighbours first). A mismatch is reported in preference to a transport
 // error seen while looking for it.
 void RingComm::step0(Op& op, const std::vector<int32_t>& send_to, const std::vector<int32_t>& recv_from,
-                     const void* payload, size_t payload_bytes, uint64_t aux) {
+                     const void* payload, size_t payload_bytes, uint64_t aux, bool wait_sends) {
   const CollectiveDesc& d = op.desc();
   const size_t slot = round_up(kHdr + opt_.direct_max_bytes, 64);
   ensure(hdr_recv_, slot * size_t(opt_.world_size));
@@ -582,6 +583,10 @@ void RingComm::step0(Op& op, const std::vector<int32_t>& send_to, const std::vec
     }
     check(recv_from[i], bytes);
   }
+  // A caller that rewrites hdr_send_ next (the barrier's next round) must
+  // not do so while a send of it is still queued (e.g. behind a connect).
+  if (wait_sends)
+    for (size_t s : sends) op.wait(s);
 }
 
 namespace {
@@ -895,8 +900,17 @@ void RingComm::barrier_impl() {
   d.op = STRATA_COLL_BARRIER;
   d.dtype = DLDataType{kDLUInt, 8, 1};
   Op op(*this, d);
-  const std::vector<int32_t> peers = everyone(opt_.rank, opt_.world_size);
-  step0(op, peers, peers, nullptr, 0, 0);
+  const int32_t n = opt_.world_size, r = opt_.rank;
+  if (n <= opt_.direct_max_ranks) {
+    const std::vector<int32_t> peers = everyone(r, n);
+    step0(op, peers, peers, nullptr, 0, 0);
+  } else {
+    // A dissemination barrier: in round k every rank tells rank + 2^k and
+    // hears from rank - 2^k, so after ceil(log2 n) rounds each has heard,
+    // through others, from every rank. Each pair meets at most once per
+    // direction (the distances differ), so one tag serves every round.
+    for (int32_t k = 1; k < n; k *= 2) step0(op, {(r + k) % n}, {(r + n - k) % n}, nullptr, 0, 0, /*wait_sends=*/true);
+  }
   op.finish();
 }
 

@@ -71,6 +71,11 @@ struct RingCommOptions {
   int64_t setup_timeout_ms = 120000;  // the rendezvous: every rank joins, then the transport comm
   uint64_t chunk_bytes = 0;   // 0 = transport preference or 1 MiB
   uint64_t direct_max_bytes = 32768;
+  // Above this many ranks nothing talks to every rank: small payloads take
+  // the ring (direct_max_bytes is treated as 0) and the barrier takes
+  // ceil(log2 n) rounds with one peer each, so that a lazily connecting
+  // transport holds O(log n) connections per rank instead of n - 1.
+  int32_t direct_max_ranks = 16;
   int64_t heartbeat_interval_ms = 1000;   // heartbeat period
   int64_t heartbeat_timeout_ms = 30000;   // no heartbeat this long while others wait: frozen
   int64_t diagnosis_timeout_ms = 5000;    // how long a failed rank gathers the others' evidence
@@ -151,7 +156,7 @@ class RingComm {
 
   // The pieces of one collective; `Op` carries the sequence and cleanup.
   void step0(Op& op, const std::vector<int32_t>& send_to, const std::vector<int32_t>& recv_from,
-             const void* payload, size_t payload_bytes, uint64_t aux);
+             const void* payload, size_t payload_bytes, uint64_t aux, bool wait_sends = false);
   void ring_reduce_scatter(Op& op, DLDataType wire, strata_reduce_op rop, size_t count, int shift);
   void ring_all_gather(Op& op, size_t esize, size_t count, int shift);
   void direct_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop, size_t count);
