@@ -226,6 +226,57 @@ TEST(StoreTest, GetAndWaitHonourDeadlines) {
   EXPECT_EQ(s.get("present"), "1");
 }
 
+// The server files each pending GET/WAIT under one key it still lacks and
+// looks only at those when a key is set: a WAIT on several keys must move
+// from key to key and answer only once all are set, and a request that
+// timed out must never be answered again when its key appears later.
+TEST(StoreTest, WaitsMoveFromKeyToKeyAndTimedOutWaitersStayAnswered) {
+  PluginHost server;
+  server.connect_store(serve_cfg());
+  Store ss{server.host_api()};
+  PluginHost a_host, b_host;
+  a_host.connect_store(client_cfg(server.store_address()));
+  b_host.connect_store(client_cfg(server.store_address()));
+  Store a{a_host.host_api()}, b{b_host.host_api()};
+  std::atomic<bool> a_done{false}, b_done{false};
+  std::thread ta([&] {
+    try {
+      a.wait({"w1", "w2", "w3"}, 10000);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << e.what();
+    }
+    a_done = true;
+  });
+  std::thread tb([&] {
+    try {
+      EXPECT_EQ(b.get("w3", 10000), "three");
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << e.what();
+    }
+    b_done = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ss.set("w3", "three");  // wakes b; a moves on to w1
+  ss.set("w1", "one");    // a moves on to w2
+  for (int i = 0; i < 500 && !b_done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_TRUE(b_done.load()) << "a get of w3 was not answered when w3 was set";
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  EXPECT_FALSE(a_done.load()) << "a wait on w1, w2, w3 was answered before w2 was set";
+  ss.set("w2", "two");
+  ta.join();
+  tb.join();
+  EXPECT_TRUE(a_done.load());
+
+  // Timed-out requests on a key set later: each got its one answer (the
+  // timeout), and the connection's later requests read their own answers.
+  for (int i = 0; i < 20; ++i) EXPECT_THROW(a.get("late", 20), DeadlineExceededError);
+  EXPECT_THROW(a.wait({"w1", "late"}, 20), DeadlineExceededError);
+  ss.set("late", "L");
+  EXPECT_EQ(a.get("w2"), "two");
+  EXPECT_EQ(a.get("late"), "L");
+  EXPECT_EQ(a.add("after", 5), 5);
+}
+
 TEST(StoreTest, LimitsAreEnforcedWithClearErrors) {
   PluginHost server;
   server.connect_store(serve_cfg());

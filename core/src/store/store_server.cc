@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "store/store_server.h"
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdlib>
@@ -36,6 +37,7 @@ struct Waiter {
   int64_t timeout_ms = 0;
   std::unique_ptr<asio::steady_timer> timer;
   bool done = false;
+  std::string filed_under;  // the key it waits on in Impl::waiting
 };
 
 }  // namespace
@@ -50,7 +52,15 @@ struct StoreServer::Impl {
   std::thread thread;
   // Everything below is touched only by the io thread.
   std::unordered_map<std::string, std::string> data;
-  std::list<std::shared_ptr<Waiter>> waiters;
+  // Pending GETs and WAITs, each filed under one key it still lacks: a set
+  // or add of key k looks only at the waiters filed under k (a WAIT on
+  // several keys moves to its next missing key), so a rendezvous of n ranks
+  // costs O(1) per set instead of a scan of every waiter.
+  std::unordered_map<std::string, std::vector<std::shared_ptr<Waiter>>> waiting;
+  void file(const std::shared_ptr<Waiter>& w, const std::string& key) {
+    w->filed_under = key;
+    waiting[key].push_back(w);
+  }
   std::list<std::weak_ptr<Session>> sessions;
   // Connections that have not passed HELLO yet, oldest first.
   std::list<std::weak_ptr<Session>> unauthenticated;
@@ -64,12 +74,15 @@ struct StoreServer::Impl {
   void note_refused(const std::string& peer, const std::string& why);
 
   void accept();
-  void wake_waiters();
-  bool satisfied(const Waiter& w) const {
+  /// Wake the waiters filed under `key`, which was just set.
+  void wake_waiters(const std::string& key);
+  /// The first of w's keys that is not set, or null when all are.
+  const std::string* first_missing(const Waiter& w) const {
     for (const auto& k : w.keys)
-      if (!data.count(k)) return false;
-    return true;
+      if (!data.count(k)) return &k;
+    return nullptr;
   }
+  bool satisfied(const Waiter& w) const { return first_missing(w) == nullptr; }
   void finish_waiter(const std::shared_ptr<Waiter>& w, bool timed_out);
 };
 
@@ -240,8 +253,8 @@ class Session : public std::enable_shared_from_this<Session> {
         std::string key = r.str(kMaxKeyBytes);
         std::string value = r.str(kMaxValueBytes);
         if (!r.ok() || !r.at_end()) return reject("malformed SET");
-        server_->data[std::move(key)] = std::move(value);
-        server_->wake_waiters();
+        server_->data[key] = std::move(value);
+        server_->wake_waiters(key);
         return respond(response(STRATA_OK, 0, ""));
       }
       case Op::kAdd: {
@@ -263,7 +276,7 @@ class Session : public std::enable_shared_from_this<Session> {
         }
         value += delta;
         server_->data[key] = std::to_string(value);
-        server_->wake_waiters();
+        server_->wake_waiters(key);
         return respond(response(STRATA_OK, value, ""));
       }
       case Op::kGet:
@@ -281,10 +294,11 @@ class Session : public std::enable_shared_from_this<Session> {
         if (!r.ok() || !r.at_end() || w->timeout_ms < 0)
           return reject(w->is_get ? "malformed GET" : "malformed WAIT");
         w->session = shared_from_this();
-        if (server_->satisfied(*w)) return server_->finish_waiter(w, false);
+        const std::string* missing = server_->first_missing(*w);
+        if (!missing) return server_->finish_waiter(w, false);
         w->timer = std::make_unique<asio::steady_timer>(server_->io);
         w->timer->expires_after(std::chrono::milliseconds(w->timeout_ms));
-        server_->waiters.push_back(w);
+        server_->file(w, *missing);
         StoreServer::Impl* srv = server_;
         std::weak_ptr<Waiter> weak = w;
         w->timer->async_wait([srv, weak](boost::system::error_code ec) {
@@ -324,7 +338,14 @@ void StoreServer::Impl::finish_waiter(const std::shared_ptr<Waiter>& w, bool tim
   if (w->done) return;
   w->done = true;
   if (w->timer) w->timer->cancel();
-  waiters.remove(w);
+  if (timed_out) {  // a woken waiter was already taken out of `waiting`
+    auto it = waiting.find(w->filed_under);
+    if (it != waiting.end()) {
+      auto& v = it->second;
+      v.erase(std::remove(v.begin(), v.end(), w), v.end());
+      if (it->second.empty()) waiting.erase(it);
+    }
+  }
   auto session = std::move(w->session);
   if (!timed_out) {
     const std::string value = w->is_get ? data[w->keys[0]] : std::string();
@@ -372,11 +393,18 @@ void StoreServer::Impl::note_refused(const std::string& peer, const std::string&
   while (lines-- > 16) list.erase(0, list.find('\n') + 1);
 }
 
-void StoreServer::Impl::wake_waiters() {
-  std::vector<std::shared_ptr<Waiter>> ready;
-  for (const auto& w : waiters)
-    if (satisfied(*w)) ready.push_back(w);
-  for (const auto& w : ready) finish_waiter(w, false);
+void StoreServer::Impl::wake_waiters(const std::string& key) {
+  auto it = waiting.find(key);
+  if (it == waiting.end()) return;
+  std::vector<std::shared_ptr<Waiter>> filed = std::move(it->second);
+  waiting.erase(it);
+  for (const auto& w : filed) {
+    if (w->done) continue;
+    if (const std::string* missing = first_missing(*w))
+      file(w, *missing);
+    else
+      finish_waiter(w, false);
+  }
 }
 
 void StoreServer::Impl::accept() {
@@ -466,15 +494,16 @@ StoreServer::~StoreServer() {
     impl->acceptor.close(ec);
     for (auto& w : impl->sessions)
       if (auto s = w.lock()) s->close();
-    for (auto& w : impl->waiters)
-      if (w->timer) w->timer->cancel();
-    impl->waiters.clear();
+    for (auto& [key, filed] : impl->waiting)
+      for (auto& w : filed)
+        if (w->timer) w->timer->cancel();
+    impl->waiting.clear();
     impl->io.stop();
   });
   if (impl->thread.joinable()) impl->thread.join();
   // Handlers still queued in io (holding Sessions) are destroyed with impl_;
   // they never run again, so their raw Impl pointers are not used.
-  impl->waiters.clear();
+  impl->waiting.clear();
   impl->sessions.clear();
 }
 
