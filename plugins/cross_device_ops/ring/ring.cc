@@ -8,8 +8,11 @@
 //   "rank", "world_size": this process's place in the collective group
 //                  (default 0 of 1: local replicas only, no transport)
 //   "communicator": rendezvous name, unique per instance in a job ("ring")
-//   "bytes_per_pack": batch all-reduce packs at most this many bytes per
-//                  collective (default 32 MiB; 0 = one pack per dtype)
+//   "bytes_per_pack": batch all-reduce packs tensors in order, as
+//                  tf.distribute's group_by_size: a pack takes the next tensor
+//                  until it holds more than this many bytes (so a pack may
+//                  exceed it by its last tensor); default 32 MiB, 0 = one pack
+//                  per dtype
 //   "chunk_bytes": pipelining unit (0 = the transport's preferred chunk
 //                  size, else 1 MiB)
 //   "direct_max_bytes": all-reduce/broadcast payloads up to this size skip
@@ -715,8 +718,11 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
     }
   }
 
-  // Batch all-reduce (or reduce): tensors grouped by dtype, packed into
-  // collectives of at most bytes_per_pack bytes on the wire.
+  // Batch all-reduce (or reduce): tensors grouped by dtype (in order of first
+  // appearance), then packed as tf.distribute's group_by_size does: a new
+  // pack starts only once the current one holds more than bytes_per_pack
+  // bytes on the wire. Packing decides the number of collectives, never a
+  // value.
   void batch(strata_collective_op coll, strata_reduce_op op, uint32_t nt, uint32_t nr,
              const DLTensor* const* inputs, DLTensor* const* outputs, uint32_t outs_per_tensor) {
     if (nt == 0) {
@@ -744,7 +750,7 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
       const DLTensor& x = *inputs[t * nr];
       const uint64_t wb = uint64_t(sdk::element_count(x)) * sdk::dtype_size(wire_of(x.dtype));
       const bool new_dtype = !pack.empty() && !dtype_equal(inputs[pack[0] * nr]->dtype, x.dtype);
-      if (new_dtype || (!pack.empty() && bytes_per_pack_ != 0 && pack_bytes + wb > bytes_per_pack_)) flush();
+      if (new_dtype || (!pack.empty() && bytes_per_pack_ != 0 && pack_bytes > bytes_per_pack_)) flush();
       pack.push_back(t);
       pack_bytes += wb;
     }
