@@ -551,10 +551,46 @@ TEST_P(RingTest, AllOpsAllDtypesRingSmallChunks) {
 // gives the right result.
 TEST_P(RingTest, AboveDirectMaxRanksSmallPayloadsAndBarriersUseBoundedPeers) {
   const json extra = {{"direct_max_ranks", 2}};
-  for (World w : {World{3, 1}, World{5, 2}, World{8, 1}}) {
+  // 3, 5 and 6 ranks fold 1, 1 and 2 ranks into the recursive doubling's
+  // power of two (4); 8 folds none.
+  for (World w : {World{3, 1}, World{5, 2}, World{6, 1}, World{8, 1}}) {
     if (kSanitized && w.n > 5) continue;
     run_matrix(transport(), w, extra, kSanitized ? std::vector<size_t>{0, 1, 7, 13} : std::vector<size_t>{0, 1, 7, 13, 1001});
     if (HasFailure()) return;
+  }
+}
+
+// Above direct_max_ranks, small all-reduces use recursive doubling: with
+// random floats (where the order of additions shows in the bits) every rank
+// must still end with the same bits, including the ranks folded in and out
+// (7 ranks: 3 fold into a power of two of 4).
+TEST_P(RingTest, RecursiveDoublingIsBitIdenticalOnEveryRank) {
+  const size_t size = 1000;  // 4000 bytes: below direct_max_bytes
+  const int n = kSanitized ? 5 : 7;
+  std::vector<std::vector<float>> data(n);
+  uint32_t seed = 777;
+  for (auto& v : data) {
+    v.resize(size);
+    for (float& x : v) {
+      seed = seed * 1664525u + 1013904223u;
+      x = float(seed >> 8) / float(1 << 24) * 2.0f - 1.0f;
+    }
+  }
+  Outputs outs(n);
+  run_world(transport(), n, {{"direct_max_ranks", 2}}, [&](int rank, Cdo& cdo) {
+    Tensor in(kFloat32, {int64_t(size)}), out(kFloat32, {int64_t(size)});
+    copy_bytes(in.bytes.data(), data[size_t(rank)].data(), size * 4);
+    for (strata_reduce_op op : {STRATA_REDUCE_SUM, STRATA_REDUCE_MEAN}) {
+      Status s = cdo.all_reduce(op, {&in}, {&out}, 1);
+      EXPECT_EQ(s.code, STRATA_OK) << s.message;
+    }
+    outs[size_t(rank)] = out.data_bytes();  // the MEAN
+  });
+  for (int k = 1; k < n; ++k) ASSERT_EQ(outs[size_t(k)], outs[0]) << "rank " << k << " differs from rank 0";
+  for (size_t i = 0; i < size; ++i) {
+    double want = 0;
+    for (int k = 0; k < n; ++k) want += double(data[size_t(k)][i]);
+    ASSERT_NEAR(load(kFloat32, outs[0].data(), i), want / n, 1e-5) << i;
   }
 }
 

@@ -19,9 +19,11 @@
 //                  the ring and go straight to every rank in one message
 //                  (latency; default 32 KiB; 0 = always ring)
 //   "direct_max_ranks": above this many ranks (default 16) nothing talks to
-//                  every rank: small payloads take the ring and the barrier
-//                  is a log2(n)-round dissemination, so a lazily connecting
-//                  transport (tcp's default) keeps O(log n) peers per rank
+//                  every rank: all-reduces up to direct_max_bytes use
+//                  recursive doubling (log2 n rounds), other small payloads
+//                  take the ring and the barrier is a log2(n)-round
+//                  dissemination, so a lazily connecting transport (tcp's
+//                  default) keeps O(log n) peers per rank
 //   "timeout_s":   deadline of every wait (default /timeouts/collective_s, 300)
 //   "setup_timeout_s": deadline for every rank to join and the transport
 //                  communicator to be built (default /timeouts/rendezvous_s,

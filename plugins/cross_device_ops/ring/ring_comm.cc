@@ -355,9 +355,13 @@ RingComm::RingComm(sdk::Host host, const strata_transport_vtable* vt, strata_tra
   chunk_bytes_ = opt_.chunk_bytes != 0 ? opt_.chunk_bytes
                  : caps.preferred_chunk_bytes != 0 ? caps.preferred_chunk_bytes
                                                    : kDefaultChunkBytes;
-  if (opt_.world_size > opt_.direct_max_ranks) opt_.direct_max_bytes = 0;
+  if (opt_.world_size > opt_.direct_max_ranks) {
+    doubling_max_bytes_ = opt_.direct_max_bytes;
+    opt_.direct_max_bytes = 0;
+  }
   if (caps.max_message_bytes != 0) {
     chunk_bytes_ = std::min<uint64_t>(chunk_bytes_, caps.max_message_bytes);
+    doubling_max_bytes_ = std::min<uint64_t>(doubling_max_bytes_, caps.max_message_bytes);
     if (opt_.direct_max_bytes + kHdr > caps.max_message_bytes)
       opt_.direct_max_bytes = caps.max_message_bytes > kHdr ? caps.max_message_bytes - kHdr : 0;
   }
@@ -623,6 +627,74 @@ void RingComm::direct_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop, 
   op.finish();
 }
 
+// Recursive doubling (for small payloads above direct_max_ranks): with p the
+// largest power of two <= n and rem = n - p, each even rank below 2*rem first
+// hands its value to the odd rank above it and sits out; the p remaining
+// ranks (virtual rank v) then swap values with v ^ 1, v ^ 2, v ^ 4, ... and
+// combine them, and the odd ranks finally hand the result back. Each pair
+// combines its two values lower virtual rank first, so both partners hold
+// the same bits after every round and all ranks end bit-identical. 2 + log2
+// p messages per rank, each with one partner.
+void RingComm::doubling_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop, size_t count) {
+  const int32_t n = opt_.world_size, r = opt_.rank;
+  const size_t bytes = count * sdk::dtype_size(wire);
+  const std::vector<int32_t> nb = neighbours(r, n);
+  step0(op, nb, nb, nullptr, 0, 0);
+  int32_t p = 1, rounds = 0;
+  while (p * 2 <= n) {
+    p *= 2;
+    ++rounds;
+  }
+  const int32_t rem = n - p;
+  ensure(stage_, bytes);
+  auto exchange = [&](int32_t peer, uint64_t step, bool send, bool recv) {
+    size_t rq = 0, sq = 0;
+    if (recv) rq = op.post(false, peer, step, 0, buffer_of(stage_, 0, bytes));
+    if (send) sq = op.post(true, peer, step, 0, buffer_of(work_, 0, bytes));
+    if (send) op.wait(sq);  // the combine below rewrites work_
+    if (recv) {
+      const uint64_t got = op.wait(rq);
+      if (got != bytes)
+        op.raise(STRATA_ERR_DATA_LOSS, op.prefix(), ": rank ", peer, " sent ", got, " bytes, expected ", bytes);
+    }
+  };
+  auto combine = [&](bool mine_first) {
+    if (count == 0) return;
+    const void* ptrs[2] = {mine_first ? work_.data() : stage_.data(), mine_first ? stage_.data() : work_.data()};
+    sdk::kernels::reduce(rop, wire, 2, ptrs, work_.data(), count);
+  };
+  int32_t v = -1;  // virtual rank; -1 while sitting out
+  if (r < 2 * rem) {
+    if (r % 2 == 0) {
+      exchange(r + 1, 1, true, false);
+    } else {
+      exchange(r - 1, 1, false, true);
+      combine(false);  // rank r - 1's value first
+      v = r / 2;
+    }
+  } else {
+    v = r - rem;
+  }
+  if (v >= 0) {
+    for (int32_t k = 0; k < rounds; ++k) {
+      const int32_t pv = v ^ (1 << k);
+      const int32_t peer = pv < rem ? 2 * pv + 1 : pv + rem;
+      exchange(peer, 2 + uint64_t(k), true, true);
+      combine(v < pv);
+    }
+  }
+  if (r < 2 * rem) {
+    const uint64_t last = 2 + uint64_t(rounds);
+    if (r % 2 == 1) {
+      exchange(r - 1, last, true, false);
+    } else {
+      exchange(r + 1, last, false, true);
+      if (bytes != 0) std::memcpy(work_.data(), stage_.data(), bytes);
+    }
+  }
+  op.finish();
+}
+
 void RingComm::ring_reduce_scatter(Op& op, DLDataType wire, strata_reduce_op rop, size_t count, int shift) {
   const int32_t n = opt_.world_size, r = opt_.rank, right = (r + 1) % n, left = (r + n - 1) % n;
   const size_t esize = sdk::dtype_size(wire);
@@ -748,6 +820,10 @@ void RingComm::all_reduce_impl(const CollectiveDesc& d, DLDataType wire, strata_
   if (work_.borrowed == nullptr) ensure(work_, bytes);
   if (bytes <= opt_.direct_max_bytes) {
     direct_all_reduce(op, wire, rop, count);
+    return;
+  }
+  if (bytes <= doubling_max_bytes_) {
+    doubling_all_reduce(op, wire, rop, count);
     return;
   }
   const int32_t n = opt_.world_size, r = opt_.rank;

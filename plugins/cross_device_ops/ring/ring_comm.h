@@ -71,8 +71,9 @@ struct RingCommOptions {
   int64_t setup_timeout_ms = 120000;  // the rendezvous: every rank joins, then the transport comm
   uint64_t chunk_bytes = 0;   // 0 = transport preference or 1 MiB
   uint64_t direct_max_bytes = 32768;
-  // Above this many ranks nothing talks to every rank: small payloads take
-  // the ring (direct_max_bytes is treated as 0) and the barrier takes
+  // Above this many ranks nothing talks to every rank: all-reduces up to
+  // direct_max_bytes use recursive doubling (log2 n rounds, one partner
+  // each), other small payloads take the ring, and the barrier takes
   // ceil(log2 n) rounds with one peer each, so that a lazily connecting
   // transport holds O(log n) connections per rank instead of n - 1.
   int32_t direct_max_ranks = 16;
@@ -160,6 +161,7 @@ class RingComm {
   void ring_reduce_scatter(Op& op, DLDataType wire, strata_reduce_op rop, size_t count, int shift);
   void ring_all_gather(Op& op, size_t esize, size_t count, int shift);
   void direct_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop, size_t count);
+  void doubling_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop, size_t count);
 
   sdk::Host host_;
   const strata_transport_vtable* vt_;
@@ -168,6 +170,7 @@ class RingComm {
   strata_comm_t comm_ = nullptr;
   bool requires_mr_ = false;
   uint64_t chunk_bytes_ = 0;
+  uint64_t doubling_max_bytes_ = 0;  // above direct_max_ranks: recursive doubling up to this size
   uint32_t recv_window_ = 4;   // staged receives in flight per ring step
   uint32_t send_window_ = 64;  // sends in flight before the oldest is waited for
   uint64_t sequence_ = 0;
