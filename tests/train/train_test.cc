@@ -239,12 +239,19 @@ TEST_F(TrainTest, EpochsReportValidationAccuracyAndStepsStayExact) {
   epochs = lines_starting(r.output, "Epoch ");
   ASSERT_EQ(epochs.size(), 1u) << r.output;
   EXPECT_EQ(epochs[0].rfind("Epoch 1 - 37/37 - ", 0), 0u) << epochs[0];
-  r = run(base + " --steps 40 --steps-per-epoch 10 --validation-freq 2");
+  r = run(base + " --steps 40 --steps-per-epoch 10 --validation-freq 2 --log-every 15");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   epochs = lines_starting(r.output, "Epoch ");
   ASSERT_EQ(epochs.size(), 4u) << r.output;
   for (std::size_t i = 0; i < epochs.size(); ++i)
     EXPECT_EQ(metric_in(epochs[i], "val_accuracy").empty(), i % 2 == 0) << epochs[i];
+  // --log-every N (not a terminal): the step lines of the loop, every N
+  // steps and at the last.
+  std::vector<std::string> steps = lines_starting(r.output, "step ");
+  ASSERT_EQ(steps.size(), 3u) << r.output;
+  EXPECT_EQ(steps[0].rfind("step 15/40  loss ", 0), 0u) << steps[0];
+  EXPECT_EQ(steps[1].rfind("step 30/40  loss ", 0), 0u) << steps[1];
+  EXPECT_EQ(steps[2].rfind("step 40/40  loss ", 0), 0u) << steps[2];
   // --quiet: no progress at all, the result lines stay.
   r = run(base + " --steps 8 --quiet");
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -255,6 +262,31 @@ TEST_F(TrainTest, EpochsReportValidationAccuracyAndStepsStayExact) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("--steps-per-epoch 7 does not divide --steps 40"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("(e.g. 4)"), std::string::npos) << r.output;
+}
+
+// On a terminal (a pseudo-terminal from script(1)) the chief's progress
+// is Keras' redrawn bar: "Epoch k" on a line of its own, then "\rS/N ━━..."
+// redrawn every 10 steps and finished with the validation metrics; the
+// --log-every lines are for logs, not terminals.
+TEST_F(TrainTest, ProgressBarIsRedrawnOnATerminal) {
+  if (run("script --version", 10).exit_code != 0) GTEST_SKIP() << "script(1) is not installed";
+  const Result r = run("script -qec \"" + std::string(STRATA_TRAIN_BIN) +
+                       " --strategy one_device --steps 40 --steps-per-epoch 20 --log-every 10 --global-batch 96"
+                       " --features 16 --hidden 32 --classes 4 --dataset-size 4096\" /dev/null", 60);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("Epoch 1\r\n"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("Epoch 2\r\n"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\r10/Unknown "), std::string::npos) << "first epoch, length not known yet:\n" << r.output;
+  const std::string full_bar = "\r20/20 " + [] {
+    std::string bar;
+    for (int i = 0; i < 20; ++i) bar += "\u2501";
+    return bar;
+  }();
+  EXPECT_NE(r.output.find(full_bar), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("- val_accuracy: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\x1b[K"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("step 10/40"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("held-out accuracy "), std::string::npos) << r.output;
 }
 
 TEST_F(TrainTest, ConfigFileChoosesTheStrategy) {
