@@ -20,23 +20,13 @@
 // the start of step STEP; a failed switch is logged on every worker and
 // training goes on over the old transport, as every worker sees the same
 // failure), --fault-kill-at (tests), --log-every lines and --save.
-#include <fcntl.h>
 #include <signal.h>
-#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include <algorithm>
-#include <cerrno>
-#include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <iostream>
 #include <optional>
 #include <sstream>
 #include <string>
