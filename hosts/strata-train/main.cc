@@ -1,45 +1,41 @@
 // SPDX-License-Identifier: Apache-2.0
-// strata-train: the example training program. A custom training loop
-// written once against strata::Strategy; the strategy (and so where and how
-// the replicas run) comes from --config / --strategy / --devices.
+// strata-train: the example training program, a user of strata::Trainer::fit.
+// The strategy (and so where and how the replicas run) comes from --config /
+// --strategy / --devices; the program is the same for all of them.
 //
-// Each step: every replica computes the gradient of its slice of the global
-// batch (the loss is averaged over the *global* batch, as
-// compute_average_loss does), the replicas all-reduce their gradients (one
-// batched collective), and each replica applies SGD to the variables; the
-// variables are ON_WRITE with ONLY_FIRST_REPLICA aggregation, so the update
-// is applied once to every copy from replica 0's (identical) value.
+// --steps N runs exactly N steps, as N / S epochs of S steps
+// (--steps-per-epoch, by default the smallest divisor of N that is at least
+// N / 10). After every epoch the chief's ProgressBar shows the epoch's
+// training loss and accuracy and those on the held-out set (validation);
+// at the end the held-out accuracy is printed. The step itself is the one
+// this program always ran (mlp_trainer.h): every replica computes the
+// gradient of its share of the global batch with the loss averaged over the
+// global batch, one all-reduce sums the gradients and the loss, and SGD
+// updates the ON_WRITE variables once; the results are bit for bit those of
+// the hand-written loop it replaces.
 //
-// --switch-transport STEP:NAME[:{options}] moves a running multi-worker job
-// to another transport at the start of step STEP (before that step's
-// all-reduce) through StrategyExtended::set_transport on every worker. A
-// failed switch is logged on every worker and training goes on over the old
-// transport: the switch is an optional reconfiguration, and every worker
-// sees the same failure, so they all stay in step.
-#include <fcntl.h>
+// The other options are callbacks (train_callbacks.h): checkpoints and
+// --restore (exact resume, SIGTERM saves and exits 143), --switch-transport
+// STEP:NAME[:{options}] (every worker moves the job to another transport at
+// the start of step STEP; a failed switch is logged on every worker and
+// training goes on over the old transport, as every worker sees the same
+// failure), --fault-kill-at (tests), --log-every lines and --save.
 #include <signal.h>
-#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include <algorithm>
-#include <cerrno>
-#include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <iostream>
 #include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "mlp.h"
+#include "mlp_trainer.h"
 #include "strata/strata.hpp"
+#include "train_callbacks.h"
 
 namespace {
 
@@ -69,72 +65,10 @@ struct Args {
   int keep_checkpoints = 2;
   std::string restore;        // --restore
   std::string fault_kill_at;  // --fault-kill-at STEP:RANK (tests)
+  std::int64_t steps_per_epoch = 0;  // 0: chosen from --steps
+  int validation_freq = 1;
   std::int64_t eval_size = 4096;
 };
-
-// One --switch-transport entry.
-struct TransportSwitch {
-  int step = 0;
-  std::string name;
-  std::string options = "{}";
-  std::string text;  // as the user wrote it, for messages
-};
-
-[[noreturn]] void bad_switch(const std::string& value, const std::string& why) {
-  STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "--switch-transport '", value, "': ", why,
-               "; expected STEP:NAME, STEP:NAME:{json options} or STEP:NAME,STEP:NAME "
-               "(e.g. 10:tcp or '20:libfabric:{\"provider\": \"shm\"}' quoted for the shell)");
-}
-
-// "STEP:NAME" or "STEP:NAME:{...}" (`item`, from the whole `value`).
-TransportSwitch parse_switch(const std::string& value, const std::string& item, int steps) {
-  TransportSwitch sw;
-  sw.text = item;
-  const size_t c1 = item.find(':');
-  if (c1 == std::string::npos) bad_switch(value, "'" + item + "' has no ':' between the step and the transport");
-  const std::string step = item.substr(0, c1);
-  if (step.empty() || step.size() > 9 || step.find_first_not_of("0123456789") != std::string::npos)
-    bad_switch(value, "the step '" + step + "' is not a non-negative integer");
-  sw.step = std::stoi(step);
-  if (sw.step >= steps)
-    bad_switch(value, "step " + step + " is not below --steps " + std::to_string(steps) + ", so it would never run");
-  const std::string rest = item.substr(c1 + 1);
-  const size_t c2 = rest.find(':');
-  sw.name = rest.substr(0, c2);
-  if (sw.name.empty()) bad_switch(value, "the transport name after '" + step + ":' is empty");
-  if (sw.name.find_first_of(" {}\"") != std::string::npos)
-    bad_switch(value, "'" + sw.name + "' is not a transport plugin name");
-  if (c2 != std::string::npos) {
-    const std::string opts = rest.substr(c2 + 1);
-    const nlohmann::json j = nlohmann::json::parse(opts, nullptr, false);
-    if (j.is_discarded() || !j.is_object())
-      bad_switch(value, "the options '" + opts + "' of transport '" + sw.name + "' are not a JSON object");
-    sw.options = j.dump();
-  }
-  return sw;
-}
-
-// Every --switch-transport value, in step order (same step: command-line order).
-std::vector<TransportSwitch> parse_switches(const std::vector<std::string>& values, int steps) {
-  std::vector<TransportSwitch> out;
-  for (const std::string& v : values) {
-    if (v.find('{') != std::string::npos) {
-      // JSON may hold commas, so a value with options is one switch.
-      out.push_back(parse_switch(v, v, steps));
-      continue;
-    }
-    if (v.empty()) bad_switch(v, "the value is empty");
-    std::stringstream ss(v);
-    for (std::string item; std::getline(ss, item, ',');) {
-      if (item.empty()) bad_switch(v, "an entry of the comma-separated list is empty");
-      out.push_back(parse_switch(v, item, steps));
-    }
-    if (v.back() == ',') bad_switch(v, "an entry of the comma-separated list is empty");
-  }
-  std::stable_sort(out.begin(), out.end(),
-                   [](const TransportSwitch& x, const TransportSwitch& y) { return x.step < y.step; });
-  return out;
-}
 
 std::vector<std::string> split_csv(const std::string& s) {
   std::vector<std::string> out;
@@ -168,132 +102,6 @@ strata::Config make_config(const Args& a) {
     }
   }
   return cfg;
-}
-
-class Progress {
- public:
-  // `first`: the step this run starts at (after a restore).
-  Progress(int total, bool quiet, int log_every, int first = 0)
-      : total_(total), first_(first), quiet_(quiet), tty_(isatty(2) != 0),
-        log_every_(log_every > 0 ? log_every : std::max(1, total / 10)), start_(std::chrono::steady_clock::now()) {}
-  void update(int step, double loss) {
-    if (quiet_) return;
-    const double secs = elapsed();
-    const double rate = secs > 0 ? (step - first_) / secs : 0.0;
-    if (tty_) {
-      const int width = 30, filled = total_ ? width * step / total_ : width;
-      std::fprintf(stderr, "\r[%s%s] step %d/%d  loss %.4f  %.1f steps/s ", std::string(filled, '#').c_str(),
-                   std::string(width - filled, ' ').c_str(), step, total_, loss, rate);
-      if (step == total_) std::fputc('\n', stderr);
-    } else if (step % log_every_ == 0 || step == total_) {
-      std::fprintf(stderr, "step %d/%d  loss %.4f  %.1f steps/s\n", step, total_, loss, rate);
-    }
-  }
-  double elapsed() const {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  }
-
- private:
-  int total_, first_;
-  bool quiet_, tty_;
-  int log_every_;
-  std::chrono::steady_clock::time_point start_;
-};
-
-// The weights file is written as <path>.tmp.<host>.<pid> and renamed into
-// place. A writer killed mid-write (even by SIGKILL, which no handler sees)
-// leaves its temp behind, so every run with --save first removes the temps of
-// processes on this host that no longer exist; the host in the name keeps a
-// run from deleting the live temp of a same-pid writer on another machine
-// sharing the directory.
-std::string host_name() {
-  char buf[256] = {};
-  if (::gethostname(buf, sizeof buf - 1) != 0 || buf[0] == '\0') return "localhost";
-  return buf;
-}
-
-std::string temp_path_for(const std::string& path) {
-  return path + ".tmp." + host_name() + "." + std::to_string(::getpid());
-}
-
-void remove_stale_temps(const std::string& path) {
-  namespace fs = std::filesystem;
-  const fs::path target(path);
-  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  const std::string prefix = target.filename().string() + ".tmp." + host_name() + ".";
-  std::error_code ec;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (name.compare(0, prefix.size(), prefix) != 0) continue;
-    const std::string pid = name.substr(prefix.size());
-    if (pid.empty() || pid.size() > 9 || pid.find_first_not_of("0123456789") != std::string::npos) continue;
-    // ESRCH only: EPERM means the pid is alive (another user's process).
-    if (::kill(static_cast<pid_t>(std::stol(pid)), 0) == 0 || errno != ESRCH) continue;
-    std::error_code rm;
-    if (fs::remove(it->path(), rm))
-      std::fprintf(stderr, "strata-train: removed '%s', left by a writer (pid %s) that no longer runs\n",
-                   it->path().c_str(), pid.c_str());
-  }
-}
-
-// Durable replace: data fsync'ed before the rename, so that after a crash the
-// name holds either the old file or the complete new one (never a renamed
-// but empty file), and the directory fsync'ed after it, so the rename itself
-// survives a power loss. The temp is unlinked on every failure.
-void write_file_durably(const std::string& path, const std::string& data) {
-  const std::string tmp = temp_path_for(path);
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0)
-    STRATA_THROW(STRATA_ERR_NOT_FOUND, "--save: cannot write '", tmp, "': ", std::strerror(errno),
-                 "; check the directory exists and is writable");
-  auto fail = [&](const char* step) {
-    const int e = errno;
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    STRATA_THROW(STRATA_ERR_DATA_LOSS, "--save: ", step, " '", tmp, "' failed: ", std::strerror(e),
-                 "; check free space and the file system, then run again");
-  };
-  for (size_t off = 0; off < data.size();) {
-    const ssize_t n = ::write(fd, data.data() + off, data.size() - off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) fail("writing");
-    off += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0) fail("fsync of");
-  if (::close(fd) != 0) {
-    const int e = errno;
-    ::unlink(tmp.c_str());
-    STRATA_THROW(STRATA_ERR_DATA_LOSS, "--save: closing '", tmp, "' failed: ", std::strerror(e),
-                 "; check free space and the file system, then run again");
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int e = errno;
-    ::unlink(tmp.c_str());
-    STRATA_THROW(STRATA_ERR_INTERNAL, "--save: cannot rename '", tmp, "' to '", path, "': ", std::strerror(e),
-                 "; check that '", path, "' is not a directory and that its directory is writable");
-  }
-  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
-  const std::string dir = parent.empty() ? "." : parent.string();
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0 || ::fsync(dfd) != 0) {
-    const int e = errno;
-    if (dfd >= 0) ::close(dfd);
-    STRATA_THROW(STRATA_ERR_DATA_LOSS, "--save: '", path, "' was written but fsync of its directory '", dir,
-                 "' failed: ", std::strerror(e), "; the file may not survive a power loss, check the file system");
-  }
-  ::close(dfd);
-}
-
-void save_weights(const std::string& path, const std::vector<strata::Variable>& vars, const Args& a, double loss) {
-  nlohmann::json doc;
-  doc["format"] = "strata-train-weights-v1";
-  doc["steps"] = a.steps;
-  doc["final_loss"] = loss;
-  for (const strata::Variable& v : vars) {
-    strata::Tensor t = v.value();
-    doc["weights"][v.name()] = {{"shape", t.shape()}, {"data", t.to_vector<float>()}};
-  }
-  write_file_durably(path, doc.dump() + "\n");
 }
 
 // The record layout strata-train reads and writes: x float32 [features],
@@ -340,38 +148,6 @@ int export_data(const Args& a) {
   return 0;
 }
 
-// Where training starts: the newest checkpoint in --checkpoint-dir (a
-// restarted job), else --restore (a checkpoint, or a directory of them),
-// else step 0. Every worker restores the same checkpoint.
-int resume(const Args& a, strata::Checkpoint& ckpt, std::optional<strata::BackupAndRestore>& backup) {
-  std::string from;
-  if (backup) {
-    if (std::optional<std::string> latest = strata::latest_checkpoint(a.checkpoint_dir)) {
-      backup->restore();
-      from = *latest;
-    }
-  }
-  if (from.empty() && !a.restore.empty()) {
-    from = a.restore;
-    if (!strata::is_checkpoint(from)) {
-      std::optional<std::string> latest = strata::latest_checkpoint(from);
-      if (!latest)
-        STRATA_THROW(STRATA_ERR_NOT_FOUND, "--restore '", a.restore,
-                     "' is neither a checkpoint nor a directory holding one (ckpt-<step>); pass a path that "
-                     "--checkpoint-dir wrote");
-      from = *latest;
-    }
-    ckpt.restore(from);
-  }
-  if (from.empty()) return 0;
-  const std::int64_t step = *ckpt.step();
-  if (step > a.steps)
-    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "checkpoint ", from, " is at step ", step, ", beyond --steps ", a.steps,
-                 "; raise --steps to train further");
-  if (!a.quiet) std::fprintf(stderr, "strata-train: resumed from %s at step %lld\n", from.c_str(), static_cast<long long>(step));
-  return static_cast<int>(step);
-}
-
 // --fault-kill-at STEP:RANK: the step at which this worker SIGKILLs itself,
 // on the first attempt of a job only (STRATA_RESTART_COUNT unset or 0), or -1.
 int fault_kill_step(const Args& a, int worker) {
@@ -389,177 +165,106 @@ int fault_kill_step(const Args& a, int worker) {
 }
 
 int train(const Args& a) {
+  using strata::train::steps_per_epoch;
   if (a.global_batch <= 0 || a.steps < 0 || a.dataset_size <= 0)
     STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "--global-batch and --dataset-size must be positive and --steps non-negative");
-  const std::vector<TransportSwitch> switches = parse_switches(a.switch_transport, a.steps);
-  if (!a.save.empty()) remove_stale_temps(a.save);
+  if (a.validation_freq < 1)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "--validation-freq must be >= 1; got ", a.validation_freq);
+  const std::int64_t per_epoch = steps_per_epoch(a.steps, a.steps_per_epoch);
+  const int epochs = static_cast<int>(a.steps / per_epoch);
+  std::vector<strata::train::TransportSwitch> switches = strata::train::parse_switches(a.switch_transport, a.steps);
+  if (!a.save.empty()) strata::train::remove_stale_temps(a.save);
   strata::Strategy strategy = strata::Strategy::from_config(make_config(a));
   const int replicas = strategy.num_replicas_in_sync();
   if (a.global_batch < replicas)
     STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "--global-batch ", a.global_batch, " is smaller than the ", replicas,
                  " replicas in sync: every replica needs at least one example");
   if (!a.quiet)
-    std::fprintf(stderr, "strata-train: strategy %s, %d replica(s) in sync, global batch %lld, %d steps\n",
-                 strategy.name().c_str(), replicas, static_cast<long long>(a.global_batch), a.steps);
+    std::fprintf(stderr,
+                 "strata-train: strategy %s, %d replica(s) in sync, global batch %lld, %d steps (%d epoch(s) of "
+                 "%lld)\n",
+                 strategy.name().c_str(), replicas, static_cast<long long>(a.global_batch), a.steps, epochs,
+                 static_cast<long long>(per_epoch));
 
   const ModelShape& m = a.model;
   strata::Dataset dataset = make_dataset(a);
   if (a.shuffle_buffer > 0) dataset = dataset.shuffle(a.shuffle_buffer, a.seed);
   // repeat() before batch(): batches run across epoch boundaries, so every
-  // step has a full global batch for as many steps as asked.
+  // step has a full global batch for as many steps as asked; fit() reads
+  // one pass of it across all epochs (steps_per_epoch is set).
   dataset = dataset.repeat().batch(a.global_batch, /*drop_remainder=*/true);
-  strata::DistributedDataset input = strategy.distribute_dataset(dataset);
-  strata::DistributedIterator batches = input.make_iterator();
-  if (!a.quiet)
+  if (!a.quiet) {
+    const strata::DistributedDataset input = strategy.distribute_dataset(dataset);
     std::fprintf(stderr, "strata-train: input %s, sharded by %s (%s)\n",
                  a.data.empty() ? "synthetic (in memory)" : (std::to_string(a.data.size()) + " record file(s)").c_str(),
                  input.applied_policy().c_str(), input.policy_reason().c_str());
-  std::vector<strata::Variable> vars;
-  {
-    auto scope = strategy.scope();
-    for (int i = 0; i < 4; ++i)
-      vars.emplace_back(strata::Tensor::from_vector(strata::train::initial_param(m, i, a.seed), strata::train::param_shape(m, i)),
-                        strata::VariableOptions{strata::train::param_name(i), true, strata::Synchronization::ON_WRITE,
-                                                strata::Aggregation::ONLY_FIRST_REPLICA});
   }
+  // Held-out examples of the same task (the teacher of --seed, inputs of
+  // another stream): validated after every epoch and scored at the end.
+  const strata::train::SyntheticData held_out(m, a.eval_size, a.seed, /*stream=*/1);
 
-  // Gradient buffers per local replica (4 gradients + the loss), reused every step.
-  const int local = strategy.num_local_replicas();
-  std::vector<std::vector<strata::Tensor>> grads(static_cast<std::size_t>(local));
-  for (auto& g : grads) {
-    for (int i = 0; i < 4; ++i) g.push_back(strata::Tensor::zeros(strata::train::param_shape(m, i), strata::DType::kFloat32));
-    g.push_back(strata::Tensor::zeros({1}, strata::DType::kFloat32));
-  }
+  std::optional<strata::Scope> scope(strategy.scope());
+  strata::train::MlpModel model(m, a.seed);
+  strata::train::LoopSgd sgd(a.lr);
+  strata::train::MlpTrainer trainer(strategy, model, sgd, {"accuracy"});
+  scope.reset();
 
-  // What a checkpoint holds: the weights, the step, the last loss and the
-  // input's position, so that a resumed run continues bit for bit.
-  double loss = std::nan("");
-  std::int64_t step64 = 0;
-  strata::Checkpoint ckpt;
-  for (int i = 0; i < 4; ++i) ckpt.track(strata::train::param_name(i), vars[i]);
-  ckpt.track("step", &step64).track("loss", &loss).track("input", batches);
-  std::optional<strata::BackupAndRestore> backup;
-  if (!a.checkpoint_dir.empty()) {
-    strata::BackupOptions o;
-    o.save_every_steps = a.checkpoint_every;
-    o.delete_on_completion = false;  // the final checkpoint stays for --restore
-    o.max_to_keep = a.keep_checkpoints;
-    o.save_on_sigterm = true;
-    backup.emplace(ckpt, a.checkpoint_dir, o);
-  }
-  const int start = resume(a, ckpt, backup);
-  const int fault_step = fault_kill_step(a, strategy.extended().worker_index());
+  strata::train::StepLog log(trainer.last_loss(), a.steps, a.log_every, a.quiet);
+  strata::train::StepCheckpoints::Options co;
+  co.directory = a.checkpoint_dir;
+  co.every = a.checkpoint_every;
+  co.keep = a.keep_checkpoints;
+  co.restore = a.restore;
+  co.total_steps = a.steps;
+  co.steps_per_epoch = per_epoch;
+  co.quiet = a.quiet;
+  strata::train::StepCheckpoints checkpoints(co, trainer.last_loss());
+  strata::train::FaultKill fault(fault_kill_step(a, strategy.extended().worker_index()));
+  strata::train::TransportSwitcher switcher(std::move(switches), a.quiet);
+  std::optional<strata::train::SaveWeights> save;
+  if (!a.save.empty()) save.emplace(a.save, a.steps, trainer.last_loss());
 
-  Progress progress(a.steps, a.quiet, a.log_every, start);
-  const double scale = 1.0 / static_cast<double>(a.global_batch);
-  size_t next_switch = 0;
-  for (; next_switch < switches.size() && switches[next_switch].step < start; ++next_switch)
-    if (!a.quiet)
-      std::fprintf(stderr, "strata-train: --switch-transport %s is before the resumed step %d; not applied\n",
-                   switches[next_switch].text.c_str(), start);
-  for (int step = start; step < a.steps; ++step) {
-    if (step == fault_step) {
-      std::fprintf(stderr, "strata-train: --fault-kill-at: worker %d kills itself (SIGKILL) at step %d\n",
-                   strategy.extended().worker_index(), step);
-      std::fflush(stderr);
-      ::raise(SIGKILL);
-    }
-    for (; next_switch < switches.size() && switches[next_switch].step == step; ++next_switch) {
-      const TransportSwitch& sw = switches[next_switch];
-      try {
-        strategy.extended().set_transport(sw.name, sw.options);
-        if (!a.quiet)
-          std::fprintf(stderr, "strata-train: worker %d: switched to transport %s %s at step %d\n",
-                       strategy.extended().worker_index(), sw.name.c_str(), sw.options.c_str(), step);
-      } catch (const strata::Error& e) {
-        // Every worker gets the same error and stays on the old transport,
-        // so training can go on in step.
-        std::fprintf(stderr,
-                     "strata-train: worker %d: --switch-transport %s failed at step %d (%s), continuing on the "
-                     "current transport: %s\n",
-                     strategy.extended().worker_index(), sw.text.c_str(), step, e.code_name(), e.what());
-      }
-    }
-    std::vector<double> step_loss(static_cast<std::size_t>(local), 0.0);
-    strata::DistributedElement batch = batches.next();
-    const strata::PerReplica& xs = batch["x"];
-    const strata::PerReplica& ys = batch["y"];
-    strategy.run([&](strata::ReplicaContext& ctx) {
-      const strata::Tensor& x = xs[ctx.local_replica_id()];
-      const strata::Tensor& y = ys[ctx.local_replica_id()];
-      std::vector<strata::Tensor>& g = grads[ctx.local_replica_id()];
-      float* gp[4];
-      for (int i = 0; i < 4; ++i) {
-        gp[i] = g[i].data<float>();
-        std::fill(gp[i], gp[i] + g[i].numel(), 0.0f);
-      }
-      // Read this replica's copy of the weights without copying when the
-      // strategy allows it.
-      std::vector<strata::Tensor> copies;
-      const float* params[4];
-      for (int i = 0; i < 4; ++i) {
-        if (auto view = vars[i].read_view()) {
-          params[i] = view->data<float>();
-        } else {
-          copies.push_back(vars[i].value());
-          params[i] = copies.back().data<float>();
-        }
-      }
-      g[4].data<float>()[0] =
-          static_cast<float>(strata::train::forward_backward(m, params, x.data<float>(), y.data<std::int32_t>(),
-                                                             x.shape()[0], scale, gp));
-      ctx.all_reduce_in_place(strata::ReduceOp::SUM, g);  // one collective for all gradients and the loss
-      for (int i = 0; i < 4; ++i) {
-        float* p = gp[i];
-        for (std::int64_t j = 0; j < g[i].numel(); ++j) p[j] = static_cast<float>(a.lr * p[j]);
-        vars[i].assign_sub(g[i]);
-      }
-      step_loss[ctx.local_replica_id()] = g[4].data<float>()[0];
-    });
-    loss = step_loss[0];
-    if (!std::isfinite(loss))
-      STRATA_THROW(STRATA_ERR_DATA_LOSS, "the loss became ", loss, " at step ", step + 1, ": lower --lr");
-    progress.update(step + 1, loss);
-    step64 = step + 1;
-    if (backup) {
-      backup->step_end();
-      if (backup->preempted()) {
-        std::fprintf(stderr,
-                     "strata-train: worker %d: stopped by SIGTERM after step %d; a checkpoint of that step is in "
-                     "%s and the same command resumes from it\n",
-                     strategy.extended().worker_index(), step + 1, a.checkpoint_dir.c_str());
-        return 128 + SIGTERM;
-      }
-    }
+  strata::FitOptions fo;
+  fo.epochs = epochs;
+  fo.steps_per_epoch = per_epoch;
+  if (a.eval_size > 0) {
+    strata::Element e;
+    e.add("x", strata::Tensor::from_vector(held_out.features(), {a.eval_size, m.features}));
+    e.add("y", strata::Tensor::from_vector(held_out.labels(), {a.eval_size}));
+    fo.validation_data = strata::Dataset::from_tensor_slices(std::move(e)).batch(a.global_batch);
+    fo.validation_freq = a.validation_freq;
   }
-  if (backup && start < a.steps) backup->save();  // the final step, unless it was just saved
-  const double secs = progress.elapsed();
-  const int trained = a.steps - start;
-  std::printf("trained %d steps in %.2f s (%.1f steps/s, %.0f examples/s) with %s on %d replica(s); final loss %.6f%s\n",
-              trained, secs, secs > 0 ? trained / secs : 0.0, secs > 0 ? trained * a.global_batch / secs : 0.0,
-              strategy.name().c_str(), replicas, loss,
-              start > 0 ? (" (resumed at step " + std::to_string(start) + ")").c_str() : "");
-  {
-    // Held-out examples of the same task (the teacher of --seed, inputs of
-    // another stream): how well the model learnt, against chance.
-    const strata::train::SyntheticData held_out(m, a.eval_size, a.seed, /*stream=*/1);
+  // Order matters: the loss check before a checkpoint of the step; the
+  // restore (on_train_begin) before the switches look at the start step;
+  // the fault before the switches of the same step, as the loop had them.
+  fo.callbacks = {&log, &checkpoints, &fault, &switcher};
+  if (save) fo.callbacks.push_back(&*save);
+  fo.verbose = !a.quiet;  // the ProgressBar, on the chief
+  try {
+    trainer.fit(dataset, fo);
+  } catch (const strata::train::Preempted& p) {
+    std::fprintf(stderr,
+                 "strata-train: worker %d: stopped by SIGTERM after step %lld; a checkpoint of that step is in "
+                 "%s and the same command resumes from it\n",
+                 strategy.extended().worker_index(), static_cast<long long>(p.step), a.checkpoint_dir.c_str());
+    return 128 + SIGTERM;
+  }
+  const std::int64_t start = checkpoints.start_step();
+  const double secs = log.train_seconds();
+  const long long trained = a.steps - start;
+  std::printf("trained %lld steps in %.2f s (%.1f steps/s, %.0f examples/s) with %s on %d replica(s); final loss %.6f%s\n",
+              trained, secs, secs > 0 ? static_cast<double>(trained) / secs : 0.0,
+              secs > 0 ? static_cast<double>(trained * a.global_batch) / secs : 0.0, strategy.name().c_str(), replicas,
+              *trainer.last_loss(), start > 0 ? (" (resumed at step " + std::to_string(start) + ")").c_str() : "");
+  if (a.eval_size > 0 && strategy.extended().is_chief()) {
     std::vector<strata::Tensor> values;
     const float* params[4];
     for (int i = 0; i < 4; ++i) {
-      values.push_back(vars[i].value());
+      values.push_back(model.variables()[static_cast<std::size_t>(i)].value());
       params[i] = values.back().data<float>();
     }
-    if (a.eval_size > 0 && strategy.extended().is_chief())
-      std::printf("held-out accuracy %.4f on %lld examples (chance %.4f)\n",
-                  strata::train::accuracy(m, params, held_out), static_cast<long long>(a.eval_size), 1.0 / m.classes);
-  }
-  if (!a.save.empty()) {
-    auto scope = strategy.scope();
-    // The chief saves; an evaluator is the chief of its own one-process
-    // group (as in tf.distribute) but never trained the job's model.
-    const bool evaluator = nlohmann::json::parse(strategy.extended().describe_json()).value("task_type", nlohmann::json()) ==
-                           "evaluator";
-    if (strategy.extended().is_chief() && !evaluator) save_weights(a.save, vars, a, loss);
+    std::printf("held-out accuracy %.4f on %lld examples (chance %.4f)\n",
+                strata::train::accuracy(m, params, held_out), static_cast<long long>(a.eval_size), 1.0 / m.classes);
   }
   return 0;
 }
@@ -568,8 +273,8 @@ int train(const Args& a) {
 
 int main(int argc, char** argv) {
   CLI::App app{
-      "strata-train: train a small MLP on synthetic data with any Strata strategy.\n"
-      "The training loop is written once; the strategy comes from the config or flags.\n\n"
+      "strata-train: train a small MLP on synthetic data with any Strata strategy, through strata::Trainer::fit.\n"
+      "The program is written once; the strategy comes from the config or flags.\n\n"
       "Examples:\n"
       "  strata-train --strategy mirrored --devices cpu:0,cpu:1,cpu:2,cpu:3\n"
       "  strata-train --config job.json --save weights.json\n"
@@ -607,7 +312,17 @@ int main(int argc, char** argv) {
                "With --data: skip records whose checksum fails (a corrupt length skips the rest of that file) "
                "and log each skip, instead of stopping at the first one");
   app.add_option("--save", a.save, "Write the final weights as JSON to this file (chief only)");
-  app.add_option("--log-every", a.log_every, "Print a progress line every N steps when stderr is not a terminal");
+  app.add_option("--log-every", a.log_every,
+                 "Also print a line 'step S/N  loss L  R steps/s' every N steps on every worker when stderr is not "
+                 "a terminal (the chief's progress bar shows each epoch)");
+  app.add_option("--steps-per-epoch", a.steps_per_epoch,
+                 "Steps per epoch, a divisor of --steps (0: the smallest divisor of --steps that is at least "
+                 "--steps / 10). Each epoch ends with a progress line and a validation on the held-out set")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--validation-freq", a.validation_freq, "Validate on the held-out set after every N-th epoch")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--switch-transport", a.switch_transport,
                  "At the start of step STEP (counted from 0, before its all-reduce) every worker switches the job "
                  "to another transport: STEP:NAME or STEP:NAME:{json options}, repeatable; STEP:NAME,STEP:NAME "
@@ -617,7 +332,8 @@ int main(int argc, char** argv) {
       ->type_name("STEP:NAME[:{OPTS}]")
       ->take_all();
   app.add_option("--eval-size", a.eval_size,
-                 "Held-out examples (same task, other inputs) whose accuracy is printed at the end; 0: none")
+                 "Held-out examples (same task, other inputs): validated after every epoch and their accuracy "
+                 "printed at the end; 0: none")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   app.add_option("--checkpoint-dir", a.checkpoint_dir,
@@ -639,7 +355,7 @@ int main(int argc, char** argv) {
                  "first attempt only ($STRATA_RESTART_COUNT unset or 0)")
       ->type_name("STEP:RANK")
       ->group("");
-  app.add_flag("-q,--quiet", a.quiet, "No progress output");
+  app.add_flag("-q,--quiet", a.quiet, "No progress bar, no progress lines");
   CLI11_PARSE(app, argc, argv);
   try {
     return a.export_prefix.empty() ? train(a) : export_data(a);

@@ -27,14 +27,22 @@ class MlpModel : public Model {
   std::vector<Variable>& variables() { return vars_; }
 
   ForwardResult forward_backward(const Features& batch, double loss_scale, std::vector<Tensor>& grads) override {
+    return forward_backward(batch, loss_scale, grads, nullptr);
+  }
+  /// As above; also `*scaled_loss` = loss_scale * the sum of the per-example
+  /// losses, accumulated in double (what strata-train all-reduces as the
+  /// step's loss; per_example_loss holds them rounded to float).
+  ForwardResult forward_backward(const Features& batch, double loss_scale, std::vector<Tensor>& grads,
+                                 double* scaled_loss) {
     float* g[4];
     for (int i = 0; i < 4; ++i) g[i] = grads[static_cast<std::size_t>(i)].data<float>();
-    return run(batch, loss_scale, g, true);
+    return run(batch, loss_scale, g, true, scaled_loss);
   }
   ForwardResult forward(const Features& batch) override { return run(batch, 1.0, nullptr, batch.contains("y")); }
 
  private:
-  ForwardResult run(const Features& batch, double scale, float* const* grads, bool labelled) {
+  ForwardResult run(const Features& batch, double scale, float* const* grads, bool labelled,
+                    double* scaled_loss = nullptr) {
     const Tensor& x = batch["x"];
     const std::int64_t rows = batch.batch_size();
     // This replica's copy of the weights, without a copy where the strategy allows.
@@ -59,8 +67,9 @@ class MlpModel : public Model {
       no_labels.assign(static_cast<std::size_t>(rows), 0);
       y = no_labels.data();
     }
-    train::forward_backward(m_, params, x.data<float>(), y, rows, scale, grads, out.predictions.data<float>(),
-                            losses.data<float>());
+    const double loss = train::forward_backward(m_, params, x.data<float>(), y, rows, scale, grads,
+                                                out.predictions.data<float>(), losses.data<float>());
+    if (scaled_loss != nullptr) *scaled_loss = loss;
     if (labelled) out.per_example_loss = std::move(losses);
     return out;
   }

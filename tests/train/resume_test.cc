@@ -161,6 +161,23 @@ TEST_F(ResumeTest, RestoreContinuesAFinishedRun) {
   EXPECT_NE(again.output.find("trained 0 steps"), std::string::npos) << again.output;
 }
 
+// A checkpoint that strata-train wrote before it trained through
+// Trainer::fit (its hand-written loop, main at 28268f5: `--steps 20
+// --checkpoint-dir`, flags as common()) restores into today's program,
+// which continues to the weights that loop reached in 40 uninterrupted
+// steps, bit for bit: the checkpoint names and the input position did not
+// change.
+TEST_F(ResumeTest, RestoresACheckpointOfTheHandWrittenLoop) {
+  const fs::path golden = STRATA_TRAIN_GOLDEN_DIR;
+  const fs::path out = dir_ / "got.json";
+  const Result r = run(std::string(STRATA_TRAIN_BIN) + common(40) + " --restore " +
+                       (golden / "loop-checkpoints" / "ckpt-20").string() + " --save " + out.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("at step 20"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("trained 20 steps"), std::string::npos) << r.output;
+  expect_same_weights(read_json(out)["weights"], read_json(golden / "loop-shuffle-40-steps.json")["weights"]);
+}
+
 TEST_F(ResumeTest, BadRestoresAreClearErrors) {
   Result r = run(std::string(STRATA_TRAIN_BIN) + common(10) + " --restore " + (dir_ / "nothing").string());
   EXPECT_EQ(r.exit_code, 2) << r.output;

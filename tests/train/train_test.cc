@@ -16,12 +16,14 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
 namespace {
 
 namespace fs = std::filesystem;
+using json = nlohmann::json;
 
 struct Result {
   int exit_code;
@@ -108,6 +110,183 @@ TEST_F(TrainTest, EveryStrategyMatchesOneDevice) {
     std::snprintf(text, sizeof text, "%.3e", diff);
     RecordProperty(tag, text);
   }
+}
+
+// strata-train became a user of Trainer::fit; its results must not have
+// moved. tests/train/golden/ holds weight files that the hand-written loop
+// it had before (main at 28268f5) wrote for these flags; fit must give the
+// same bits, final loss included, for one process (one replica, or three
+// with an uneven split), for 2 and 4 worker processes (whose sums differ
+// from one_device's by an ulp here and there, so each has its own file),
+// with shuffling, and whatever the epochs --steps is cut into. The learning
+// rate 0.3 is not a power of two, so the way lr * g is rounded shows.
+json read_json_file(const fs::path& p) {
+  std::ifstream in(p);
+  return in.good() ? json::parse(in, nullptr, false) : json();
+}
+
+void expect_bitwise(const json& got, const json& want, const std::string& what) {
+  ASSERT_TRUE(want.contains("weights")) << what << ": unreadable golden file";
+  ASSERT_TRUE(got.contains("weights")) << what << ": no weights written";
+  EXPECT_EQ(got["final_loss"], want["final_loss"]) << what;
+  EXPECT_EQ(got["steps"], want["steps"]) << what;
+  ASSERT_EQ(got["weights"].size(), want["weights"].size()) << what;
+  for (auto& [name, w] : want["weights"].items()) {
+    const json& g = got["weights"][name];
+    ASSERT_EQ(g["shape"], w["shape"]) << what << ": " << name;
+    std::size_t differ = 0, first = 0;
+    for (std::size_t i = 0; i < w["data"].size(); ++i)
+      if (g["data"][i] != w["data"][i] && differ++ == 0) first = i;
+    EXPECT_EQ(differ, 0u) << what << ": " << differ << " of " << w["data"].size() << " values of " << name
+                          << " differ from the hand-written loop's, first at " << first << ": " << g["data"][first]
+                          << " vs " << w["data"][first];
+  }
+}
+
+TEST_F(TrainTest, FitGivesTheHandWrittenLoopsWeightsBitForBit) {
+  const std::string model =
+      " --steps 40 --global-batch 96 --features 16 --hidden 32 --classes 4 --lr 0.3 --dataset-size 4096 --seed 7";
+  const std::string bin = STRATA_TRAIN_BIN;
+  struct Case {
+    std::string launcher, args, golden;
+  };
+  std::vector<Case> cases = {
+      {"", " --strategy one_device", "lr0.3-one_device"},
+      {"", " --strategy one_device --steps-per-epoch 40", "lr0.3-one_device"},
+      {"", " --strategy one_device --steps-per-epoch 8 --validation-freq 2", "lr0.3-one_device"},
+      {"", " --strategy mirrored --devices cpu:0,cpu:1,cpu:2", "lr0.3-mirrored3"},
+  };
+#ifdef STRATA_RUN_BIN
+  cases.push_back({std::string(STRATA_RUN_BIN) + " -n 2 --timeout 200 -- ", " --strategy multi_worker_mirrored",
+                   "lr0.3-mwms2"});
+  cases.push_back({std::string(STRATA_RUN_BIN) + " -n 4 --timeout 200 -- ", " --strategy multi_worker_mirrored",
+                   "lr0.3-mwms4"});
+#endif
+  int n = 0;
+  for (const Case& c : cases) {
+    const fs::path out = dir_ / ("fit" + std::to_string(n++) + ".json");
+    const Result r = run(c.launcher + bin + model + c.args + " --save " + out.string(), 240);
+    ASSERT_EQ(r.exit_code, 0) << c.args << "\n" << r.output;
+    expect_bitwise(read_json_file(out), read_json_file(fs::path(STRATA_TRAIN_GOLDEN_DIR) / (c.golden + ".json")),
+                   c.launcher + c.args);
+    if (c.launcher.empty()) continue;
+    // The progress bar is the chief's: every "Epoch" line comes from rank 0.
+    std::size_t epochs = 0;
+    std::istringstream lines(r.output);
+    for (std::string l; std::getline(lines, l);)
+      if (l.find("Epoch ") != std::string::npos) {
+        ++epochs;
+        EXPECT_EQ(l.rfind("[0] Epoch ", 0), 0u) << l;
+      }
+    EXPECT_EQ(epochs, 10u) << r.output;
+  }
+  const fs::path out = dir_ / "shuffled.json";
+  const Result r = run(bin +
+                       " --strategy one_device --steps 30 --global-batch 96 --features 16 --hidden 32 --classes 4"
+                       " --lr 0.3 --dataset-size 2000 --shuffle-buffer 700 --seed 5 --quiet --save " + out.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_bitwise(read_json_file(out), read_json_file(fs::path(STRATA_TRAIN_GOLDEN_DIR) / "lr0.3-shuffle-one_device.json"),
+                 "shuffled");
+}
+
+// The lines that start with `prefix`.
+std::vector<std::string> lines_starting(const std::string& text, const std::string& prefix) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string l; std::getline(in, l);)
+    if (l.rfind(prefix, 0) == 0) out.push_back(l);
+  return out;
+}
+
+// "name: 0.1234" in a progress line: the number's text ("" when absent).
+std::string metric_in(const std::string& line, const std::string& name) {
+  const std::size_t at = line.find(" - " + name + ": ");
+  if (at == std::string::npos) return "";
+  const std::size_t from = at + name.size() + 5;
+  return line.substr(from, line.find(' ', from) - from);
+}
+
+// --steps N is cut into epochs: by default at most 10 of equal length, each
+// ending with one progress line (stdout is a pipe here) holding the
+// epoch's training loss and accuracy and those of the held-out set; the
+// last validation is over the same held-out examples as the final line.
+TEST_F(TrainTest, EpochsReportValidationAccuracyAndStepsStayExact) {
+  const std::string base = std::string(STRATA_TRAIN_BIN) +
+                           " --strategy one_device --global-batch 96 --features 16 --hidden 32 --classes 4 --lr 0.5"
+                           " --dataset-size 4096";
+  Result r = run(base + " --steps 40");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("40 steps (10 epoch(s) of 4)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("trained 40 steps"), std::string::npos) << r.output;
+  std::vector<std::string> epochs = lines_starting(r.output, "Epoch ");
+  ASSERT_EQ(epochs.size(), 10u) << r.output;
+  for (std::size_t i = 0; i < epochs.size(); ++i) {
+    EXPECT_EQ(epochs[i].rfind("Epoch " + std::to_string(i + 1) + " - 4/4 - ", 0), 0u) << epochs[i];
+    for (const char* m : {"loss", "accuracy", "val_loss", "val_accuracy"})
+      EXPECT_NE(metric_in(epochs[i], m), "") << m << " missing in: " << epochs[i];
+  }
+  const std::vector<std::string> held = lines_starting(r.output, "held-out accuracy ");
+  ASSERT_EQ(held.size(), 1u) << r.output;
+  const std::string final_accuracy = held[0].substr(18, held[0].find(' ', 18) - 18);
+  EXPECT_EQ(metric_in(epochs.back(), "val_accuracy"), final_accuracy) << epochs.back() << "\n" << held[0];
+  EXPECT_GT(std::stod(final_accuracy), 0.6) << "chance is 0.25:\n" << r.output;
+
+  // A prime number of steps is one epoch; an explicit divisor is obeyed,
+  // with validation every second epoch.
+  r = run(base + " --steps 37");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("trained 37 steps"), std::string::npos) << r.output;
+  epochs = lines_starting(r.output, "Epoch ");
+  ASSERT_EQ(epochs.size(), 1u) << r.output;
+  EXPECT_EQ(epochs[0].rfind("Epoch 1 - 37/37 - ", 0), 0u) << epochs[0];
+  r = run(base + " --steps 40 --steps-per-epoch 10 --validation-freq 2 --log-every 15");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  epochs = lines_starting(r.output, "Epoch ");
+  ASSERT_EQ(epochs.size(), 4u) << r.output;
+  for (std::size_t i = 0; i < epochs.size(); ++i)
+    EXPECT_EQ(metric_in(epochs[i], "val_accuracy").empty(), i % 2 == 0) << epochs[i];
+  // --log-every N (not a terminal): the step lines of the loop, every N
+  // steps and at the last.
+  std::vector<std::string> steps = lines_starting(r.output, "step ");
+  ASSERT_EQ(steps.size(), 3u) << r.output;
+  EXPECT_EQ(steps[0].rfind("step 15/40  loss ", 0), 0u) << steps[0];
+  EXPECT_EQ(steps[1].rfind("step 30/40  loss ", 0), 0u) << steps[1];
+  EXPECT_EQ(steps[2].rfind("step 40/40  loss ", 0), 0u) << steps[2];
+  // --quiet: no progress at all, the result lines stay.
+  r = run(base + " --steps 8 --quiet");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(lines_starting(r.output, "Epoch ").empty()) << r.output;
+  EXPECT_EQ(lines_starting(r.output, "held-out accuracy ").size(), 1u) << r.output;
+
+  r = run(base + " --steps 40 --steps-per-epoch 7");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--steps-per-epoch 7 does not divide --steps 40"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(e.g. 4)"), std::string::npos) << r.output;
+}
+
+// On a terminal (a pseudo-terminal from script(1)) the chief's progress
+// is Keras' redrawn bar: "Epoch k" on a line of its own, then "\rS/N ━━..."
+// redrawn every 10 steps and finished with the validation metrics; the
+// --log-every lines are for logs, not terminals.
+TEST_F(TrainTest, ProgressBarIsRedrawnOnATerminal) {
+  if (run("script --version", 10).exit_code != 0) GTEST_SKIP() << "script(1) is not installed";
+  const Result r = run("script -qec \"" + std::string(STRATA_TRAIN_BIN) +
+                       " --strategy one_device --steps 40 --steps-per-epoch 20 --log-every 10 --global-batch 96"
+                       " --features 16 --hidden 32 --classes 4 --dataset-size 4096\" /dev/null", 60);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("Epoch 1\r\n"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("Epoch 2\r\n"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\r10/Unknown "), std::string::npos) << "first epoch, length not known yet:\n" << r.output;
+  const std::string full_bar = "\r20/20 " + [] {
+    std::string bar;
+    for (int i = 0; i < 20; ++i) bar += "\u2501";
+    return bar;
+  }();
+  EXPECT_NE(r.output.find(full_bar), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("- val_accuracy: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\x1b[K"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("step 10/40"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("held-out accuracy "), std::string::npos) << r.output;
 }
 
 TEST_F(TrainTest, ConfigFileChoosesTheStrategy) {
