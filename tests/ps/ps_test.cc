@@ -235,6 +235,20 @@ int coordinate(const std::string& scenario) {
         }
       }
       out["elapsed_s"] = std::chrono::duration<double>(Clock::now() - t0).count();
+      // The closure's error was raised once; the ps failure itself stays:
+      // the coordinator's heartbeat finds it without any closure.
+      const auto t1 = Clock::now();
+      while (Clock::now() < t1 + std::chrono::seconds(30)) {
+        try {
+          c.join();
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        } catch (const strata::Error& e) {
+          out["join_error"] = e.what();
+          out["join_error_type"] = error_type(e);
+          break;
+        }
+      }
+      out["join_elapsed_s"] = std::chrono::duration<double>(Clock::now() - t1).count();
     } else if (scenario == "coordinator_kill") {
       auto a = c.create_variable("a", strata::Tensor::zeros({1}, strata::DType::kInt64));
       c.schedule_fn("add_one", a);
@@ -496,6 +510,7 @@ TEST(PsTest, WorkerKilledMidClosureIsRescheduledAndEveryClosureRunsOnce) {
   ASSERT_TRUE(c.wait(chief, 120)) << c.logs();
   EXPECT_EQ(c.proc(chief).status, 0);
   const json r = c.result();
+  std::printf("coordinator result: %s\n", r.dump().c_str());
   ASSERT_TRUE(r.is_object() && !r.contains("fatal")) << r.dump() << c.logs();
   std::vector<std::int64_t> ids = r["ids"].get<std::vector<std::int64_t>>();
   for (std::int64_t i = 0; i < 20; ++i) EXPECT_EQ(ids[static_cast<size_t>(i)], i);
@@ -517,12 +532,16 @@ TEST(PsTest, KilledPsIsUnavailableErrorNamingIt) {
   std::ofstream(go) << "go\n";
   ASSERT_TRUE(c.wait(chief, 90)) << c.logs();
   const json r = c.result();
+  std::printf("coordinator result: %s\n", r.dump().c_str());
   ASSERT_TRUE(r.is_object() && !r.contains("fatal")) << r.dump() << c.logs();
   EXPECT_EQ(r["b_ps"], 1);
   EXPECT_EQ(r["b_before"][0], 4);
   EXPECT_EQ(r["error_type"], "UNAVAILABLE") << r.dump();
   EXPECT_NE(r.value("error", std::string()).find("ps task 1"), std::string::npos) << r.dump();
   EXPECT_LT(r["elapsed_s"].get<double>(), 15.0) << r.dump();
+  EXPECT_EQ(r["join_error_type"], "UNAVAILABLE") << r.dump();
+  EXPECT_NE(r.value("join_error", std::string()).find("ps task 1 is unavailable"), std::string::npos) << r.dump();
+  EXPECT_LT(r["join_elapsed_s"].get<double>(), 15.0) << r.dump();
   // The rest stop when the coordinator ends.
   for (size_t s : {c.worker(0), c.worker(1), c.ps(0)}) {
     EXPECT_TRUE(c.wait(s, 30)) << c.logs();
