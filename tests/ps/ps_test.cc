@@ -563,10 +563,53 @@ TEST(PsTest, ServersExitWhenTheCoordinatorIsKilled) {
   std::printf("servers exited %.2f s after the coordinator was killed (timeout %.1f s)\n", took, timeout_s);
 }
 
+TEST(PsTest, StrataRunStartsAChiefWorkersAndPsWithRolePrefixes) {
+  strata::test::TempDir dir;
+  const std::string out = dir.str() + "/out.log";
+  PsCluster none(1, 1);  // only for its environment helpers
+  auto env = none.env("chief", 0);
+  env.erase("TF_CONFIG");  // strata-run sets it
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);
+    const int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+    ::unsetenv("TF_CONFIG");
+    const std::string self = self_path();
+    ::execl(STRATA_RUN_BIN, STRATA_RUN_BIN, "--timeout", "200", "--chief", "1", "--workers", "2", "--ps", "2", "--",
+            self.c_str(), "--auto", "basic", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  const int code = strata::test::reap(pid, 240 * 1000);
+  const std::string log = slurp(out);
+  EXPECT_EQ(code, 0) << log;
+  for (const char* prefix : {"[chief 0] RESULT ", "[worker 0] ", "[worker 1] ", "[ps 0] ", "[ps 1] "})
+    EXPECT_NE(log.find(prefix), std::string::npos) << prefix << " missing in\n" << log;
+  const auto p = log.find("[chief 0] RESULT ");
+  ASSERT_NE(p, std::string::npos);
+  const json r = json::parse(log.substr(p + 17, log.find('\n', p) - p - 17), nullptr, false);
+  ASSERT_TRUE(r.is_object()) << log;
+  EXPECT_FALSE(r.contains("fatal")) << r.dump();
+  EXPECT_EQ(r["num_workers"], 2);
+  EXPECT_EQ(r["num_ps"], 2);
+  for (const auto& v : r["counter"]) EXPECT_EQ(v.get<std::int64_t>(), 50);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc >= 2 && std::string(argv[1]) == "--serve") return serve();
+  if (argc >= 3 && std::string(argv[1]) == "--auto") {
+    // Under strata-run every role runs this: the chief coordinates.
+    const char* tf = std::getenv("TF_CONFIG");
+    const json j = json::parse(tf != nullptr ? tf : "{}", nullptr, false);
+    const bool chief = j.is_object() && j.contains("task") && j["task"].value("type", "") == "chief";
+    return chief ? coordinate(argv[2]) : serve();
+  }
   if (argc >= 3 && std::string(argv[1]) == "--coordinator") return coordinate(argv[2]);
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
