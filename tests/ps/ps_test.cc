@@ -209,6 +209,27 @@ int coordinate(const std::string& scenario) {
       out["ids"] = ids;
       out["workers"] = workers;
       out["counter"] = counter.read().to_vector<std::int64_t>();
+    } else if (scenario == "rejoin") {
+      // Worker 1 hangs in its first closure and is killed; once the test
+      // has restarted it (PS_TEST_GO exists) it must get work again.
+      auto counter = c.create_variable("counter", strata::Tensor::zeros({1}, strata::DType::kInt64));
+      std::vector<strata::RemoteValue> rv;
+      for (int i = 0; i < 10; ++i) rv.push_back(c.schedule_fn("slow_add", counter, i));
+      c.join();
+      const char* go = std::getenv("PS_TEST_GO");
+      const auto wait_end = Clock::now() + std::chrono::seconds(90);
+      while (go != nullptr && !std::ifstream(go) && Clock::now() < wait_end)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      const auto t0 = Clock::now();
+      bool rejoined = false;
+      while (!rejoined && Clock::now() < t0 + std::chrono::seconds(60)) {
+        std::vector<strata::RemoteValue> more;
+        for (int i = 0; i < 4; ++i) more.push_back(c.schedule_fn("slow_add", counter, 100 + i));
+        c.join();
+        for (auto& r : more) rejoined = rejoined || r.worker() == 1;
+      }
+      out["rejoined"] = rejoined;
+      out["rejoin_s"] = std::chrono::duration<double>(Clock::now() - t0).count();
     } else if (scenario == "ps_kill") {
       auto a = c.create_variable("a", strata::Tensor::zeros({1}, strata::DType::kInt64));
       auto b = c.create_variable("b", strata::Tensor::zeros({1}, strata::DType::kInt64));
@@ -519,6 +540,28 @@ TEST(PsTest, WorkerKilledMidClosureIsRescheduledAndEveryClosureRunsOnce) {
   EXPECT_TRUE(c.wait(c.worker(0), 30) && c.wait(c.ps(0), 30)) << c.logs();
   EXPECT_EQ(c.proc(c.worker(0)).status, 0);
   EXPECT_EQ(c.proc(c.ps(0)).status, 0);
+}
+
+TEST(PsTest, RestartedWorkerRejoinsAndGetsWork) {
+  PsCluster c(2, 1);
+  const std::string marker = c.dir() + "/hang", go = c.dir() + "/go";
+  c.start_servers({{"worker1", {{"PS_TEST_HANG", marker}}}});
+  const size_t chief = c.start_coordinator("rejoin", {{"PS_TEST_GO", go}});
+  const auto end = Clock::now() + std::chrono::seconds(90);
+  while (!std::ifstream(marker) && Clock::now() < end && !c.wait(chief, 0))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_TRUE(std::ifstream(marker).good()) << "worker 1 never entered a closure\n" << c.logs();
+  c.kill(c.worker(1));
+  ASSERT_TRUE(c.wait(c.worker(1), 10));
+  const size_t again = c.start({self_path(), "--serve"}, c.env("worker", 1), "worker1-restarted");
+  std::ofstream(go) << "go\n";
+  ASSERT_TRUE(c.wait(chief, 120)) << c.logs();
+  const json r = c.result();
+  std::printf("coordinator result: %s\n", r.dump().c_str());
+  ASSERT_TRUE(r.is_object() && !r.contains("fatal")) << r.dump() << c.logs();
+  EXPECT_EQ(r["rejoined"], true) << c.logs();
+  EXPECT_TRUE(c.wait(again, 30)) << c.logs();
+  EXPECT_EQ(c.proc(again).status, 0);
 }
 
 TEST(PsTest, KilledPsIsUnavailableErrorNamingIt) {
