@@ -435,18 +435,29 @@ int RemoteVariable::shard_ps_task(std::int64_t i) const {
 Tensor RemoteVariable::read() const {
   const auto& v = info_of(info_);
   auto rt = ps_detail::Runtime::current();
-  Tensor out = Tensor::zeros(v.shape, v.dtype);
   const std::size_t rb = row_bytes(v);
+  if (v.shards.size() == 1) {  // the shard is the variable: no concatenation
+    ps_detail::Writer w;
+    w.u64(v.shards[0].id);
+    ps_detail::Frame r = rt->ps_channel(v.shards[0].ps)->call(ps_detail::kVarRead, w.take(), rt->op_timeout_ms());
+    ps_detail::Reader rd(r.payload);
+    Tensor t = rd.tensor();
+    STRATA_ENFORCE(t.shape() == v.shape && t.dtype() == v.dtype, STRATA_ERR_DATA_LOSS, "variable '", v.name,
+                   "': ps task ", v.shards[0].ps, " returned a value of another shape or dtype");
+    return t;
+  }
+  Tensor out = Tensor::zeros(v.shape, v.dtype);
   for (const auto& s : v.shards) {
     ps_detail::Writer w;
     w.u64(s.id);
     ps_detail::Frame r = rt->ps_channel(s.ps)->call(ps_detail::kVarRead, w.take(), rt->op_timeout_ms());
     ps_detail::Reader rd(r.payload);
-    const Tensor piece = rd.tensor();
-    char* dst = static_cast<char*>(out.raw_data()) + (v.shape.empty() ? 0 : static_cast<std::size_t>(s.row_offset) * rb);
-    STRATA_ENFORCE(piece.nbytes() <= out.nbytes(), STRATA_ERR_DATA_LOSS, "variable '", v.name,
-                   "': a shard came back larger than the variable");
-    std::memcpy(dst, piece.raw_data(), piece.nbytes());
+    const ps_detail::Reader::TensorBytes piece = rd.tensor_bytes();
+    const std::size_t off = static_cast<std::size_t>(s.row_offset) * rb;
+    STRATA_ENFORCE(piece.shape == s.shape && piece.dtype == v.dtype && off + piece.nbytes <= out.nbytes(),
+                   STRATA_ERR_DATA_LOSS, "variable '", v.name, "': ps task ", s.ps,
+                   " returned a shard of another shape or dtype");
+    std::memcpy(static_cast<char*>(out.raw_data()) + off, piece.data, piece.nbytes);
   }
   return out;
 }
@@ -457,17 +468,20 @@ void RemoteVariable::update(std::uint32_t op, const Tensor& value) const {
                  STRATA_ERR_INVALID_ARGUMENT, "variable '", v.name, "' is ", dtype_name(v.dtype), " of ",
                  v.shape.size(), "-d shape; the update must have the same dtype and shape");
   auto rt = ps_detail::Runtime::current();
-  const Tensor c = Tensor::copy_of(TensorView(value));
+  Tensor staged;  // a compact copy, only when `value` is strided
+  const char* base = static_cast<const char*>(value.raw_data());
+  if (!TensorView(value).is_contiguous()) {
+    staged = Tensor::copy_of(TensorView(value));
+    base = static_cast<const char*>(staged.raw_data());
+  }
   const std::size_t rb = row_bytes(v);
   for (const auto& s : v.shards) {
     const std::size_t rows = s.shape.empty() ? 1 : static_cast<std::size_t>(s.shape[0]);
-    const char* src = static_cast<const char*>(c.raw_data()) +
-                      (v.shape.empty() ? 0 : static_cast<std::size_t>(s.row_offset) * rb);
-    const Tensor piece = Tensor::from_bytes(src, v.shape.empty() ? c.nbytes() : rows * rb, s.shape, v.dtype);
+    const char* src = base + (v.shape.empty() ? 0 : static_cast<std::size_t>(s.row_offset) * rb);
     ps_detail::Writer w;
     w.u64(s.id);
     w.u32(op);
-    w.tensor(piece);
+    w.tensor_raw(v.dtype, s.shape, src, v.shape.empty() ? value.nbytes() : rows * rb);
     rt->ps_channel(s.ps)->call(ps_detail::kVarUpdate, w.take(), rt->op_timeout_ms());
   }
 }

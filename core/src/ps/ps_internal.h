@@ -63,6 +63,8 @@ class Writer {
   }
   void raw(const void* p, std::size_t n) { out_.append(static_cast<const char*>(p), n); }
   void tensor(const Tensor& t);
+  // A tensor from raw compact bytes (no intermediate Tensor).
+  void tensor_raw(DType dtype, const std::vector<std::int64_t>& shape, const void* data, std::size_t nbytes);
   void value(const Value& v);
   std::string take() { return std::move(out_); }
 
@@ -80,6 +82,15 @@ class Reader {
   double f64();
   std::string str();
   Tensor tensor();
+  // A tensor's header and a pointer to its bytes inside the message (valid
+  // while the message lives): no copy.
+  struct TensorBytes {
+    DType dtype;
+    std::vector<std::int64_t> shape;
+    const char* data;
+    std::size_t nbytes;
+  };
+  TensorBytes tensor_bytes();
   Value value();
   bool at_end() const { return pos_ == in_.size(); }
 

@@ -84,18 +84,22 @@ std::vector<std::string> job_addresses(const json& spec, const std::string& job)
 
 // ---- wire format ----
 
-void Writer::tensor(const Tensor& t) {
-  STRATA_ENFORCE(t.defined(), STRATA_ERR_INVALID_ARGUMENT, "cannot send an undefined tensor; pass a value");
-  u32(static_cast<std::uint32_t>(t.dtype()));
-  const auto shape = t.shape();
+void Writer::tensor_raw(DType dtype, const std::vector<std::int64_t>& shape, const void* data, std::size_t nbytes) {
+  u32(static_cast<std::uint32_t>(dtype));
   u32(static_cast<std::uint32_t>(shape.size()));
   for (auto d : shape) i64(d);
-  u64(t.nbytes());
+  u64(nbytes);
+  out_.reserve(out_.size() + nbytes);
+  raw(data, nbytes);
+}
+
+void Writer::tensor(const Tensor& t) {
+  STRATA_ENFORCE(t.defined(), STRATA_ERR_INVALID_ARGUMENT, "cannot send an undefined tensor; pass a value");
   if (TensorView(t).is_contiguous()) {
-    raw(t.raw_data(), t.nbytes());
+    tensor_raw(t.dtype(), t.shape(), t.raw_data(), t.nbytes());
   } else {
     const Tensor c = Tensor::copy_of(TensorView(t));
-    raw(c.raw_data(), c.nbytes());
+    tensor_raw(c.dtype(), c.shape(), c.raw_data(), c.nbytes());
   }
 }
 
@@ -150,18 +154,34 @@ std::string Reader::str() {
   const std::uint64_t n = u64();
   return std::string(take(static_cast<std::size_t>(n)), static_cast<std::size_t>(n));
 }
-Tensor Reader::tensor() {
+Reader::TensorBytes Reader::tensor_bytes() {
   const std::uint32_t dt = u32();
   STRATA_ENFORCE(dt <= static_cast<std::uint32_t>(DType::kUInt8), STRATA_ERR_DATA_LOSS,
                  "parameter-server message names an unknown dtype ", dt);
   const std::uint32_t nd = u32();
   STRATA_ENFORCE(nd <= 32, STRATA_ERR_DATA_LOSS, "parameter-server message has a tensor of rank ", nd);
-  std::vector<std::int64_t> shape(nd);
-  for (auto& d : shape) d = i64();
+  TensorBytes t;
+  t.dtype = static_cast<DType>(dt);
+  t.shape.resize(nd);
+  std::uint64_t elems = 1;
+  for (auto& d : t.shape) {
+    d = i64();
+    STRATA_ENFORCE(d >= 0, STRATA_ERR_DATA_LOSS, "parameter-server message has a negative dimension");
+    elems *= static_cast<std::uint64_t>(d);
+  }
   const std::uint64_t n = u64();
-  const char* p = take(static_cast<std::size_t>(n));
-  return Tensor::from_bytes(p, static_cast<std::size_t>(n), shape, static_cast<DType>(dt));
+  STRATA_ENFORCE(n == elems * dtype_size(t.dtype), STRATA_ERR_DATA_LOSS, "parameter-server message: a tensor of ",
+                 elems, " ", dtype_name(t.dtype), " elements carries ", n, " bytes");
+  t.nbytes = static_cast<std::size_t>(n);
+  t.data = take(t.nbytes);
+  return t;
 }
+
+Tensor Reader::tensor() {
+  const TensorBytes t = tensor_bytes();
+  return Tensor::from_bytes(t.data, t.nbytes, t.shape, t.dtype);
+}
+
 Value Reader::value() {
   const std::uint8_t k = u8();
   switch (k) {

@@ -190,30 +190,30 @@ class ServerCore : public std::enable_shared_from_this<ServerCore> {
         Reader r(req.payload);
         const std::uint64_t id = r.u64();
         const std::uint32_t op = r.u32();
-        const Tensor delta = r.tensor();
+        const Reader::TensorBytes delta = r.tensor_bytes();
         auto shard = find(id);
         std::lock_guard<std::mutex> l(shard->mu);
-        STRATA_ENFORCE(delta.dtype() == shard->value.dtype() && delta.shape() == shard->value.shape(),
+        STRATA_ENFORCE(delta.dtype == shard->value.dtype() && delta.shape == shard->value.shape(),
                        STRATA_ERR_INVALID_ARGUMENT, who, ": update of shard ", id, " has dtype ",
-                       dtype_name(delta.dtype()), " and ", delta.numel(), " elements but the shard has ",
-                       dtype_name(shard->value.dtype()), " and ", shard->value.numel());
+                       dtype_name(delta.dtype), " and ", delta.nbytes, " bytes but the shard has ",
+                       dtype_name(shard->value.dtype()), " and ", shard->value.nbytes());
         if (op == kAssign) {
-          std::memcpy(shard->value.raw_data(), delta.raw_data(), delta.nbytes());
+          std::memcpy(shard->value.raw_data(), delta.data, delta.nbytes);
           return std::string();
         }
         STRATA_ENFORCE(op == kAssignAdd || op == kAssignSub, STRATA_ERR_INVALID_ARGUMENT, who,
                        ": unknown update op ", op);
         void* d = shard->value.raw_data();
-        const void* s = delta.raw_data();
-        const std::int64_t n = delta.numel();
-        switch (delta.dtype()) {
+        const void* s = delta.data;
+        const std::int64_t n = shard->value.numel();
+        switch (delta.dtype) {
           case DType::kFloat32: apply_typed<float>(d, s, n, op); break;
           case DType::kFloat64: apply_typed<double>(d, s, n, op); break;
           case DType::kInt32: apply_typed<std::int32_t>(d, s, n, op); break;
           case DType::kInt64: apply_typed<std::int64_t>(d, s, n, op); break;
           case DType::kUInt8: apply_typed<std::uint8_t>(d, s, n, op); break;
           default:
-            STRATA_THROW(STRATA_ERR_UNIMPLEMENTED, who, ": assign_add/assign_sub of ", dtype_name(delta.dtype()),
+            STRATA_THROW(STRATA_ERR_UNIMPLEMENTED, who, ": assign_add/assign_sub of ", dtype_name(delta.dtype),
                          " variables is not supported; use float32, float64, int32, int64 or uint8");
         }
         return std::string();
