@@ -191,6 +191,13 @@ int coordinate(const std::string& scenario) {
       } catch (const strata::Error& e) {
         out["cancelled_fetch"] = error_type(e);
       }
+      // A wrong argument kind is the function's InvalidArgumentError, naming both kinds.
+      auto wrong = c.schedule_fn("square", std::string("seven"));
+      try {
+        c.join();
+      } catch (const strata::InvalidArgumentError& e) {
+        out["wrong_arg"] = e.what();
+      }
       // Usable again.
       auto again = c.schedule_fn("square", 7);
       c.join();
@@ -506,6 +513,8 @@ TEST(PsTest, ScheduleJoinFetchUpdatesAndErrorsWithTwoWorkersTwoPs) {
   EXPECT_EQ(r["after"]["other"].get<int>(), 0) << r.dump();
   EXPECT_EQ(r["cancelled_fetch"], "CancelledError");
   EXPECT_EQ(r["again"], 49);  // usable after the error was raised once
+  EXPECT_NE(r.value("wrong_arg", std::string()).find("argument 0 is a string, not a int64"), std::string::npos)
+      << r.dump();
 }
 
 TEST(PsTest, RoundRobinPlacementOnOneAndThreePs) {
@@ -604,6 +613,60 @@ TEST(PsTest, ServersExitWhenTheCoordinatorIsKilled) {
   const double took = std::chrono::duration<double>(Clock::now() - t0).count();
   for (size_t s : c.servers()) EXPECT_EQ(c.proc(s).status, 3) << c.proc(s).log << "\n" << c.logs();
   std::printf("servers exited %.2f s after the coordinator was killed (timeout %.1f s)\n", took, timeout_s);
+}
+
+// Runs `argv` with `env` to its end (deadline 60 s); returns {exit code, output}.
+std::pair<int, std::string> run_to_end(const std::vector<std::string>& argv,
+                                       const std::map<std::string, std::string>& env) {
+  strata::test::TempDir dir;
+  const std::string out = dir.str() + "/out.log";
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);
+    const int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    ::unsetenv("TF_CONFIG");
+    for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    ::execv(args[0], args.data());
+    ::_exit(127);
+  }
+  const int code = strata::test::reap(pid, 60 * 1000);
+  return {code, slurp(out)};
+}
+
+TEST(PsTest, StrataServerRejectsBadTasksWithAClearError) {
+  PsCluster c(1, 1);
+  auto env = c.env("ps", 0);
+  {
+    const auto [code, out] = run_to_end({STRATA_SERVER_BIN, "--job", "ps"}, env);
+    EXPECT_EQ(code, 2) << out;
+    EXPECT_NE(out.find("pass --job and --index together"), std::string::npos) << out;
+  }
+  {
+    const auto [code, out] = run_to_end({STRATA_SERVER_BIN, "--job", "ps", "--index", "5"}, env);
+    EXPECT_EQ(code, 1) << out;
+    EXPECT_NE(out.find("task ps 5 is not in the cluster"), std::string::npos) << out;
+  }
+  {
+    auto chief = c.env("chief", 0);
+    const auto [code, out] = run_to_end({STRATA_SERVER_BIN}, chief);
+    EXPECT_EQ(code, 1) << out;
+    EXPECT_NE(out.find("only worker and ps tasks run a Server"), std::string::npos) << out;
+  }
+  {
+    auto no_chief = env;
+    no_chief["TF_CONFIG"] = R"({"cluster": {"worker": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"]},
+                                "task": {"type": "ps", "index": 0}})";
+    const auto [code, out] = run_to_end({STRATA_SERVER_BIN}, no_chief);
+    EXPECT_EQ(code, 1) << out;
+    EXPECT_NE(out.find("needs a \"chief\" task"), std::string::npos) << out;
+  }
 }
 
 TEST(PsTest, StrataRunStartsAChiefWorkersAndPsWithRolePrefixes) {

@@ -493,10 +493,7 @@ void RemoteVariable::assign_sub(const Tensor& delta) const { update(ps_detail::k
 // ---- ClusterCoordinator ----
 
 ClusterCoordinator::ClusterCoordinator(CoordinatorOptions options) {
-  auto rt = ps_detail::Runtime::start("", -1);
-  STRATA_ENFORCE(rt->job() == "chief", STRATA_ERR_FAILED_PRECONDITION, "ClusterCoordinator runs on the chief, but ",
-                 "this process is ", ps_detail::task_name(rt->job(), rt->index()),
-                 "; worker and ps tasks run strata::Server::from_env().join() (or strata-server)");
+  auto rt = ps_detail::Runtime::start("", -1, false);
   core_ = std::make_shared<ps_detail::CoordinatorCore>(rt, options);
   core_->start();
 }

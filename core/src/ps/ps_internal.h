@@ -170,7 +170,9 @@ class Runtime {
   // Resolve the cluster (resolver, with optional task override), connect the
   // rendezvous store (serve = this task is the chief) and create the
   // transport. Only one runtime per process.
-  static std::shared_ptr<Runtime> start(const std::string& job, int index);
+  // `server`: this process must be a worker or ps task (else the chief);
+  // checked before anything connects.
+  static std::shared_ptr<Runtime> start(const std::string& job, int index, bool server);
   static std::shared_ptr<Runtime> current();  // FailedPreconditionError when none
   ~Runtime();
 

@@ -411,7 +411,7 @@ int Runtime::count(const std::string& job) const {
   return static_cast<int>(job_addresses(spec_, job).size());
 }
 
-std::shared_ptr<Runtime> Runtime::start(const std::string& job_override, int index_override) {
+std::shared_ptr<Runtime> Runtime::start(const std::string& job_override, int index_override, bool server) {
   std::lock_guard<std::mutex> l(g_runtime_mu);
   STRATA_ENFORCE(g_runtime.expired(), STRATA_ERR_FAILED_PRECONDITION,
                  "this process already runs a ClusterCoordinator or a Server; one per process");
@@ -448,6 +448,14 @@ std::shared_ptr<Runtime> Runtime::start(const std::string& job_override, int ind
   STRATA_ENFORCE(!rt->job_.empty() && rt->index_ >= 0, STRATA_ERR_INVALID_ARGUMENT,
                  "this process's task is unknown (cluster resolver '", choice.name,
                  "' gave none); set TF_CONFIG's \"task\" or pass --job and --index");
+  if (server)
+    STRATA_ENFORCE(rt->job_ == "worker" || rt->job_ == "ps", STRATA_ERR_INVALID_ARGUMENT, "this process is ",
+                   task_name(rt->job_, rt->index_),
+                   "; only worker and ps tasks run a Server (the chief runs ClusterCoordinator)");
+  else
+    STRATA_ENFORCE(rt->job_ == "chief", STRATA_ERR_FAILED_PRECONDITION,
+                   "ClusterCoordinator runs on the chief, but this process is ", task_name(rt->job_, rt->index_),
+                   "; worker and ps tasks run strata::Server::from_env().join() (or strata-server)");
   const auto tasks = job_addresses(rt->spec_, rt->job_);
   STRATA_ENFORCE(static_cast<std::size_t>(rt->index_) < tasks.size(), STRATA_ERR_INVALID_ARGUMENT, "task ",
                  rt->job_, " ", rt->index_, " is not in the cluster ", rt->spec_.dump(), "; fix --job/--index or TF_CONFIG");

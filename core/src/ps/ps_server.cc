@@ -301,10 +301,7 @@ Server Server::from_env(ServerOptions options) {
                    options.job, "' cannot serve; a server is a \"worker\" or \"ps\" task");
   STRATA_ENFORCE(options.coordinator_timeout_s > 0, STRATA_ERR_INVALID_ARGUMENT,
                  "coordinator_timeout_s must be > 0 (got ", options.coordinator_timeout_s, ")");
-  auto rt = ps_detail::Runtime::start(options.job, options.index);
-  STRATA_ENFORCE(rt->job() == "worker" || rt->job() == "ps", STRATA_ERR_INVALID_ARGUMENT, "this process is ",
-                 ps_detail::task_name(rt->job(), rt->index()),
-                 "; only worker and ps tasks run a Server (the chief runs ClusterCoordinator)");
+  auto rt = ps_detail::Runtime::start(options.job, options.index, true);
   auto core = std::make_shared<ps_detail::ServerCore>(rt, options);
   core->start();
   return Server(core);
