@@ -52,6 +52,15 @@ strata::Value add_one(const strata::Args& a) {
 }
 STRATA_REGISTER_FUNCTION("add_one", add_one);
 
+// scale(t, k): t * k, a tensor argument and result.
+STRATA_REGISTER_FUNCTION("scale", [](const strata::Args& a) -> strata::Value {
+  const auto& t = strata::get_arg<strata::Tensor>(a, 0);
+  const double k = strata::get_arg<double>(a, 1);
+  std::vector<float> v = t.to_vector<float>();
+  for (float& x : v) x = static_cast<float>(x * k);
+  return strata::Value(strata::Tensor::from_vector(v, t.shape()));
+});
+
 STRATA_REGISTER_FUNCTION("fail", [](const strata::Args& a) -> strata::Value {
   throw std::invalid_argument("bad input: " + strata::get_arg<std::string>(a, 0));
 });
@@ -142,6 +151,10 @@ int coordinate(const std::string& scenario) {
         workers.insert(r.worker());
       }
       out["squares"] = squares;
+      auto scaled = c.schedule_fn("scale", strata::Tensor::from_vector(std::vector<float>{1, 2, 3, 4, 5, 6}, {2, 3}), 2.5);
+      const auto& st = scaled.fetch_as<strata::Tensor>();
+      out["scaled"] = st.to_vector<float>();
+      out["scaled_shape"] = st.shape();
       out["workers_used"] = std::vector<int>(workers.begin(), workers.end());
       try {
         c.schedule_fn("no_such_fn", 1);
@@ -497,6 +510,8 @@ TEST(PsTest, ScheduleJoinFetchUpdatesAndErrorsWithTwoWorkersTwoPs) {
   for (int i = 0; i < 20; ++i) EXPECT_EQ(r["squares"][i].get<std::int64_t>(), i * i);
   for (const auto& s : r["statuses"]) EXPECT_EQ(s, "ready");
   EXPECT_EQ(r["done"], true);
+  EXPECT_EQ(r["scaled"], json({2.5, 5.0, 7.5, 10.0, 12.5, 15.0}));
+  EXPECT_EQ(r["scaled_shape"], json({2, 3}));
   EXPECT_NE(r["unknown"].get<std::string>().find("NotFoundError: no worker has a function named 'no_such_fn'"),
             std::string::npos)
       << r["unknown"];
@@ -666,6 +681,28 @@ TEST(PsTest, StrataServerRejectsBadTasksWithAClearError) {
     const auto [code, out] = run_to_end({STRATA_SERVER_BIN}, no_chief);
     EXPECT_EQ(code, 1) << out;
     EXPECT_NE(out.find("needs a \"chief\" task"), std::string::npos) << out;
+  }
+}
+
+TEST(PsTest, StrataBenchPsReportsClosuresAndPullPush) {
+  PsCluster c(1, 1);  // for the environment: plugin path, log level
+  auto env = c.env("chief", 0);
+  env.erase("TF_CONFIG");
+  env["STRATA_LOG_LEVEL"] = "error";
+  const auto [code, out] = run_to_end({STRATA_BENCH_BIN, "ps", "--workers", "2", "--ps", "2", "--sizes", "4K,1M",
+                                       "--closures", "200", "--repeats", "2", "--json"},
+                                      env);
+  ASSERT_EQ(code, 0) << out;
+  const json r = json::parse(out.substr(out.find('{')), nullptr, false);
+  ASSERT_TRUE(r.is_object()) << out;
+  EXPECT_GT(r["closures"]["closures_per_s"].get<double>(), 0);
+  EXPECT_GT(r["closures"]["schedule_call_us"].get<double>(), 0);
+  ASSERT_EQ(r["variables"].size(), 2u);
+  EXPECT_EQ(r["variables"][1]["bytes"], 1 << 20);
+  for (const auto& v : r["variables"]) {
+    EXPECT_EQ(v["ps_task"], 0);  // fillers keep every measured variable on ps 0
+    EXPECT_GT(v["pull_MBps"].get<double>(), 0);
+    EXPECT_GT(v["push_MBps"].get<double>(), 0);
   }
 }
 
