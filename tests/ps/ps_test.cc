@@ -175,7 +175,7 @@ int coordinate(const std::string& scenario) {
       // A failing closure: its error surfaces at join, the queue is cancelled.
       auto bad = c.schedule_fn("fail", std::string("seven"));
       std::vector<strata::RemoteValue> after;
-      for (int i = 0; i < 30; ++i) after.push_back(c.schedule_fn("sleepy", 200));
+      for (int i = 0; i < 30; ++i) after.push_back(c.schedule_fn("sleepy", 500));
       try {
         c.join();
         out["join_error"] = "none";
