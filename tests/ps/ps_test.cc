@@ -747,11 +747,9 @@ TEST(PsTest, StrataRunStartsAChiefWorkersAndPsWithRolePrefixes) {
 int main(int argc, char** argv) {
   if (argc >= 2 && std::string(argv[1]) == "--serve") return serve();
   if (argc >= 3 && std::string(argv[1]) == "--auto") {
-    // Under strata-run every role runs this: the chief coordinates.
-    const char* tf = std::getenv("TF_CONFIG");
-    const json j = json::parse(tf != nullptr ? tf : "{}", nullptr, false);
-    const bool chief = j.is_object() && j.contains("task") && j["task"].value("type", "") == "chief";
-    return chief ? coordinate(argv[2]) : serve();
+    // Under strata-run every role runs this, as a user's program would.
+    load_config();
+    return strata::current_task_type() == "chief" ? coordinate(argv[2]) : serve();
   }
   if (argc >= 3 && std::string(argv[1]) == "--coordinator") return coordinate(argv[2]);
   ::testing::InitGoogleTest(&argc, argv);

@@ -236,6 +236,14 @@ class STRATA_API ClusterCoordinator {
   std::shared_ptr<ps_detail::CoordinatorCore> core_;
 };
 
+/// This process's task type as the cluster resolver sees it (TF_CONFIG,
+/// Slurm, ...): "chief", "worker", "ps", "evaluator", or "" when no cluster
+/// is configured. Lets one program pick its role:
+///   if (strata::current_task_type() == "chief") { ClusterCoordinator c; ... }
+///   else strata::Server::from_env().join();
+/// Throws the resolver's error when its configuration is malformed.
+STRATA_API std::string current_task_type();
+
 struct ServerOptions {
   /// "worker" or "ps", and the task index; empty/-1: from the cluster resolver.
   std::string job;

@@ -411,13 +411,10 @@ int Runtime::count(const std::string& job) const {
   return static_cast<int>(job_addresses(spec_, job).size());
 }
 
-std::shared_ptr<Runtime> Runtime::start(const std::string& job_override, int index_override, bool server) {
-  std::lock_guard<std::mutex> l(g_runtime_mu);
-  STRATA_ENFORCE(g_runtime.expired(), STRATA_ERR_FAILED_PRECONDITION,
-                 "this process already runs a ClusterCoordinator or a Server; one per process");
-  std::shared_ptr<Runtime> rt(new Runtime());
+// The cluster as the configured resolver describes it, else auto-detection
+// (TF_CONFIG, Slurm, ...); nullopt when there is no cluster (`why` says why).
+std::optional<json> describe_cluster(std::string* resolver, std::string* why) {
   PluginHost& host = PluginHost::global();
-  // The cluster: the configured resolver, else auto-detection (TF_CONFIG, Slurm, ...).
   std::string configured;
   json resolver_options = json::object();
   if (auto part = job_config("/cluster_resolver"); part && part->is_object()) {
@@ -425,9 +422,9 @@ std::shared_ptr<Runtime> Runtime::start(const std::string& job_override, int ind
     if (part->contains("options")) resolver_options = part->at("options");
   }
   const ResolverChoice choice = choose_cluster_resolver(host, configured);
-  STRATA_ENFORCE(!choice.name.empty(), STRATA_ERR_FAILED_PRECONDITION,
-                 "parameter-server training needs a cluster (chief, worker and ps tasks) but none was found: ",
-                 choice.reason, "; set TF_CONFIG (or run under strata-run or Slurm)");
+  *resolver = choice.name;
+  *why = choice.reason;
+  if (choice.name.empty()) return std::nullopt;
   PluginInstance inst = host.create(STRATA_KIND_CLUSTER_RESOLVER, choice.name, resolver_options.dump());
   const auto* rvt = inst.vtable_as<strata_resolver_vtable>();
   std::string text;
@@ -438,6 +435,21 @@ std::shared_ptr<Runtime> Runtime::start(const std::string& job_override, int ind
   const json desc = json::parse(text, nullptr, false);
   STRATA_ENFORCE(desc.is_object(), STRATA_ERR_INTERNAL, "cluster resolver '", choice.name,
                  "' returned invalid JSON: ", text);
+  return desc;
+}
+
+std::shared_ptr<Runtime> Runtime::start(const std::string& job_override, int index_override, bool server) {
+  std::lock_guard<std::mutex> l(g_runtime_mu);
+  STRATA_ENFORCE(g_runtime.expired(), STRATA_ERR_FAILED_PRECONDITION,
+                 "this process already runs a ClusterCoordinator or a Server; one per process");
+  std::shared_ptr<Runtime> rt(new Runtime());
+  PluginHost& host = PluginHost::global();
+  ResolverChoice choice;
+  const std::optional<json> described = describe_cluster(&choice.name, &choice.reason);
+  STRATA_ENFORCE(described.has_value(), STRATA_ERR_FAILED_PRECONDITION,
+                 "parameter-server training needs a cluster (chief, worker and ps tasks) but none was found: ",
+                 choice.reason, "; set TF_CONFIG (or run under strata-run or Slurm)");
+  const json& desc = *described;
   rt->spec_ = desc.value("cluster_spec", json::object());
   rt->job_ = job_override;
   rt->index_ = index_override;
@@ -610,6 +622,13 @@ std::vector<std::string> registered_functions() {
   std::vector<std::string> out;
   for (const auto& [k, v] : registry()) out.push_back(k);
   return out;
+}
+
+std::string current_task_type() {
+  std::string resolver, why;
+  const auto desc = ps_detail::describe_cluster(&resolver, &why);
+  if (!desc || !desc->contains("task_type") || !(*desc)["task_type"].is_string()) return std::string();
+  return (*desc)["task_type"].get<std::string>();
 }
 
 namespace ps_detail {
