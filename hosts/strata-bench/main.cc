@@ -10,6 +10,7 @@
 //   strata-bench pingpong --transport T -n 2
 //                           point-to-point latency and bandwidth of one transport (see multiproc.h)
 //   strata-bench input      records read+verified per second vs sequential read (see input.h)
+//   strata-bench ps        parameter-server closures/s and variable pull/push (see ps.h)
 //   strata-bench checkpoint Checkpoint save/restore vs plain write(2)+fsync / read(2) (see checkpoint.h)
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -27,6 +28,7 @@
 #include "fit.h"
 #include "input.h"
 #include "multiproc.h"
+#include "ps.h"
 #include "sizes.h"
 #include "strata/strata.hpp"
 
@@ -312,8 +314,23 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 20));
   ckpt->add_option("--dir", co.dir, "Directory to write in (a fresh subdirectory, removed afterwards; default $TMPDIR)");
 
+  auto* psb = app.add_subcommand("ps", "Parameter-server closures/s and variable pull/push (see ps.h)");
+  strata::bench::PsBenchOptions pso;
+  bool ps_serve = false;
+  psb->add_option("--workers", pso.workers, "worker tasks")->capture_default_str()->check(CLI::Range(1, 64));
+  psb->add_option("--ps", pso.ps, "ps tasks")->capture_default_str()->check(CLI::Range(1, 64));
+  psb->add_option("--sizes", pso.sizes, "variable sizes: a doubling range 4K:64M or a list")->capture_default_str();
+  psb->add_option("--closures", pso.closures, "closures per repeat")->capture_default_str()->check(CLI::Range(1, 10000000));
+  psb->add_flag("--serve", ps_serve, "internal: the server role the benchmark starts")->group("");
+
   CLI11_PARSE(app, argc, argv);
   try {
+    if (psb->parsed()) {
+      if (ps_serve) return strata::bench::run_ps_bench_server();
+      pso.repeats = repeats_opt->count() > 0 ? repeats : 5;
+      pso.json = json;
+      return strata::bench::run_ps_bench(pso);
+    }
     if (fit->parsed()) {
       fo.repeats = repeats_opt->count() > 0 ? repeats : 5;
       fo.json = json;

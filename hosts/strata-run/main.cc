@@ -10,6 +10,13 @@
 // their cluster from TF_CONFIG rather than as Slurm tasks. Every output line of a child
 // is copied whole, prefixed "[<rank>] ", to strata-run's stdout or stderr.
 //
+// Parameter-server jobs: --chief C --workers N --ps M (instead of -n) start
+// C + N + M processes (ranks in that order) with TF_CONFIG's cluster
+// {"chief": [...], "worker": [...], "ps": [...]} and each its own task; their
+// lines are prefixed with the role, "[worker 1] ", "[ps 0] ". The program
+// runs as every role: the chief runs strata::ClusterCoordinator, the others
+// strata::Server::from_env().join() (see strata/coordinator.hpp).
+//
 // Lifetime: SIGINT/SIGTERM/SIGHUP are forwarded to every child (a second
 // one kills them). When a child exits non-zero or by a signal, the others
 // get kSettle (5 s) to fail by themselves, so that they diagnose the fault
@@ -217,6 +224,7 @@ struct Stream {
 
 struct Child {
   int rank = 0;
+  std::string label;  // output prefix: the rank, or "worker 1" in a parameter-server job
   pid_t pid = -1;
   bool exited = false;
   int code = 0;  // exit code, or 128+signal
@@ -241,8 +249,8 @@ void write_all(int fd, const std::string& data) {
   }
 }
 
-void emit_lines(int rank, Stream& s, bool at_eof) {
-  const std::string prefix = "[" + std::to_string(rank) + "] ";
+void emit_lines(const std::string& label, Stream& s, bool at_eof) {
+  const std::string prefix = "[" + label + "] ";
   std::string out;
   std::size_t start = 0;
   for (;;) {
@@ -262,18 +270,18 @@ void emit_lines(int rank, Stream& s, bool at_eof) {
 }
 
 /// Read what is available; at EOF flush the last partial line and close.
-void pump(int rank, Stream& s) {
+void pump(const std::string& label, Stream& s) {
   char chunk[16384];
   for (;;) {
     ssize_t r = ::read(s.fd, chunk, sizeof chunk);
     if (r > 0) {
       s.buf.append(chunk, static_cast<std::size_t>(r));
-      emit_lines(rank, s, false);
+      emit_lines(label, s, false);
       continue;
     }
     if (r < 0 && errno == EINTR) continue;
     if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-    emit_lines(rank, s, true);
+    emit_lines(label, s, true);
     ::close(s.fd);
     s.fd = -1;
     return;
@@ -282,6 +290,9 @@ void pump(int rank, Stream& s) {
 
 struct Options {
   int n = 0;
+  // A parameter-server job (--chief/--workers/--ps): n = chief + workers + ps.
+  bool ps_job = false;
+  int chief = 1, workers = 0, ps = 0;
   std::string config;
   double timeout_s = 0;
   double grace_s = 5;
@@ -449,8 +460,23 @@ class Launcher {
 
     nlohmann::json workers = nlohmann::json::array();
     for (uint16_t p : ports) workers.push_back(format_address(opt_.host, p));
+    // The task of rank i: {"worker", i}, or in a parameter-server job the
+    // chiefs, then the workers, then the ps tasks, in rank order.
+    auto task_of = [&](int i) -> std::pair<std::string, int> {
+      if (!opt_.ps_job) return {"worker", i};
+      if (i < opt_.chief) return {"chief", i};
+      if (i < opt_.chief + opt_.workers) return {"worker", i - opt_.chief};
+      return {"ps", i - opt_.chief - opt_.workers};
+    };
+    nlohmann::json cluster = {{"worker", workers}};
+    if (opt_.ps_job) {
+      cluster = nlohmann::json::object();
+      for (int i = 0; i < opt_.n; ++i) cluster[task_of(i).first].push_back(workers[static_cast<std::size_t>(i)]);
+    }
     for (int i = 0; i < opt_.n; ++i) {
-      nlohmann::json tf = {{"cluster", {{"worker", workers}}}, {"task", {{"type", "worker"}, {"index", i}}}};
+      const auto [type, index] = task_of(i);
+      nlohmann::json tf = {{"cluster", cluster}, {"task", {{"type", type}, {"index", index}}}};
+      children_[static_cast<std::size_t>(i)].label = opt_.ps_job ? type + " " + std::to_string(index) : std::to_string(i);
       std::vector<std::pair<std::string, std::string>> env = {{"TF_CONFIG", tf.dump()},
                                                               {"STRATA_AUTH_TOKEN", token_},
                                                               {"STRATA_RANK", std::to_string(i)},
@@ -794,7 +820,7 @@ class Launcher {
           for (Child& c : children_)
             for (Stream* s : {&c.out, &c.err})
               if (s->fd >= 0) {
-                emit_lines(c.rank, *s, true);
+                emit_lines(c.label, *s, true);
                 ::close(s->fd);
                 s->fd = -1;
               }
@@ -821,7 +847,7 @@ class Launcher {
         for (std::size_t i = 0; i < streams.size(); ++i)
           if (fds[i + 1].revents & (POLLIN | POLLHUP | POLLERR)) {
             for (Child& c : children_)
-              if (&c.out == streams[i] || &c.err == streams[i]) pump(c.rank, *streams[i]);
+              if (&c.out == streams[i] || &c.err == streams[i]) pump(c.label, *streams[i]);
           }
       }
       reap();  // SIGCHLD coalesces; a periodic check keeps no exit unnoticed
@@ -949,9 +975,19 @@ int main(int argc, char** argv) {
       "Example:\n"
       "  strata-run -n 4 --config job.json -- strata-train --steps 100\n"
       "  strata-run -n 2 --timeout 600 -- ./my_trainer --batch 64\n"
-      "  strata-run --max-restarts 2 -n 4 -- strata-train --checkpoint-dir /tmp/ckpt --steps 1000"};
+      "  strata-run --max-restarts 2 -n 4 -- strata-train --checkpoint-dir /tmp/ckpt --steps 1000\n\n"
+      "Parameter-server jobs: --chief 1 --workers N --ps M instead of -n start the chief, N workers and\n"
+      "M ps tasks (ranks in that order), TF_CONFIG {\"chief\": [...], \"worker\": [...], \"ps\": [...]}, output\n"
+      "prefixed \"[worker 1] \"; e.g. strata-run --chief 1 --workers 2 --ps 1 -- ./my_ps_program"};
   Options opt;
-  app.add_option("-n,--num-processes", opt.n, "number of processes to start")->required()->check(CLI::Range(1, 4096));
+  auto* n_opt =
+      app.add_option("-n,--num-processes", opt.n, "number of processes to start")->check(CLI::Range(1, 4096));
+  auto* chief_opt = app.add_option("--chief", opt.chief, "parameter-server job: chief tasks (default 1)")
+                        ->check(CLI::Range(1, 1));
+  auto* workers_opt =
+      app.add_option("--workers", opt.workers, "parameter-server job: worker tasks")->check(CLI::Range(1, 4096));
+  auto* ps_opt = app.add_option("--ps", opt.ps, "parameter-server job: ps tasks")->check(CLI::Range(1, 4096));
+  n_opt->excludes(chief_opt)->excludes(workers_opt)->excludes(ps_opt);
   app.add_option("--config", opt.config, "job config (JSON) passed to every process as STRATA_CONFIG")
       ->check(CLI::ExistingFile);
   app.add_option("--timeout", opt.timeout_s, "stop the job and exit 124 after S seconds (0 = no limit)")
@@ -970,6 +1006,19 @@ int main(int argc, char** argv) {
   app.add_option("command", opt.command, "PROGRAM ARGS... (after --)")->required();
   app.positionals_at_end();
   CLI11_PARSE(app, argc, argv);
+  if (*workers_opt || *ps_opt || *chief_opt) {
+    if (!*workers_opt || !*ps_opt) {
+      std::cerr << "strata-run: a parameter-server job needs --workers N and --ps M (and optionally --chief 1)"
+                << std::endl;
+      return 2;
+    }
+    opt.ps_job = true;
+    opt.n = opt.chief + opt.workers + opt.ps;
+  } else if (opt.n < 1) {
+    std::cerr << "strata-run: pass -n N (a multi-worker job) or --workers N --ps M (a parameter-server job)"
+              << std::endl;
+    return 2;
+  }
 
   try {
     return Launcher(std::move(opt)).run();

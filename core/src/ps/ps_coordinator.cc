@@ -1,0 +1,520 @@
+// SPDX-License-Identifier: Apache-2.0
+// ClusterCoordinator, RemoteValue and RemoteVariable. One dispatcher thread
+// per worker takes closures from the shared queue and runs them on its
+// worker through a dedicated connection (one closure at a time per worker);
+// a monitor thread pings every server through separate control connections,
+// so that servers know the coordinator lives and the coordinator learns of a
+// dead ps task even while no closure touches it.
+#include <algorithm>
+#include <cstring>
+#include <deque>
+#include <set>
+#include <thread>
+
+#include "log.h"
+#include "ps/ps_internal.h"
+
+namespace strata {
+namespace ps_detail {
+
+class CoordinatorCore : public std::enable_shared_from_this<CoordinatorCore> {
+ public:
+  CoordinatorCore(std::shared_ptr<Runtime> rt, CoordinatorOptions opt)
+      : rt_(std::move(rt)), opt_(opt), placer_(std::max(1, rt_->count("ps"))) {}
+
+  void start() {
+    rt_->set_op_timeout_ms(static_cast<std::int64_t>(opt_.op_timeout_s * 1000));
+    num_workers_ = rt_->count("worker");
+    num_ps_ = rt_->count("ps");
+    STRATA_ENFORCE(num_ps_ >= 1, STRATA_ERR_INVALID_ARGUMENT,
+                   "ClusterCoordinator needs at least one \"ps\" task in the cluster; add \"ps\": [\"host:port\"]");
+    for (int p = 0; p < num_ps_; ++p) rt_->ps_channel(p);
+    for (int w = 0; w < num_workers_; ++w) workers_.push_back(std::make_unique<Worker>());
+    for (int w = 0; w < num_workers_; ++w) {
+      Worker& wk = *workers_[static_cast<std::size_t>(w)];
+      json hello;
+      wk.dispatch = rt_->connect("worker", w, rt_->job(), rt_->rendezvous_ms(), &hello);
+      wk.control = rt_->connect("worker", w, rt_->job(), rt_->rendezvous_ms());
+      for (const auto& f : hello.value("functions", json::array())) functions_.insert(f.get<std::string>());
+    }
+    auto self = shared_from_this();
+    for (int w = 0; w < num_workers_; ++w) threads_.emplace_back([self, w] { self->dispatch_loop(w); });
+    threads_.emplace_back([self] { self->monitor_loop(); });
+    detail::logger("ps")->info("coordinator: {} workers, {} ps tasks; functions: {}", num_workers_, num_ps_,
+                               json(std::vector<std::string>(functions_.begin(), functions_.end())).dump());
+  }
+
+  void shutdown() {
+    const bool stop_servers = opt_.stop_servers_on_exit;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (shut_) return;
+      shut_ = true;
+      shutting_down_ = true;
+      for (auto& c : queue_) finish(*c, RemoteValueStatus::kAborted, STRATA_ERR_CANCELLED,
+                                    "cancelled: the ClusterCoordinator was destroyed");
+      queue_.clear();
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+    threads_.clear();
+    if (stop_servers) this->stop_servers();
+    for (auto& w : workers_) {
+      w->dispatch.reset();
+      w->control.reset();
+    }
+  }
+
+  void stop_servers() {
+    const std::int64_t t = std::min<std::int64_t>(rt_->op_timeout_ms(), 5000);
+    for (int w = 0; w < num_workers_; ++w) {
+      auto& wk = *workers_[static_cast<std::size_t>(w)];
+      std::lock_guard<std::mutex> l(wk.control_mu);
+      try {
+        if (wk.control && !wk.control->broken()) wk.control->call(kStop, "", t);
+      } catch (const std::exception& e) {
+        detail::logger("ps")->info("stopping worker task {}: {}", w, e.what());
+      }
+    }
+    for (int p = 0; p < num_ps_; ++p) {
+      try {
+        rt_->ps_channel(p)->call(kStop, "", t);
+      } catch (const std::exception& e) {
+        detail::logger("ps")->info("stopping ps task {}: {}", p, e.what());
+      }
+    }
+  }
+
+  RemoteVariable create_variable(const std::string& name, const Tensor& initial, const Partitioner& partitioner) {
+    STRATA_ENFORCE(initial.defined(), STRATA_ERR_INVALID_ARGUMENT, "variable '", name,
+                   "' needs an initial value");
+    raise_ps_failure();
+    const auto shape = initial.shape();
+    const VariablePartition part = partition_variable(shape, initial.dtype(), partitioner);
+    auto info = std::make_shared<VariableInfo>();
+    info->name = name;
+    info->dtype = initial.dtype();
+    info->shape = shape;
+    info->sharded = part.sharded;
+    std::vector<int> where;
+    {
+      std::lock_guard<std::mutex> l(var_mu_);  // consecutive slots and ids per variable
+      where = part.sharded ? placer_.place_shards(part.layout.num_shards()) : std::vector<int>{placer_.place()};
+      for (std::size_t i = 0; i < where.size(); ++i) {
+        ShardRef s;
+        s.ps = where[i];
+        s.id = next_var_id_++;
+        s.row_offset = part.layout.shards[i].row_offset;
+        s.shape = part.layout.shards[i].shape;
+        info->shards.push_back(s);
+      }
+    }
+    const Tensor contiguous = Tensor::copy_of(TensorView(initial));
+    const std::size_t row_bytes =
+        shape.empty() || shape[0] == 0 ? contiguous.nbytes() : contiguous.nbytes() / static_cast<std::size_t>(shape[0]);
+    for (const auto& s : info->shards) {
+      const std::size_t rows = s.shape.empty() ? 1 : static_cast<std::size_t>(s.shape[0]);
+      const char* base = static_cast<const char*>(contiguous.raw_data()) +
+                         (shape.empty() ? 0 : static_cast<std::size_t>(s.row_offset) * row_bytes);
+      const Tensor piece = Tensor::from_bytes(base, shape.empty() ? contiguous.nbytes() : rows * row_bytes, s.shape,
+                                              initial.dtype());
+      Writer w;
+      w.u64(s.id);
+      w.tensor(piece);
+      rt_->ps_channel(s.ps)->call(kVarCreate, w.take(), rt_->op_timeout_ms());
+    }
+    return RemoteVariable(info);
+  }
+
+  RemoteValue schedule(const std::string& fn, Args args) {
+    raise_pending_error();
+    if (functions_.count(fn) == 0) {
+      STRATA_THROW(STRATA_ERR_NOT_FOUND, "no worker has a function named '", fn, "' (the workers register: ",
+                   json(std::vector<std::string>(functions_.begin(), functions_.end())).dump(),
+                   "); register it with STRATA_REGISTER_FUNCTION in the program the workers run");
+    }
+    auto c = std::make_shared<ClosureState>();
+    c->fn = fn;
+    c->fetch_timeout_s = opt_.join_timeout_s;
+    c->coordinator = weak_from_this();
+    Writer w;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      c->id = next_closure_++;
+    }
+    w.u64(c->id);
+    w.str(fn);
+    w.u64(args.size());
+    for (const auto& a : args) w.value(a);
+    c->args = w.take();
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      STRATA_ENFORCE(!shutting_down_, STRATA_ERR_FAILED_PRECONDITION, "the ClusterCoordinator is shutting down");
+      queue_.push_back(c);
+    }
+    cv_.notify_all();
+    return RemoteValue(c);
+  }
+
+  void join() {
+    const auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<std::int64_t>(opt_.join_timeout_s * 1000));
+    std::unique_lock<std::mutex> l(mu_);
+    for (;;) {
+      raise_pending_error_locked(l);
+      raise_ps_failure();
+      if (queue_.empty() && inflight_ == 0) return;
+      if (Clock::now() >= deadline) {
+        std::string dead;
+        for (int w = 0; w < num_workers_; ++w)
+          if (!workers_[static_cast<std::size_t>(w)]->alive) dead += " " + std::to_string(w);
+        STRATA_THROW(STRATA_ERR_DEADLINE_EXCEEDED, "join(): ", queue_.size(), " closure(s) queued and ", inflight_,
+                     " running after ", opt_.join_timeout_s, " s; workers unreachable:",
+                     dead.empty() ? " none" : dead, " (raise CoordinatorOptions::join_timeout_s or start workers)");
+      }
+      cv_.wait_for(l, std::chrono::milliseconds(100));
+    }
+  }
+
+  bool done() {
+    std::unique_lock<std::mutex> l(mu_);
+    raise_pending_error_locked(l);
+    raise_ps_failure();
+    return queue_.empty() && inflight_ == 0;
+  }
+
+  void raise_ps_failure() {
+    std::string msg;
+    {
+      std::lock_guard<std::mutex> l(ps_mu_);
+      msg = ps_error_;
+    }
+    if (!msg.empty()) detail::throw_status(STRATA_ERR_UNAVAILABLE, msg);
+  }
+
+  int num_workers() const { return num_workers_; }
+  int num_ps() const { return num_ps_; }
+
+ private:
+  struct Worker {
+    std::unique_ptr<Channel> dispatch;
+    std::unique_ptr<Channel> control;
+    std::mutex control_mu;
+    bool alive = true;  // guarded by mu_
+  };
+
+  static void finish(ClosureState& c, RemoteValueStatus st, strata_status_t code, const std::string& msg,
+                     Value result = Value()) {
+    {
+      std::lock_guard<std::mutex> l(c.mu);
+      c.status = st;
+      c.error_code = code;
+      c.error = msg;
+      c.result = std::move(result);
+    }
+    c.cv.notify_all();
+  }
+
+  void raise_pending_error() {
+    std::unique_lock<std::mutex> l(mu_);
+    raise_pending_error_locked(l);
+  }
+  void raise_pending_error_locked(std::unique_lock<std::mutex>&) {
+    if (pending_code_ == STRATA_OK) return;
+    const strata_status_t code = std::exchange(pending_code_, STRATA_OK);
+    const std::string msg = std::move(pending_error_);
+    pending_error_.clear();
+    detail::throw_status(code, msg);
+  }
+
+  void dispatch_loop(int w) {
+    Worker& wk = *workers_[static_cast<std::size_t>(w)];
+    const std::string who = task_name("worker", w);
+    while (!shutting_down_) {
+      if (!wk.dispatch || wk.dispatch->broken()) {
+        // Rejoin: a restarted worker publishes a new incarnation.
+        try {
+          json hello;
+          auto ch = rt_->connect("worker", w, rt_->job(), 3000, &hello, &shutting_down_);
+          auto ctl = rt_->connect("worker", w, rt_->job(), 3000, nullptr, &shutting_down_);
+          {
+            std::lock_guard<std::mutex> l(wk.control_mu);
+            wk.control = std::move(ctl);
+          }
+          wk.dispatch = std::move(ch);
+          std::lock_guard<std::mutex> l(mu_);
+          wk.alive = true;
+          detail::logger("ps")->warn("coordinator: {} is back", who);
+        } catch (const std::exception& e) {
+          detail::logger("ps")->debug("coordinator: {} still unreachable: {}", who, e.what());
+          std::unique_lock<std::mutex> l(mu_);
+          cv_.wait_for(l, std::chrono::milliseconds(500), [&] { return shutting_down_.load(); });
+        }
+        continue;
+      }
+      std::shared_ptr<ClosureState> c;
+      {
+        std::unique_lock<std::mutex> l(mu_);
+        cv_.wait_for(l, std::chrono::milliseconds(200), [&] { return shutting_down_ || !queue_.empty(); });
+        if (shutting_down_ || queue_.empty()) continue;
+        c = queue_.front();
+        queue_.pop_front();
+        ++inflight_;
+      }
+      {
+        std::lock_guard<std::mutex> l(c->mu);
+        c->status = RemoteValueStatus::kRunning;
+        c->worker = w;
+      }
+      try {
+        Frame r = wk.dispatch->call(kExecute, c->args,
+                                    static_cast<std::int64_t>(opt_.join_timeout_s * 1000), &shutting_down_);
+        Reader rd(r.payload);
+        finish(*c, RemoteValueStatus::kReady, STRATA_OK, "", rd.value());
+      } catch (const Error& e) {
+        if (wk.dispatch->broken() && !shutting_down_) {
+          // No answer: the worker died or became unreachable mid-closure.
+          // Nothing was recorded for this closure, so it runs again elsewhere.
+          detail::logger("ps")->warn("coordinator: {} failed while running closure {} ('{}'): {}; rescheduling it",
+                                     who, c->id, c->fn, e.what());
+          {
+            std::lock_guard<std::mutex> l(c->mu);
+            c->status = RemoteValueStatus::kScheduled;
+            c->worker = -1;
+          }
+          std::lock_guard<std::mutex> l(mu_);
+          wk.alive = false;
+          queue_.push_front(c);
+          --inflight_;
+          cv_.notify_all();
+          continue;
+        }
+        closure_failed(c, e.code(), e.what());
+      } catch (const std::exception& e) {
+        closure_failed(c, STRATA_ERR_INTERNAL, e.what());
+      }
+      std::lock_guard<std::mutex> l(mu_);
+      --inflight_;
+      cv_.notify_all();
+    }
+  }
+
+  void closure_failed(const std::shared_ptr<ClosureState>& c, strata_status_t code, const std::string& msg) {
+    finish(*c, RemoteValueStatus::kError, code, msg);
+    std::lock_guard<std::mutex> l(mu_);
+    if (pending_code_ == STRATA_OK) {
+      pending_code_ = code;
+      pending_error_ = msg;
+    }
+    // tf.distribute: an error cancels every closure still queued.
+    for (auto& q : queue_)
+      finish(*q, RemoteValueStatus::kAborted, STRATA_ERR_CANCELLED,
+             detail::str_cat("cancelled: closure ", c->id, " ('", c->fn, "') failed first: ", msg));
+    queue_.clear();
+  }
+
+  void monitor_loop() {
+    const auto period = std::chrono::milliseconds(static_cast<std::int64_t>(opt_.heartbeat_s * 1000));
+    const std::int64_t t = std::min<std::int64_t>(rt_->op_timeout_ms(), 10000);
+    while (!shutting_down_) {
+      for (int p = 0; p < num_ps_ && !shutting_down_; ++p) {
+        try {
+          rt_->ps_channel(p)->call(kPing, "", t);
+        } catch (const Error& e) {
+          std::lock_guard<std::mutex> l(ps_mu_);
+          if (ps_error_.empty()) {
+            ps_error_ = detail::str_cat(task_name("ps", p), " is unavailable (", e.what(),
+                                        "); its variables are lost: restart the job from its last checkpoint");
+            detail::logger("ps")->error("coordinator: {}", ps_error_);
+          }
+        }
+      }
+      for (int w = 0; w < num_workers_ && !shutting_down_; ++w) {
+        auto& wk = *workers_[static_cast<std::size_t>(w)];
+        std::lock_guard<std::mutex> l(wk.control_mu);
+        if (!wk.control || wk.control->broken()) continue;
+        try {
+          wk.control->call(kPing, "", t, &shutting_down_);
+        } catch (const Error& e) {
+          detail::logger("ps")->warn("coordinator: worker task {} does not answer pings: {}", w, e.what());
+        }
+      }
+      cv_.notify_all();  // join() re-checks the ps state
+      std::unique_lock<std::mutex> l(mu_);
+      cv_.wait_for(l, period, [&] { return shutting_down_.load(); });
+    }
+  }
+
+  std::shared_ptr<Runtime> rt_;
+  CoordinatorOptions opt_;
+  int num_workers_ = 0;
+  int num_ps_ = 0;
+  std::set<std::string> functions_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  std::vector<std::thread> threads_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<ClosureState>> queue_;
+  int inflight_ = 0;
+  std::uint64_t next_closure_ = 1;
+  strata_status_t pending_code_ = STRATA_OK;
+  std::string pending_error_;
+  std::atomic<bool> shutting_down_{false};
+  bool shut_ = false;
+  std::mutex ps_mu_;
+  std::string ps_error_;
+  std::mutex var_mu_;
+  RoundRobinPlacer placer_;
+  std::uint64_t next_var_id_ = 1;
+};
+
+void check_ps_failure(const std::shared_ptr<CoordinatorCore>& core) {
+  if (core) core->raise_ps_failure();
+}
+
+}  // namespace ps_detail
+
+// ---- RemoteValue ----
+
+RemoteValueStatus RemoteValue::status() const {
+  STRATA_ENFORCE(s_ != nullptr, STRATA_ERR_FAILED_PRECONDITION, "empty RemoteValue; get one from schedule()");
+  std::lock_guard<std::mutex> l(s_->mu);
+  return s_->status;
+}
+
+int RemoteValue::worker() const {
+  STRATA_ENFORCE(s_ != nullptr, STRATA_ERR_FAILED_PRECONDITION, "empty RemoteValue; get one from schedule()");
+  std::lock_guard<std::mutex> l(s_->mu);
+  return s_->worker;
+}
+
+const Value& RemoteValue::fetch() const {
+  STRATA_ENFORCE(s_ != nullptr, STRATA_ERR_FAILED_PRECONDITION, "empty RemoteValue; get one from schedule()");
+  const auto deadline = ps_detail::Clock::now() +
+                        std::chrono::milliseconds(static_cast<std::int64_t>(s_->fetch_timeout_s * 1000));
+  std::unique_lock<std::mutex> l(s_->mu);
+  for (;;) {
+    if (s_->status == RemoteValueStatus::kReady) return s_->result;
+    if (s_->status == RemoteValueStatus::kError) detail::throw_status(s_->error_code, s_->error);
+    if (s_->status == RemoteValueStatus::kAborted) detail::throw_status(STRATA_ERR_CANCELLED, s_->error);
+    l.unlock();
+    ps_detail::check_ps_failure(s_->coordinator.lock());
+    l.lock();
+    if (ps_detail::Clock::now() >= deadline)
+      STRATA_THROW(STRATA_ERR_DEADLINE_EXCEEDED, "closure ", s_->id, " ('", s_->fn, "') is still ",
+                   remote_value_status_name(s_->status), " after ", s_->fetch_timeout_s, " s");
+    s_->cv.wait_for(l, std::chrono::milliseconds(100));
+  }
+}
+
+// ---- RemoteVariable ----
+
+namespace {
+const ps_detail::VariableInfo& info_of(const std::shared_ptr<const ps_detail::VariableInfo>& i) {
+  STRATA_ENFORCE(i != nullptr, STRATA_ERR_FAILED_PRECONDITION,
+                 "empty RemoteVariable; create it with ClusterCoordinator::create_variable");
+  return *i;
+}
+std::size_t row_bytes(const ps_detail::VariableInfo& v) {
+  std::size_t n = dtype_size(v.dtype);
+  for (std::size_t i = 1; i < v.shape.size(); ++i) n *= static_cast<std::size_t>(v.shape[i]);
+  return n;
+}
+}  // namespace
+
+const std::string& RemoteVariable::name() const { return info_of(info_).name; }
+DType RemoteVariable::dtype() const { return info_of(info_).dtype; }
+std::vector<std::int64_t> RemoteVariable::shape() const { return info_of(info_).shape; }
+std::int64_t RemoteVariable::num_shards() const { return static_cast<std::int64_t>(info_of(info_).shards.size()); }
+int RemoteVariable::shard_ps_task(std::int64_t i) const {
+  const auto& v = info_of(info_);
+  STRATA_ENFORCE(i >= 0 && i < static_cast<std::int64_t>(v.shards.size()), STRATA_ERR_OUT_OF_RANGE, "variable '",
+                 v.name, "' has ", v.shards.size(), " shard(s); shard ", i, " does not exist");
+  return v.shards[static_cast<std::size_t>(i)].ps;
+}
+
+Tensor RemoteVariable::read() const {
+  const auto& v = info_of(info_);
+  auto rt = ps_detail::Runtime::current();
+  const std::size_t rb = row_bytes(v);
+  if (v.shards.size() == 1) {  // the shard is the variable: no concatenation
+    ps_detail::Writer w;
+    w.u64(v.shards[0].id);
+    ps_detail::Frame r = rt->ps_channel(v.shards[0].ps)->call(ps_detail::kVarRead, w.take(), rt->op_timeout_ms());
+    ps_detail::Reader rd(r.payload);
+    Tensor t = rd.tensor();
+    STRATA_ENFORCE(t.shape() == v.shape && t.dtype() == v.dtype, STRATA_ERR_DATA_LOSS, "variable '", v.name,
+                   "': ps task ", v.shards[0].ps, " returned a value of another shape or dtype");
+    return t;
+  }
+  Tensor out = Tensor::zeros(v.shape, v.dtype);
+  for (const auto& s : v.shards) {
+    ps_detail::Writer w;
+    w.u64(s.id);
+    ps_detail::Frame r = rt->ps_channel(s.ps)->call(ps_detail::kVarRead, w.take(), rt->op_timeout_ms());
+    ps_detail::Reader rd(r.payload);
+    const ps_detail::Reader::TensorBytes piece = rd.tensor_bytes();
+    const std::size_t off = static_cast<std::size_t>(s.row_offset) * rb;
+    STRATA_ENFORCE(piece.shape == s.shape && piece.dtype == v.dtype && off + piece.nbytes <= out.nbytes(),
+                   STRATA_ERR_DATA_LOSS, "variable '", v.name, "': ps task ", s.ps,
+                   " returned a shard of another shape or dtype");
+    std::memcpy(static_cast<char*>(out.raw_data()) + off, piece.data, piece.nbytes);
+  }
+  return out;
+}
+
+void RemoteVariable::update(std::uint32_t op, const Tensor& value) const {
+  const auto& v = info_of(info_);
+  STRATA_ENFORCE(value.defined() && value.dtype() == v.dtype && value.shape() == v.shape,
+                 STRATA_ERR_INVALID_ARGUMENT, "variable '", v.name, "' is ", dtype_name(v.dtype), " of ",
+                 v.shape.size(), "-d shape; the update must have the same dtype and shape");
+  auto rt = ps_detail::Runtime::current();
+  Tensor staged;  // a compact copy, only when `value` is strided
+  const char* base = static_cast<const char*>(value.raw_data());
+  if (!TensorView(value).is_contiguous()) {
+    staged = Tensor::copy_of(TensorView(value));
+    base = static_cast<const char*>(staged.raw_data());
+  }
+  const std::size_t rb = row_bytes(v);
+  for (const auto& s : v.shards) {
+    const std::size_t rows = s.shape.empty() ? 1 : static_cast<std::size_t>(s.shape[0]);
+    const char* src = base + (v.shape.empty() ? 0 : static_cast<std::size_t>(s.row_offset) * rb);
+    ps_detail::Writer w;
+    w.u64(s.id);
+    w.u32(op);
+    w.tensor_raw(v.dtype, s.shape, src, v.shape.empty() ? value.nbytes() : rows * rb);
+    rt->ps_channel(s.ps)->call(ps_detail::kVarUpdate, w.take(), rt->op_timeout_ms());
+  }
+}
+
+void RemoteVariable::assign(const Tensor& value) const { update(ps_detail::kAssign, value); }
+void RemoteVariable::assign_add(const Tensor& delta) const { update(ps_detail::kAssignAdd, delta); }
+void RemoteVariable::assign_sub(const Tensor& delta) const { update(ps_detail::kAssignSub, delta); }
+
+// ---- ClusterCoordinator ----
+
+ClusterCoordinator::ClusterCoordinator(CoordinatorOptions options) {
+  auto rt = ps_detail::Runtime::start("", -1, false);
+  core_ = std::make_shared<ps_detail::CoordinatorCore>(rt, options);
+  core_->start();
+}
+
+ClusterCoordinator::~ClusterCoordinator() {
+  if (core_) core_->shutdown();
+}
+
+int ClusterCoordinator::num_workers() const { return core_->num_workers(); }
+int ClusterCoordinator::num_ps() const { return core_->num_ps(); }
+RemoteVariable ClusterCoordinator::create_variable(const std::string& name, const Tensor& initial,
+                                                   const Partitioner& partitioner) {
+  return core_->create_variable(name, initial, partitioner);
+}
+RemoteValue ClusterCoordinator::schedule(const std::string& fn, Args args) { return core_->schedule(fn, std::move(args)); }
+void ClusterCoordinator::join() { core_->join(); }
+bool ClusterCoordinator::done() { return core_->done(); }
+const Value& ClusterCoordinator::fetch(const RemoteValue& remote) {
+  core_->raise_ps_failure();
+  return remote.fetch();
+}
+void ClusterCoordinator::stop_servers() { core_->stop_servers(); }
+
+}  // namespace strata

@@ -1,0 +1,249 @@
+// SPDX-License-Identifier: Apache-2.0
+// Internals of parameter-server training (strata/coordinator.hpp): the
+// framed request/response channel over a two-rank transport communicator,
+// the wire encoding of Values, the per-process runtime (cluster, transport,
+// connections to ps tasks) and the shared state of closures and variables.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "strata/c/strata.h"
+#include "strata/coordinator.hpp"
+#include "strata/plugin_host.hpp"
+
+namespace strata::ps_detail {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+// Message kinds. A response carries the request's kind and id, and a
+// status (0 ok; else a strata status code whose message is the payload).
+enum Kind : std::uint32_t {
+  kHello = 1,      // payload: json {"role": "coordinator"|"worker", ...}; reply json of the task
+  kPing = 2,       // from the coordinator; keeps the server alive
+  kStop = 3,       // from the coordinator; the server stops
+  kExecute = 4,    // worker: payload name + args; reply: result value
+  kVarCreate = 5,  // ps: id + tensor
+  kVarRead = 6,    // ps: id; reply tensor
+  kVarUpdate = 7,  // ps: id + op + tensor
+};
+
+enum UpdateOp : std::uint32_t { kAssign = 0, kAssignAdd = 1, kAssignSub = 2 };
+
+struct Frame {
+  std::uint32_t kind = 0;
+  std::int32_t status = 0;
+  std::uint64_t id = 0;
+  std::string payload;
+};
+
+// Byte-level writer/reader of the wire format (little-endian host order;
+// every process of a job runs on the same architecture).
+class Writer {
+ public:
+  void u8(std::uint8_t v) { out_.push_back(static_cast<char>(v)); }
+  void u32(std::uint32_t v) { raw(&v, sizeof v); }
+  void u64(std::uint64_t v) { raw(&v, sizeof v); }
+  void i64(std::int64_t v) { raw(&v, sizeof v); }
+  void f64(double v) { raw(&v, sizeof v); }
+  void str(const std::string& s) {
+    u64(s.size());
+    out_.append(s);
+  }
+  void raw(const void* p, std::size_t n) { out_.append(static_cast<const char*>(p), n); }
+  void tensor(const Tensor& t);
+  // A tensor from raw compact bytes (no intermediate Tensor).
+  void tensor_raw(DType dtype, const std::vector<std::int64_t>& shape, const void* data, std::size_t nbytes);
+  void value(const Value& v);
+  std::string take() { return std::move(out_); }
+
+ private:
+  std::string out_;
+};
+
+class Reader {
+ public:
+  explicit Reader(const std::string& in) : in_(in) {}
+  std::uint8_t u8();
+  std::uint32_t u32();
+  std::uint64_t u64();
+  std::int64_t i64();
+  double f64();
+  std::string str();
+  Tensor tensor();
+  // A tensor's header and a pointer to its bytes inside the message (valid
+  // while the message lives): no copy.
+  struct TensorBytes {
+    DType dtype;
+    std::vector<std::int64_t> shape;
+    const char* data;
+    std::size_t nbytes;
+  };
+  TensorBytes tensor_bytes();
+  Value value();
+  bool at_end() const { return pos_ == in_.size(); }
+
+ private:
+  const char* take(std::size_t n);
+  const std::string& in_;
+  std::size_t pos_ = 0;
+};
+
+// One shard of a remote variable: which ps task and which id there.
+struct ShardRef {
+  int ps = 0;
+  std::uint64_t id = 0;
+  std::int64_t row_offset = 0;
+  std::vector<std::int64_t> shape;
+};
+
+struct VariableInfo {
+  std::string name;
+  DType dtype = DType::kFloat32;
+  std::vector<std::int64_t> shape;
+  bool sharded = false;
+  std::vector<ShardRef> shards;
+};
+
+void write_variable(Writer& w, const VariableInfo& v);
+std::shared_ptr<const VariableInfo> read_variable(Reader& r);
+
+// A framed request/response channel: one two-rank communicator of a
+// transport. Thread-safe: call() holds a mutex for the whole exchange.
+class Channel {
+ public:
+  // Join communicator `name` as `rank` of 2 within timeout_ms. `peer` names
+  // the other side in every error ("ps task 1").
+  Channel(const strata_transport_vtable* vt, strata_transport_t transport, const std::string& name, int rank,
+          std::int64_t timeout_ms, std::string peer);
+  ~Channel();
+  Channel(const Channel&) = delete;
+  Channel& operator=(const Channel&) = delete;
+
+  // Send `f` (header, then payload) and wait until it left, within timeout_ms.
+  void send(const Frame& f, std::int64_t timeout_ms);
+  // Receive the next frame. Returns false when `stop` became true first.
+  // Throws DeadlineExceededError after timeout_ms (< 0: none), or the
+  // transport's error (UNAVAILABLE when the peer is gone).
+  bool recv(Frame& out, std::int64_t timeout_ms, const std::atomic<bool>* stop);
+  // send + recv of the response; a non-OK response is thrown as its error.
+  Frame call(std::uint32_t kind, std::string payload, std::int64_t timeout_ms,
+             const std::atomic<bool>* stop = nullptr);
+  void abort(const std::string& reason);
+  bool broken() const { return broken_.load(); }
+  const std::string& peer() const { return peer_; }
+
+ private:
+  void wait(strata_request_t req, std::int64_t timeout_ms, const std::atomic<bool>* stop, const char* what,
+            bool* stopped);
+  void transfer(bool send, void* data, std::uint64_t bytes, std::uint64_t tag, std::int64_t timeout_ms,
+                const std::atomic<bool>* stop, bool* stopped);
+
+  const strata_transport_vtable* vt_;
+  strata_comm_t comm_ = nullptr;
+  bool needs_mr_ = false;
+  std::string peer_;
+  int peer_rank_ = 0;
+  std::mutex call_mu_;
+  std::atomic<bool> broken_{false};
+  std::uint64_t next_id_ = 1;
+};
+
+// Task naming: {"worker", 1} -> "worker task 1".
+std::string task_name(const std::string& job, int index);
+
+// Per-process runtime: the cluster, this task, the transport and the
+// connections this process opened to ps tasks (for variable operations).
+class Runtime {
+ public:
+  // Resolve the cluster (resolver, with optional task override), connect the
+  // rendezvous store (serve = this task is the chief) and create the
+  // transport. Only one runtime per process.
+  // `server`: this process must be a worker or ps task (else the chief);
+  // checked before anything connects.
+  static std::shared_ptr<Runtime> start(const std::string& job, int index, bool server);
+  static std::shared_ptr<Runtime> current();  // FailedPreconditionError when none
+  ~Runtime();
+
+  const std::string& job() const { return job_; }
+  int index() const { return index_; }
+  int count(const std::string& job) const;
+  std::int64_t op_timeout_ms() const { return op_timeout_ms_; }
+  std::int64_t rendezvous_ms() const { return rendezvous_ms_; }
+  void set_op_timeout_ms(std::int64_t ms) { op_timeout_ms_ = ms; }
+  const strata_host_api* api() const;
+
+  // Open a new channel to task (job, index) as `role` (the server's
+  // incarnation, published in the store, picks the communicator name).
+  // Returns the channel and the task's hello reply.
+  std::unique_ptr<Channel> connect(const std::string& job, int index, const std::string& role,
+                                   std::int64_t timeout_ms, json* hello_reply = nullptr,
+                                   const std::atomic<bool>* stop = nullptr);
+  // The shared channel of this process to ps task `ps` (opened on first use,
+  // reopened after a failure). Callers serialise through Channel::call.
+  std::shared_ptr<Channel> ps_channel(int ps);
+
+  const strata_transport_vtable* vt() const { return vt_; }
+  strata_transport_t transport() const { return static_cast<strata_transport_t>(transport_.handle()); }
+
+  // Store helpers (throw the store's error).
+  void store_set(const std::string& key, const std::string& value);
+  std::string store_get(const std::string& key, std::int64_t timeout_ms);
+  std::int64_t store_add(const std::string& key, std::int64_t delta, std::int64_t timeout_ms);
+
+ private:
+  Runtime() = default;
+  std::string job_;
+  int index_ = 0;
+  json spec_;
+  PluginInstance transport_;
+  const strata_transport_vtable* vt_ = nullptr;
+  std::int64_t op_timeout_ms_ = 60000;
+  std::int64_t rendezvous_ms_ = 120000;
+  std::mutex mu_;
+  std::map<int, std::shared_ptr<Channel>> ps_;
+};
+
+// Store keys of a server task.
+std::string incarnation_key(const std::string& job, int index);
+std::string clients_key(const std::string& job, int index, const std::string& incarnation);
+std::string comm_name(const std::string& job, int index, const std::string& incarnation, std::int64_t client);
+
+// The result of one closure.
+struct ClosureState {
+  std::uint64_t id = 0;
+  std::string fn;
+  std::string args;  // encoded
+  std::mutex mu;
+  std::condition_variable cv;
+  RemoteValueStatus status = RemoteValueStatus::kScheduled;
+  Value result;
+  strata_status_t error_code = STRATA_OK;
+  std::string error;
+  int worker = -1;
+  double fetch_timeout_s = 3600;
+  // The coordinator's ps failure (UnavailableError), checked by fetch.
+  std::weak_ptr<CoordinatorCore> coordinator;
+};
+
+// Raise the ps failure of `core`, if any (for RemoteValue::fetch).
+void check_ps_failure(const std::shared_ptr<CoordinatorCore>& core);
+
+// The function registered as `name`, or an empty function.
+RemoteFunction find_function(const std::string& name);
+
+// The names of C++ exception types, for messages ("std::runtime_error").
+std::string demangled_type(const std::exception& e);
+
+}  // namespace strata::ps_detail

@@ -1,0 +1,327 @@
+// SPDX-License-Identifier: Apache-2.0
+// strata::Server: a worker or ps task serving the coordinator and the
+// workers. One thread watches the store for new clients (each client takes
+// the next number of this incarnation's counter and both sides join the
+// communicator named after it); one thread per connection answers its
+// requests in order. Variable shards live here on a ps task, each behind its
+// own mutex, so that updates of one shard are applied one at a time.
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "log.h"
+#include "ps/ps_internal.h"
+
+namespace strata {
+namespace ps_detail {
+namespace {
+
+template <class T>
+void apply_typed(void* dst, const void* src, std::int64_t n, std::uint32_t op) {
+  T* d = static_cast<T*>(dst);
+  const T* s = static_cast<const T*>(src);
+  if (op == kAssignAdd) {
+    for (std::int64_t i = 0; i < n; ++i) d[i] = static_cast<T>(d[i] + s[i]);
+  } else {
+    for (std::int64_t i = 0; i < n; ++i) d[i] = static_cast<T>(d[i] - s[i]);
+  }
+}
+
+}  // namespace
+
+class ServerCore : public std::enable_shared_from_this<ServerCore> {
+ public:
+  ServerCore(std::shared_ptr<Runtime> rt, ServerOptions opt) : rt_(std::move(rt)), opt_(std::move(opt)) {}
+
+  void start() {
+    std::random_device rd;
+    incarnation_ = std::to_string(rd()) + std::to_string(rd());
+    started_ = Clock::now();
+    touch();
+    rt_->store_set(incarnation_key(rt_->job(), rt_->index()), incarnation_);
+    auto self = shared_from_this();
+    accept_ = std::thread([self] { self->accept_loop(); });
+    detail::logger("ps")->info("{} serving (incarnation {})", task_name(rt_->job(), rt_->index()), incarnation_);
+  }
+
+  void join() {
+    if (accept_.joinable()) accept_.join();
+    // Connection threads see the stop flag within 200 ms unless they are
+    // inside a user function; give those a few seconds, then leave them.
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait_for(l, std::chrono::seconds(5), [&] { return live_ == 0; });
+    if (live_ != 0)
+      detail::logger("ps")->warn("{}: {} connection(s) still busy at stop; leaving them",
+                                 task_name(rt_->job(), rt_->index()), live_);
+    for (auto& t : conns_) {
+      if (live_ == 0) t.join();
+      else t.detach();
+    }
+    conns_.clear();
+    if (gone_)
+      STRATA_THROW(STRATA_ERR_UNAVAILABLE, task_name(rt_->job(), rt_->index()),
+                   ": the coordinator (chief task 0) has not been heard from for ", opt_.coordinator_timeout_s,
+                   " s; stopping so that no server outlives its job");
+  }
+
+  void stop() { stop_ = true; }
+  const std::shared_ptr<Runtime>& runtime() const { return rt_; }
+
+ private:
+  void touch() {
+    last_contact_ns_ = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+  }
+
+  void accept_loop() {
+    const std::string clients = clients_key(rt_->job(), rt_->index(), incarnation_);
+    std::int64_t seen = 0;
+    const auto first_deadline =
+        started_ + std::chrono::milliseconds(std::max<std::int64_t>(
+                       rt_->rendezvous_ms(), static_cast<std::int64_t>(opt_.coordinator_timeout_s * 1000)));
+    while (!stop_) {
+      std::int64_t n = seen;
+      try {
+        n = rt_->store_add(clients, 0, 1000);
+      } catch (const Error& e) {
+        // The store lives in the coordinator: it being gone is the
+        // coordinator being gone, which the deadline below handles.
+        detail::logger("ps")->debug("{}: store: {}", task_name(rt_->job(), rt_->index()), e.what());
+      }
+      for (; seen < n; ++seen) {
+        const std::int64_t id = seen + 1;
+        auto self = shared_from_this();
+        std::lock_guard<std::mutex> l(mu_);
+        ++live_;
+        conns_.emplace_back([self, id] { self->serve(id); });
+      }
+      const auto now = Clock::now();
+      const auto last = Clock::time_point(std::chrono::nanoseconds(last_contact_ns_.load()));
+      const bool overdue = coordinator_seen_
+                               ? now - last > std::chrono::milliseconds(
+                                                  static_cast<std::int64_t>(opt_.coordinator_timeout_s * 1000))
+                               : now > first_deadline;
+      if (overdue) {
+        detail::logger("ps")->error("{}: no word from the coordinator for {} s; stopping",
+                                    task_name(rt_->job(), rt_->index()), opt_.coordinator_timeout_s);
+        gone_ = true;
+        stop_ = true;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+
+  void serve(std::int64_t id) {
+    const std::string who = task_name(rt_->job(), rt_->index());
+    bool from_coordinator = false;
+    try {
+      Channel ch(rt_->vt(), rt_->transport(), comm_name(rt_->job(), rt_->index(), incarnation_, id), 0,
+                 rt_->rendezvous_ms(), who + "'s client " + std::to_string(id));
+      while (!stop_) {
+        Frame req;
+        if (!ch.recv(req, -1, &stop_)) break;
+        if (from_coordinator) touch();
+        Frame resp;
+        resp.kind = req.kind;
+        resp.id = req.id;
+        try {
+          resp.payload = handle(req, &from_coordinator);
+        } catch (const Error& e) {
+          resp.status = e.code();
+          resp.payload = e.what();
+        } catch (const std::exception& e) {
+          resp.status = STRATA_ERR_INTERNAL;
+          resp.payload = who + ": " + demangled_type(e) + ": " + e.what();
+        }
+        ch.send(resp, rt_->op_timeout_ms());
+      }
+    } catch (const std::exception& e) {
+      detail::logger("ps")->info("{}: client {} ({}) left: {}", who, id,
+                                 from_coordinator ? "coordinator" : "worker", e.what());
+    }
+    std::lock_guard<std::mutex> l(mu_);
+    --live_;
+    cv_.notify_all();
+  }
+
+  std::string handle(const Frame& req, bool* from_coordinator) {
+    const std::string who = task_name(rt_->job(), rt_->index());
+    switch (req.kind) {
+      case kHello: {
+        const json hello = json::parse(req.payload);
+        if (hello.value("role", std::string()) == "chief") {
+          *from_coordinator = true;
+          coordinator_seen_ = true;
+          touch();
+        }
+        json reply{{"job", rt_->job()}, {"index", rt_->index()}, {"incarnation", incarnation_}};
+        reply["functions"] = rt_->job() == "worker" ? registered_functions() : std::vector<std::string>{};
+        return reply.dump();
+      }
+      case kPing: return std::string();
+      case kStop:
+        detail::logger("ps")->info("{}: the coordinator asked it to stop", who);
+        stop_ = true;
+        return std::string();
+      case kExecute: return execute(req);
+      case kVarCreate: {
+        require_ps("create a variable");
+        Reader r(req.payload);
+        const std::uint64_t id = r.u64();
+        auto shard = std::make_shared<Shard>();
+        shard->value = r.tensor();
+        std::lock_guard<std::mutex> l(vars_mu_);
+        STRATA_ENFORCE(vars_.count(id) == 0, STRATA_ERR_ALREADY_EXISTS, who, ": variable shard ", id,
+                       " exists already");
+        vars_[id] = std::move(shard);
+        return std::string();
+      }
+      case kVarRead: {
+        require_ps("read a variable");
+        Reader r(req.payload);
+        auto shard = find(r.u64());
+        Writer w;
+        std::lock_guard<std::mutex> l(shard->mu);
+        w.tensor(shard->value);
+        return w.take();
+      }
+      case kVarUpdate: {
+        require_ps("update a variable");
+        Reader r(req.payload);
+        const std::uint64_t id = r.u64();
+        const std::uint32_t op = r.u32();
+        const Reader::TensorBytes delta = r.tensor_bytes();
+        auto shard = find(id);
+        std::lock_guard<std::mutex> l(shard->mu);
+        STRATA_ENFORCE(delta.dtype == shard->value.dtype() && delta.shape == shard->value.shape(),
+                       STRATA_ERR_INVALID_ARGUMENT, who, ": update of shard ", id, " has dtype ",
+                       dtype_name(delta.dtype), " and ", delta.nbytes, " bytes but the shard has ",
+                       dtype_name(shard->value.dtype()), " and ", shard->value.nbytes());
+        if (op == kAssign) {
+          std::memcpy(shard->value.raw_data(), delta.data, delta.nbytes);
+          return std::string();
+        }
+        STRATA_ENFORCE(op == kAssignAdd || op == kAssignSub, STRATA_ERR_INVALID_ARGUMENT, who,
+                       ": unknown update op ", op);
+        void* d = shard->value.raw_data();
+        const void* s = delta.data;
+        const std::int64_t n = shard->value.numel();
+        switch (delta.dtype) {
+          case DType::kFloat32: apply_typed<float>(d, s, n, op); break;
+          case DType::kFloat64: apply_typed<double>(d, s, n, op); break;
+          case DType::kInt32: apply_typed<std::int32_t>(d, s, n, op); break;
+          case DType::kInt64: apply_typed<std::int64_t>(d, s, n, op); break;
+          case DType::kUInt8: apply_typed<std::uint8_t>(d, s, n, op); break;
+          default:
+            STRATA_THROW(STRATA_ERR_UNIMPLEMENTED, who, ": assign_add/assign_sub of ", dtype_name(delta.dtype),
+                         " variables is not supported; use float32, float64, int32, int64 or uint8");
+        }
+        return std::string();
+      }
+      default:
+        STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, who, ": unknown request kind ", req.kind,
+                     "; the client speaks another protocol version");
+    }
+  }
+
+  std::string execute(const Frame& req) {
+    const std::string who = task_name(rt_->job(), rt_->index());
+    STRATA_ENFORCE(rt_->job() == "worker", STRATA_ERR_FAILED_PRECONDITION, who,
+                   " does not run functions; schedule them on worker tasks");
+    Reader r(req.payload);
+    const std::uint64_t closure = r.u64();
+    const std::string name = r.str();
+    const std::uint64_t nargs = r.u64();
+    Args args;
+    for (std::uint64_t i = 0; i < nargs; ++i) args.push_back(r.value());
+    RemoteFunction fn = find_function(name);
+    STRATA_ENFORCE(static_cast<bool>(fn), STRATA_ERR_NOT_FOUND, who, " has no function '", name,
+                   "'; register it with STRATA_REGISTER_FUNCTION in the program the workers run");
+    const std::string where = detail::str_cat("closure ", closure, " ('", name, "') on ", who);
+    Value result;
+    try {
+      result = fn(args);
+    } catch (const Error& e) {
+      detail::throw_status(e.code(), where + " raised " + demangled_type(e) + ": " + e.what());
+    } catch (const std::invalid_argument& e) {
+      detail::throw_status(STRATA_ERR_INVALID_ARGUMENT, where + " raised " + demangled_type(e) + ": " + e.what());
+    } catch (const std::out_of_range& e) {
+      detail::throw_status(STRATA_ERR_OUT_OF_RANGE, where + " raised " + demangled_type(e) + ": " + e.what());
+    } catch (const std::exception& e) {
+      detail::throw_status(STRATA_ERR_INTERNAL, where + " raised " + demangled_type(e) + ": " + e.what());
+    }
+    Writer w;
+    w.value(result);
+    return w.take();
+  }
+
+  struct Shard {
+    std::mutex mu;
+    Tensor value;
+  };
+
+  void require_ps(const char* what) {
+    STRATA_ENFORCE(rt_->job() == "ps", STRATA_ERR_FAILED_PRECONDITION, task_name(rt_->job(), rt_->index()),
+                   " is not a ps task; cannot ", what);
+  }
+
+  std::shared_ptr<Shard> find(std::uint64_t id) {
+    std::lock_guard<std::mutex> l(vars_mu_);
+    auto it = vars_.find(id);
+    STRATA_ENFORCE(it != vars_.end(), STRATA_ERR_NOT_FOUND, task_name(rt_->job(), rt_->index()),
+                   " holds no variable shard ", id,
+                   " (it was restarted and lost its variables, or the handle belongs to another job)");
+    return it->second;
+  }
+
+  std::shared_ptr<Runtime> rt_;
+  ServerOptions opt_;
+  std::string incarnation_;
+  Clock::time_point started_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> gone_{false};
+  std::atomic<bool> coordinator_seen_{false};
+  std::atomic<std::int64_t> last_contact_ns_{0};
+  std::thread accept_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int live_ = 0;
+  std::vector<std::thread> conns_;
+  std::mutex vars_mu_;
+  std::map<std::uint64_t, std::shared_ptr<Shard>> vars_;
+};
+
+}  // namespace ps_detail
+
+Server Server::from_env(ServerOptions options) {
+  if (options.job.empty() && options.index >= 0)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "ServerOptions.index is set without ServerOptions.job; set both");
+  if (!options.job.empty())
+    STRATA_ENFORCE(options.job == "worker" || options.job == "ps", STRATA_ERR_INVALID_ARGUMENT, "job '",
+                   options.job, "' cannot serve; a server is a \"worker\" or \"ps\" task");
+  STRATA_ENFORCE(options.coordinator_timeout_s > 0, STRATA_ERR_INVALID_ARGUMENT,
+                 "coordinator_timeout_s must be > 0 (got ", options.coordinator_timeout_s, ")");
+  auto rt = ps_detail::Runtime::start(options.job, options.index, true);
+  auto core = std::make_shared<ps_detail::ServerCore>(rt, options);
+  core->start();
+  return Server(core);
+}
+
+Server::Server(std::shared_ptr<ps_detail::ServerCore> core) : core_(std::move(core)) {}
+Server::Server(Server&&) noexcept = default;
+Server& Server::operator=(Server&&) noexcept = default;
+Server::~Server() {
+  if (core_) {
+    core_->stop();
+    try {
+      core_->join();
+    } catch (const std::exception&) {
+    }
+  }
+}
+const std::string& Server::job() const { return core_->runtime()->job(); }
+int Server::index() const { return core_->runtime()->index(); }
+void Server::join() { core_->join(); }
+void Server::stop() { core_->stop(); }
+
+}  // namespace strata

@@ -1,0 +1,757 @@
+// SPDX-License-Identifier: Apache-2.0
+// Parameter-server training over real processes: a coordinator (this
+// binary with --coordinator SCENARIO), workers (this binary with --serve,
+// so they know the functions registered below, as a user's own program
+// would) and ps tasks (strata-server). Every process gets its TF_CONFIG;
+// the chief's port comes from the OS. The coordinator prints one
+// "RESULT {json}" line; the test checks it and how every process ended.
+// Every child dies with this process (PR_SET_PDEATHSIG), every wait has a
+// deadline, and Children kills and reaps whatever still runs.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/prctl.h>
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "strata/config.hpp"
+#include "strata/coordinator.hpp"
+#include "strata/plugin_host.hpp"
+#include "test_support.h"
+
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+// ---- the functions the workers run ----
+
+strata::Value square(const strata::Args& a) {
+  const std::int64_t x = strata::get_arg<std::int64_t>(a, 0);
+  return strata::Value(x * x);
+}
+STRATA_REGISTER_FUNCTION("square", square);
+
+strata::Value add_one(const strata::Args& a) {
+  const auto& v = strata::get_arg<strata::RemoteVariable>(a, 0);
+  std::int64_t n = 1;
+  for (auto d : v.shape()) n *= d;
+  v.assign_add(strata::Tensor::from_vector(std::vector<std::int64_t>(static_cast<std::size_t>(n), 1), v.shape()));
+  return strata::Value();
+}
+STRATA_REGISTER_FUNCTION("add_one", add_one);
+
+// scale(t, k): t * k, a tensor argument and result.
+STRATA_REGISTER_FUNCTION("scale", [](const strata::Args& a) -> strata::Value {
+  const auto& t = strata::get_arg<strata::Tensor>(a, 0);
+  const double k = strata::get_arg<double>(a, 1);
+  std::vector<float> v = t.to_vector<float>();
+  for (float& x : v) x = static_cast<float>(x * k);
+  return strata::Value(strata::Tensor::from_vector(v, t.shape()));
+});
+
+STRATA_REGISTER_FUNCTION("fail", [](const strata::Args& a) -> strata::Value {
+  throw std::invalid_argument("bad input: " + strata::get_arg<std::string>(a, 0));
+});
+
+STRATA_REGISTER_FUNCTION("sleepy", [](const strata::Args& a) -> strata::Value {
+  std::this_thread::sleep_for(std::chrono::milliseconds(strata::get_arg<std::int64_t>(a, 0)));
+  return strata::Value(std::int64_t{1});
+});
+
+// slow_add(v, id): add 1 to v and return id; on the worker started with
+// PS_TEST_HANG set, announce it in that file and hang (the test kills it).
+STRATA_REGISTER_FUNCTION("slow_add", [](const strata::Args& a) -> strata::Value {
+  if (const char* hang = std::getenv("PS_TEST_HANG"); hang != nullptr && hang[0] != '\0') {
+    std::ofstream(hang) << "in closure\n";
+    std::this_thread::sleep_for(std::chrono::seconds(120));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  add_one(a);
+  return strata::Value(strata::get_arg<std::int64_t>(a, 1));
+});
+
+void load_config() {
+  strata::Config cfg;
+  cfg.apply_env();
+  strata::PluginHost::global().set_config(cfg.json());
+}
+
+int serve() {
+  load_config();
+  strata::ServerOptions o;
+  if (const char* t = std::getenv("PS_TEST_COORDINATOR_TIMEOUT_S")) o.coordinator_timeout_s = std::atof(t);
+  try {
+    strata::Server s = strata::Server::from_env(o);
+    s.join();
+    return 0;
+  } catch (const strata::UnavailableError& e) {
+    std::fprintf(stderr, "serve: %s\n", e.what());
+    return 3;
+  }
+}
+
+json placement(strata::ClusterCoordinator& c) {
+  json out;
+  std::vector<int> plain;
+  std::vector<double> reads;
+  for (int i = 0; i < 5; ++i) {
+    auto v = c.create_variable("v" + std::to_string(i), strata::Tensor::scalar<float>(static_cast<float>(i)));
+    plain.push_back(v.shard_ps_task(0));
+    reads.push_back(v.read().to_vector<float>()[0]);  // only the named ps holds the shard's id
+  }
+  std::vector<float> init(10);
+  for (int i = 0; i < 10; ++i) init[static_cast<std::size_t>(i)] = static_cast<float>(i);
+  auto sh = c.create_variable("sharded", strata::Tensor::from_vector(init, {5, 2}), strata::FixedShardsPartitioner(3));
+  std::vector<int> shards;
+  for (std::int64_t i = 0; i < sh.num_shards(); ++i) shards.push_back(sh.shard_ps_task(i));
+  out["plain_ps"] = plain;
+  out["plain_read"] = reads;
+  out["sharded_ps"] = shards;
+  out["sharded_read"] = sh.read().to_vector<float>();
+  return out;
+}
+
+std::string error_type(const strata::Error& e) { return e.code_name(); }
+
+int coordinate(const std::string& scenario) {
+  load_config();
+  strata::CoordinatorOptions opts;
+  opts.join_timeout_s = 120;
+  opts.op_timeout_s = 30;
+  json out;
+  try {
+    strata::ClusterCoordinator c(opts);
+    out["num_workers"] = c.num_workers();
+    out["num_ps"] = c.num_ps();
+    if (scenario == "placement") {
+      out["placement"] = placement(c);
+    } else if (scenario == "basic") {
+      out["placement"] = placement(c);
+      std::vector<strata::RemoteValue> sq;
+      for (int i = 0; i < 20; ++i) sq.push_back(c.schedule_fn("square", i));
+      c.join();
+      out["done"] = c.done();
+      std::vector<std::int64_t> squares;
+      std::set<int> workers;
+      for (auto& r : sq) {
+        squares.push_back(std::get<std::int64_t>(c.fetch(r)));
+        out["statuses"].push_back(strata::remote_value_status_name(r.status()));
+        workers.insert(r.worker());
+      }
+      out["squares"] = squares;
+      auto scaled = c.schedule_fn("scale", strata::Tensor::from_vector(std::vector<float>{1, 2, 3, 4, 5, 6}, {2, 3}), 2.5);
+      const auto& st = scaled.fetch_as<strata::Tensor>();
+      out["scaled"] = st.to_vector<float>();
+      out["scaled_shape"] = st.shape();
+      out["workers_used"] = std::vector<int>(workers.begin(), workers.end());
+      try {
+        c.schedule_fn("no_such_fn", 1);
+        out["unknown"] = "no error";
+      } catch (const strata::NotFoundError& e) {
+        out["unknown"] = std::string("NotFoundError: ") + e.what();
+      }
+      // No lost updates: 2 workers x 40 closures, each adding 1 to every
+      // element of a 2-shard variable, while the coordinator adds too.
+      auto counter = c.create_variable("counter", strata::Tensor::zeros({6, 3}, strata::DType::kInt64),
+                                       strata::FixedShardsPartitioner(2));
+      for (int k = 0; k < 40; ++k) c.schedule_fn("add_one", counter);
+      strata::Args mine;
+      mine.emplace_back(counter);
+      for (int k = 0; k < 10; ++k) add_one(mine);
+      c.join();
+      out["counter"] = counter.read().to_vector<std::int64_t>();
+      // A failing closure: its error surfaces at join, the queue is cancelled.
+      auto bad = c.schedule_fn("fail", std::string("seven"));
+      std::vector<strata::RemoteValue> after;
+      for (int i = 0; i < 30; ++i) after.push_back(c.schedule_fn("sleepy", 500));
+      try {
+        c.join();
+        out["join_error"] = "none";
+      } catch (const strata::Error& e) {
+        out["join_error"] = e.what();
+        out["join_error_type"] = error_type(e);
+      }
+      try {
+        bad.fetch();
+      } catch (const strata::InvalidArgumentError& e) {
+        out["bad_fetch"] = "InvalidArgumentError";
+      }
+      out["bad_status"] = strata::remote_value_status_name(bad.status());
+      int aborted = 0, ready = 0, other = 0;
+      for (auto& r : after) {
+        const auto st = r.status();
+        if (st == strata::RemoteValueStatus::kAborted) ++aborted;
+        else if (st == strata::RemoteValueStatus::kReady || st == strata::RemoteValueStatus::kRunning) ++ready;
+        else ++other;
+      }
+      out["after"] = {{"aborted", aborted}, {"ready_or_running", ready}, {"other", other}};
+      try {
+        after.back().fetch();
+      } catch (const strata::CancelledError&) {
+        out["cancelled_fetch"] = "CancelledError";
+      } catch (const strata::Error& e) {
+        out["cancelled_fetch"] = error_type(e);
+      }
+      // A wrong argument kind is the function's InvalidArgumentError, naming both kinds.
+      auto wrong = c.schedule_fn("square", std::string("seven"));
+      try {
+        c.join();
+      } catch (const strata::InvalidArgumentError& e) {
+        out["wrong_arg"] = e.what();
+      }
+      // Usable again.
+      auto again = c.schedule_fn("square", 7);
+      c.join();
+      out["again"] = std::get<std::int64_t>(c.fetch(again));
+    } else if (scenario == "worker_kill") {
+      auto counter = c.create_variable("counter", strata::Tensor::zeros({1}, strata::DType::kInt64));
+      std::vector<strata::RemoteValue> rv;
+      for (int i = 0; i < 20; ++i) rv.push_back(c.schedule_fn("slow_add", counter, i));
+      c.join();
+      std::vector<std::int64_t> ids;
+      std::vector<int> workers;
+      for (auto& r : rv) {
+        ids.push_back(std::get<std::int64_t>(c.fetch(r)));
+        workers.push_back(r.worker());
+      }
+      out["ids"] = ids;
+      out["workers"] = workers;
+      out["counter"] = counter.read().to_vector<std::int64_t>();
+    } else if (scenario == "rejoin") {
+      // Worker 1 hangs in its first closure and is killed; once the test
+      // has restarted it (PS_TEST_GO exists) it must get work again.
+      auto counter = c.create_variable("counter", strata::Tensor::zeros({1}, strata::DType::kInt64));
+      std::vector<strata::RemoteValue> rv;
+      for (int i = 0; i < 10; ++i) rv.push_back(c.schedule_fn("slow_add", counter, i));
+      c.join();
+      const char* go = std::getenv("PS_TEST_GO");
+      const auto wait_end = Clock::now() + std::chrono::seconds(90);
+      while (go != nullptr && !std::ifstream(go) && Clock::now() < wait_end)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      const auto t0 = Clock::now();
+      bool rejoined = false;
+      while (!rejoined && Clock::now() < t0 + std::chrono::seconds(60)) {
+        std::vector<strata::RemoteValue> more;
+        for (int i = 0; i < 4; ++i) more.push_back(c.schedule_fn("slow_add", counter, 100 + i));
+        c.join();
+        for (auto& r : more) rejoined = rejoined || r.worker() == 1;
+      }
+      out["rejoined"] = rejoined;
+      out["rejoin_s"] = std::chrono::duration<double>(Clock::now() - t0).count();
+    } else if (scenario == "ps_kill") {
+      auto a = c.create_variable("a", strata::Tensor::zeros({1}, strata::DType::kInt64));
+      auto b = c.create_variable("b", strata::Tensor::zeros({1}, strata::DType::kInt64));
+      out["b_ps"] = b.shard_ps_task(0);
+      for (int i = 0; i < 4; ++i) c.schedule_fn("add_one", b);
+      c.join();
+      out["b_before"] = b.read().to_vector<std::int64_t>();
+      std::printf("READY\n");
+      std::fflush(stdout);
+      const char* go = std::getenv("PS_TEST_GO");
+      const auto wait_end = Clock::now() + std::chrono::seconds(60);
+      while (go != nullptr && !std::ifstream(go) && Clock::now() < wait_end)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      const auto t0 = Clock::now();
+      const auto end = t0 + std::chrono::seconds(30);
+      while (Clock::now() < end) {
+        try {
+          c.schedule_fn("add_one", b);
+          c.join();
+        } catch (const strata::Error& e) {
+          out["error"] = e.what();
+          out["error_type"] = error_type(e);
+          break;
+        }
+      }
+      out["elapsed_s"] = std::chrono::duration<double>(Clock::now() - t0).count();
+      // The closure's error was raised once; the ps failure itself stays:
+      // the coordinator's heartbeat finds it without any closure.
+      const auto t1 = Clock::now();
+      while (Clock::now() < t1 + std::chrono::seconds(30)) {
+        try {
+          c.join();
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        } catch (const strata::Error& e) {
+          out["join_error"] = e.what();
+          out["join_error_type"] = error_type(e);
+          break;
+        }
+      }
+      out["join_elapsed_s"] = std::chrono::duration<double>(Clock::now() - t1).count();
+    } else if (scenario == "coordinator_kill") {
+      auto a = c.create_variable("a", strata::Tensor::zeros({1}, strata::DType::kInt64));
+      c.schedule_fn("add_one", a);
+      c.join();
+      std::printf("READY\n");
+      std::fflush(stdout);
+      std::this_thread::sleep_for(std::chrono::seconds(120));  // the test kills us
+    } else {
+      std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
+      return 2;
+    }
+  } catch (const strata::Error& e) {
+    out["fatal"] = e.what();
+    out["fatal_type"] = error_type(e);
+  }
+  std::printf("RESULT %s\n", out.dump().c_str());
+  std::fflush(stdout);
+  return 0;
+}
+
+// ---- the test side ----
+
+std::string self_path() {
+  char buf[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  return n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : std::string();
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+struct Proc {
+  pid_t pid = -1;
+  std::string log;
+  int status = -2;  // exit code, 128+signal; -2 while running
+};
+
+class PsCluster {
+ public:
+  PsCluster(int workers, int ps, double coordinator_timeout_s = 10)
+      : workers_(workers), ps_(ps), timeout_s_(coordinator_timeout_s) {
+    auto port = [] { return "127.0.0.1:" + std::to_string(strata::test::unused_port()); };
+    spec_["chief"] = {port()};
+    for (int i = 0; i < workers; ++i) spec_["worker"].push_back(port());
+    for (int i = 0; i < ps; ++i) spec_["ps"].push_back(port());
+  }
+  ~PsCluster() {
+    for (auto& p : procs_) {
+      if (p.status != -2) continue;
+      ::kill(p.pid, SIGKILL);
+      int st;
+      ::waitpid(p.pid, &st, 0);
+    }
+  }
+
+  std::string dir() const { return dir_.str(); }
+
+  std::map<std::string, std::string> env(const std::string& type, int index) const {
+    json tf{{"cluster", spec_}, {"task", {{"type", type}, {"index", index}}}};
+    return {{"TF_CONFIG", tf.dump()},
+            {"STRATA_PLUGIN_PATH", STRATA_PS_PLUGIN_DIR},
+            {"STRATA_RENDEZVOUS_TIMEOUT_S", "60"},
+            {"STRATA_LOG_LEVEL", "info"},
+            {"PS_TEST_COORDINATOR_TIMEOUT_S", std::to_string(timeout_s_)}};
+  }
+
+  // Start every server; `extra` adds environment per "worker1"/"ps0".
+  void start_servers(const std::map<std::string, std::map<std::string, std::string>>& extra = {}) {
+    for (int i = 0; i < workers_; ++i) {
+      auto e = env("worker", i);
+      if (auto it = extra.find("worker" + std::to_string(i)); it != extra.end()) e.insert(it->second.begin(), it->second.end());
+      worker_.push_back(start({self_path(), "--serve"}, e, "worker" + std::to_string(i)));
+    }
+    for (int i = 0; i < ps_; ++i) {
+      // TF_CONFIG names the task; --job/--index say the same explicitly.
+      ps_proc_.push_back(start({STRATA_SERVER_BIN, "--job", "ps", "--index", std::to_string(i),
+                                "--coordinator-timeout", std::to_string(timeout_s_)},
+                               env("ps", i), "ps" + std::to_string(i)));
+    }
+  }
+  size_t start_coordinator(const std::string& scenario, std::map<std::string, std::string> extra = {}) {
+    auto e = env("chief", 0);
+    e.insert(extra.begin(), extra.end());
+    chief_ = start({self_path(), "--coordinator", scenario}, e, "chief");
+    return chief_;
+  }
+
+  size_t start(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
+               const std::string& tag) {
+    Proc p;
+    p.log = dir_.str() + "/" + tag + ".log";
+    const pid_t parent = ::getpid();
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(127);
+      const int fd = ::open(p.log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd >= 0) {
+        ::dup2(fd, 1);
+        ::dup2(fd, 2);
+        ::close(fd);
+      }
+      for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+      std::vector<char*> args;
+      for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+      args.push_back(nullptr);
+      ::execv(args[0], args.data());
+      ::_exit(127);
+    }
+    p.pid = pid;
+    procs_.push_back(p);
+    return procs_.size() - 1;
+  }
+
+  // Wait up to `seconds` for process i to exit; true when it did.
+  bool wait(size_t i, double seconds) {
+    Proc& p = procs_[i];
+    const auto end = Clock::now() + std::chrono::milliseconds(static_cast<long>(seconds * 1000));
+    while (p.status == -2) {
+      int st = 0;
+      if (::waitpid(p.pid, &st, WNOHANG) == p.pid) {
+        p.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        break;
+      }
+      if (Clock::now() >= end) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return true;
+  }
+  bool wait_servers(double seconds) {
+    const auto end = Clock::now() + std::chrono::milliseconds(static_cast<long>(seconds * 1000));
+    for (size_t i : servers()) {
+      const double left = std::chrono::duration<double>(end - Clock::now()).count();
+      if (!wait(i, std::max(0.0, left))) return false;
+    }
+    return true;
+  }
+  std::vector<size_t> servers() const {
+    std::vector<size_t> s = worker_;
+    s.insert(s.end(), ps_proc_.begin(), ps_proc_.end());
+    return s;
+  }
+  // Wait for `text` in process i's log.
+  bool wait_for_text(size_t i, const std::string& text, double seconds) {
+    const auto end = Clock::now() + std::chrono::milliseconds(static_cast<long>(seconds * 1000));
+    while (Clock::now() < end) {
+      if (slurp(procs_[i].log).find(text) != std::string::npos) return true;
+      if (wait(i, 0)) return slurp(procs_[i].log).find(text) != std::string::npos;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  }
+  void kill(size_t i) { ::kill(procs_[i].pid, SIGKILL); }
+  Proc& proc(size_t i) { return procs_[i]; }
+  size_t worker(int i) const { return worker_[static_cast<size_t>(i)]; }
+  size_t ps(int i) const { return ps_proc_[static_cast<size_t>(i)]; }
+  size_t chief() const { return chief_; }
+
+  // The coordinator's RESULT line (after it exited).
+  json result() {
+    const std::string log = slurp(procs_[chief_].log);
+    const auto p = log.rfind("RESULT ");
+    if (p == std::string::npos) return json();
+    const auto e = log.find('\n', p);
+    return json::parse(log.substr(p + 7, e == std::string::npos ? std::string::npos : e - p - 7), nullptr, false);
+  }
+  std::string logs() {
+    std::string out;
+    for (auto& p : procs_) out += "---- " + p.log + "\n" + slurp(p.log);
+    return out;
+  }
+
+ private:
+  strata::test::TempDir dir_;
+  int workers_, ps_;
+  double timeout_s_;
+  json spec_;
+  std::vector<Proc> procs_;
+  std::vector<size_t> worker_, ps_proc_;
+  size_t chief_ = 0;
+};
+
+// Runs `scenario` to completion: the coordinator exits 0 with a RESULT and
+// stops every server, which exit 0.
+json run_scenario(PsCluster& c, const std::string& scenario) {
+  c.start_servers();
+  const size_t chief = c.start_coordinator(scenario);
+  EXPECT_TRUE(c.wait(chief, 240)) << "coordinator did not finish\n" << c.logs();
+  EXPECT_EQ(c.proc(chief).status, 0) << c.logs();
+  EXPECT_TRUE(c.wait_servers(30)) << "servers did not stop\n" << c.logs();
+  for (size_t s : c.servers()) EXPECT_EQ(c.proc(s).status, 0) << c.proc(s).log << "\n" << c.logs();
+  json r = c.result();
+  std::printf("coordinator result: %s\n", r.dump().c_str());
+  EXPECT_TRUE(r.is_object()) << c.logs();
+  EXPECT_FALSE(r.contains("fatal")) << r.dump() << "\n" << c.logs();
+  return r;
+}
+
+void expect_round_robin(const json& placement, int num_ps) {
+  // 5 plain variables, then 3 shards: creation index i lands on i % num_ps.
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(placement["plain_ps"][i].get<int>(), i % num_ps) << placement.dump();
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(placement["sharded_ps"][i].get<int>(), (5 + i) % num_ps) << placement.dump();
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(placement["plain_read"][i].get<double>(), i);
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(placement["sharded_read"][i].get<double>(), i);
+}
+
+TEST(PsTest, ScheduleJoinFetchUpdatesAndErrorsWithTwoWorkersTwoPs) {
+  PsCluster c(2, 2);
+  const json r = run_scenario(c, "basic");
+  ASSERT_TRUE(r.is_object());
+  EXPECT_EQ(r["num_workers"], 2);
+  EXPECT_EQ(r["num_ps"], 2);
+  expect_round_robin(r["placement"], 2);
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(r["squares"][i].get<std::int64_t>(), i * i);
+  for (const auto& s : r["statuses"]) EXPECT_EQ(s, "ready");
+  EXPECT_EQ(r["done"], true);
+  EXPECT_EQ(r["scaled"], json({2.5, 5.0, 7.5, 10.0, 12.5, 15.0}));
+  EXPECT_EQ(r["scaled_shape"], json({2, 3}));
+  EXPECT_NE(r["unknown"].get<std::string>().find("NotFoundError: no worker has a function named 'no_such_fn'"),
+            std::string::npos)
+      << r["unknown"];
+  // No lost updates: 40 closures from 2 workers + 10 coordinator adds.
+  ASSERT_EQ(r["counter"].size(), 18u);
+  for (const auto& v : r["counter"]) EXPECT_EQ(v.get<std::int64_t>(), 50);
+  // The failing closure's error surfaces at join with its type and text.
+  EXPECT_EQ(r["join_error_type"], "INVALID_ARGUMENT") << r.dump();
+  EXPECT_NE(r["join_error"].get<std::string>().find("std::invalid_argument: bad input: seven"), std::string::npos)
+      << r["join_error"];
+  EXPECT_EQ(r["bad_fetch"], "InvalidArgumentError");
+  EXPECT_EQ(r["bad_status"], "error");
+  EXPECT_GE(r["after"]["aborted"].get<int>(), 10) << r.dump();
+  EXPECT_EQ(r["after"]["other"].get<int>(), 0) << r.dump();
+  EXPECT_EQ(r["cancelled_fetch"], "CancelledError");
+  EXPECT_EQ(r["again"], 49);  // usable after the error was raised once
+  EXPECT_NE(r.value("wrong_arg", std::string()).find("argument 0 is a string, not a int64"), std::string::npos)
+      << r.dump();
+}
+
+TEST(PsTest, RoundRobinPlacementOnOneAndThreePs) {
+  for (int ps : {1, 3}) {
+    PsCluster c(1, ps);
+    const json r = run_scenario(c, "placement");
+    ASSERT_TRUE(r.is_object());
+    EXPECT_EQ(r["num_ps"], ps);
+    expect_round_robin(r["placement"], ps);
+  }
+}
+
+TEST(PsTest, WorkerKilledMidClosureIsRescheduledAndEveryClosureRunsOnce) {
+  PsCluster c(2, 1);
+  const std::string marker = c.dir() + "/hang";
+  c.start_servers({{"worker1", {{"PS_TEST_HANG", marker}}}});
+  const size_t chief = c.start_coordinator("worker_kill");
+  const auto end = Clock::now() + std::chrono::seconds(90);
+  while (!std::ifstream(marker) && Clock::now() < end && !c.wait(chief, 0))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_TRUE(std::ifstream(marker).good()) << "worker 1 never entered a closure\n" << c.logs();
+  c.kill(c.worker(1));
+  ASSERT_TRUE(c.wait(chief, 120)) << c.logs();
+  EXPECT_EQ(c.proc(chief).status, 0);
+  const json r = c.result();
+  std::printf("coordinator result: %s\n", r.dump().c_str());
+  ASSERT_TRUE(r.is_object() && !r.contains("fatal")) << r.dump() << c.logs();
+  std::vector<std::int64_t> ids = r["ids"].get<std::vector<std::int64_t>>();
+  for (std::int64_t i = 0; i < 20; ++i) EXPECT_EQ(ids[static_cast<size_t>(i)], i);
+  for (const auto& w : r["workers"]) EXPECT_EQ(w, 0) << r.dump();  // worker 1 completed nothing
+  EXPECT_EQ(r["counter"][0], 20) << "a closure ran twice or was lost: " << r.dump();
+  EXPECT_TRUE(c.wait(c.worker(0), 30) && c.wait(c.ps(0), 30)) << c.logs();
+  EXPECT_EQ(c.proc(c.worker(0)).status, 0);
+  EXPECT_EQ(c.proc(c.ps(0)).status, 0);
+}
+
+TEST(PsTest, RestartedWorkerRejoinsAndGetsWork) {
+  PsCluster c(2, 1);
+  const std::string marker = c.dir() + "/hang", go = c.dir() + "/go";
+  c.start_servers({{"worker1", {{"PS_TEST_HANG", marker}}}});
+  const size_t chief = c.start_coordinator("rejoin", {{"PS_TEST_GO", go}});
+  const auto end = Clock::now() + std::chrono::seconds(90);
+  while (!std::ifstream(marker) && Clock::now() < end && !c.wait(chief, 0))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_TRUE(std::ifstream(marker).good()) << "worker 1 never entered a closure\n" << c.logs();
+  c.kill(c.worker(1));
+  ASSERT_TRUE(c.wait(c.worker(1), 10));
+  const size_t again = c.start({self_path(), "--serve"}, c.env("worker", 1), "worker1-restarted");
+  std::ofstream(go) << "go\n";
+  ASSERT_TRUE(c.wait(chief, 120)) << c.logs();
+  const json r = c.result();
+  std::printf("coordinator result: %s\n", r.dump().c_str());
+  ASSERT_TRUE(r.is_object() && !r.contains("fatal")) << r.dump() << c.logs();
+  EXPECT_EQ(r["rejoined"], true) << c.logs();
+  EXPECT_TRUE(c.wait(again, 30)) << c.logs();
+  EXPECT_EQ(c.proc(again).status, 0);
+}
+
+TEST(PsTest, KilledPsIsUnavailableErrorNamingIt) {
+  PsCluster c(2, 2);
+  const std::string go = c.dir() + "/go";
+  c.start_servers();
+  const size_t chief = c.start_coordinator("ps_kill", {{"PS_TEST_GO", go}});
+  ASSERT_TRUE(c.wait_for_text(chief, "READY", 120)) << c.logs();
+  c.kill(c.ps(1));
+  ASSERT_TRUE(c.wait(c.ps(1), 10));
+  std::ofstream(go) << "go\n";
+  ASSERT_TRUE(c.wait(chief, 90)) << c.logs();
+  const json r = c.result();
+  std::printf("coordinator result: %s\n", r.dump().c_str());
+  ASSERT_TRUE(r.is_object() && !r.contains("fatal")) << r.dump() << c.logs();
+  EXPECT_EQ(r["b_ps"], 1);
+  EXPECT_EQ(r["b_before"][0], 4);
+  EXPECT_EQ(r["error_type"], "UNAVAILABLE") << r.dump();
+  EXPECT_NE(r.value("error", std::string()).find("ps task 1"), std::string::npos) << r.dump();
+  EXPECT_LT(r["elapsed_s"].get<double>(), 15.0) << r.dump();
+  EXPECT_EQ(r["join_error_type"], "UNAVAILABLE") << r.dump();
+  EXPECT_NE(r.value("join_error", std::string()).find("ps task 1 is unavailable"), std::string::npos) << r.dump();
+  EXPECT_LT(r["join_elapsed_s"].get<double>(), 15.0) << r.dump();
+  // The rest stop when the coordinator ends.
+  for (size_t s : {c.worker(0), c.worker(1), c.ps(0)}) {
+    EXPECT_TRUE(c.wait(s, 30)) << c.logs();
+    EXPECT_EQ(c.proc(s).status, 0) << c.proc(s).log;
+  }
+}
+
+TEST(PsTest, ServersExitWhenTheCoordinatorIsKilled) {
+  const double timeout_s = 2;
+  PsCluster c(2, 1, timeout_s);
+  c.start_servers();
+  const size_t chief = c.start_coordinator("coordinator_kill");
+  ASSERT_TRUE(c.wait_for_text(chief, "READY", 120)) << c.logs();
+  const auto t0 = Clock::now();
+  c.kill(chief);
+  ASSERT_TRUE(c.wait_servers(timeout_s + 15)) << "servers outlived their coordinator\n" << c.logs();
+  const double took = std::chrono::duration<double>(Clock::now() - t0).count();
+  for (size_t s : c.servers()) EXPECT_EQ(c.proc(s).status, 3) << c.proc(s).log << "\n" << c.logs();
+  std::printf("servers exited %.2f s after the coordinator was killed (timeout %.1f s)\n", took, timeout_s);
+}
+
+// Runs `argv` with `env` to its end (deadline 60 s); returns {exit code, output}.
+std::pair<int, std::string> run_to_end(const std::vector<std::string>& argv,
+                                       const std::map<std::string, std::string>& env) {
+  strata::test::TempDir dir;
+  const std::string out = dir.str() + "/out.log";
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);
+    const int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    ::unsetenv("TF_CONFIG");
+    for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    ::execv(args[0], args.data());
+    ::_exit(127);
+  }
+  const int code = strata::test::reap(pid, 60 * 1000);
+  return {code, slurp(out)};
+}
+
+TEST(PsTest, StrataServerRejectsBadTasksWithAClearError) {
+  PsCluster c(1, 1);
+  auto env = c.env("ps", 0);
+  {
+    const auto [code, out] = run_to_end({STRATA_SERVER_BIN, "--job", "ps"}, env);
+    EXPECT_EQ(code, 2) << out;
+    EXPECT_NE(out.find("pass --job and --index together"), std::string::npos) << out;
+  }
+  {
+    const auto [code, out] = run_to_end({STRATA_SERVER_BIN, "--job", "ps", "--index", "5"}, env);
+    EXPECT_EQ(code, 1) << out;
+    EXPECT_NE(out.find("task ps 5 is not in the cluster"), std::string::npos) << out;
+  }
+  {
+    auto chief = c.env("chief", 0);
+    const auto [code, out] = run_to_end({STRATA_SERVER_BIN}, chief);
+    EXPECT_EQ(code, 1) << out;
+    EXPECT_NE(out.find("only worker and ps tasks run a Server"), std::string::npos) << out;
+  }
+  {
+    auto no_chief = env;
+    no_chief["TF_CONFIG"] = R"({"cluster": {"worker": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"]},
+                                "task": {"type": "ps", "index": 0}})";
+    const auto [code, out] = run_to_end({STRATA_SERVER_BIN}, no_chief);
+    EXPECT_EQ(code, 1) << out;
+    EXPECT_NE(out.find("needs a \"chief\" task"), std::string::npos) << out;
+  }
+}
+
+TEST(PsTest, StrataBenchPsReportsClosuresAndPullPush) {
+  PsCluster c(1, 1);  // for the environment: plugin path, log level
+  auto env = c.env("chief", 0);
+  env.erase("TF_CONFIG");
+  env["STRATA_LOG_LEVEL"] = "error";
+  const auto [code, out] = run_to_end({STRATA_BENCH_BIN, "ps", "--workers", "2", "--ps", "2", "--sizes", "4K,1M",
+                                       "--closures", "200", "--repeats", "2", "--json"},
+                                      env);
+  ASSERT_EQ(code, 0) << out;
+  const json r = json::parse(out.substr(out.find('{')), nullptr, false);
+  ASSERT_TRUE(r.is_object()) << out;
+  EXPECT_GT(r["closures"]["closures_per_s"].get<double>(), 0);
+  EXPECT_GT(r["closures"]["schedule_call_us"].get<double>(), 0);
+  ASSERT_EQ(r["variables"].size(), 2u);
+  EXPECT_EQ(r["variables"][1]["bytes"], 1 << 20);
+  for (const auto& v : r["variables"]) {
+    EXPECT_EQ(v["ps_task"], 0);  // fillers keep every measured variable on ps 0
+    EXPECT_GT(v["pull_MBps"].get<double>(), 0);
+    EXPECT_GT(v["push_MBps"].get<double>(), 0);
+  }
+}
+
+TEST(PsTest, StrataRunStartsAChiefWorkersAndPsWithRolePrefixes) {
+  strata::test::TempDir dir;
+  const std::string out = dir.str() + "/out.log";
+  PsCluster none(1, 1);  // only for its environment helpers
+  auto env = none.env("chief", 0);
+  env.erase("TF_CONFIG");  // strata-run sets it
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);
+    const int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+    ::unsetenv("TF_CONFIG");
+    const std::string self = self_path();
+    ::execl(STRATA_RUN_BIN, STRATA_RUN_BIN, "--timeout", "200", "--chief", "1", "--workers", "2", "--ps", "2", "--",
+            self.c_str(), "--auto", "basic", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  const int code = strata::test::reap(pid, 240 * 1000);
+  const std::string log = slurp(out);
+  EXPECT_EQ(code, 0) << log;
+  for (const char* prefix : {"[chief 0] RESULT ", "[worker 0] ", "[worker 1] ", "[ps 0] ", "[ps 1] "})
+    EXPECT_NE(log.find(prefix), std::string::npos) << prefix << " missing in\n" << log;
+  const auto p = log.find("[chief 0] RESULT ");
+  ASSERT_NE(p, std::string::npos);
+  const json r = json::parse(log.substr(p + 17, log.find('\n', p) - p - 17), nullptr, false);
+  ASSERT_TRUE(r.is_object()) << log;
+  EXPECT_FALSE(r.contains("fatal")) << r.dump();
+  EXPECT_EQ(r["num_workers"], 2);
+  EXPECT_EQ(r["num_ps"], 2);
+  for (const auto& v : r["counter"]) EXPECT_EQ(v.get<std::int64_t>(), 50);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc >= 2 && std::string(argv[1]) == "--serve") return serve();
+  if (argc >= 3 && std::string(argv[1]) == "--auto") {
+    // Under strata-run every role runs this, as a user's program would.
+    load_config();
+    return strata::current_task_type() == "chief" ? coordinate(argv[2]) : serve();
+  }
+  if (argc >= 3 && std::string(argv[1]) == "--coordinator") return coordinate(argv[2]);
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
