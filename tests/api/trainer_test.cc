@@ -408,8 +408,9 @@ TEST(TrainerTest, BadUseIsAClearError) {
 // the same buckets reduced after the backward pass and to the default
 // one-collective step, on every single-process strategy and bucket size.
 TEST(TrainerTest, LayeredGradientsAreReducedDuringTheBackwardPass) {
-  for (auto [name, opts] : {std::pair<std::string, std::string>{"one_device", R"({"device": "cpu:0"})"},
-                            {"mirrored", devices(2)}, {"mirrored", devices(3)}, {"central_storage", devices(2)}}) {
+  for (auto [name, opts] : {std::pair<std::string, std::string>{"default", "{}"},
+                            {"one_device", R"({"device": "cpu:0"})"}, {"mirrored", devices(2)},
+                            {"mirrored", devices(3)}, {"central_storage", devices(2)}}) {
     for (std::int64_t bucket : {std::int64_t{0}, std::int64_t{1} << 20}) {
       SCOPED_TRACE(name + " " + opts + " bucket_bytes " + std::to_string(bucket));
       Strategy s = Strategy::create(name, opts);

@@ -63,8 +63,11 @@
 //
 // Errors: a model whose gradients do not match its variables, a dataset
 // without the model's components, fit with epochs <= initial_epoch (then
-// nothing runs, as Keras), steps_per_epoch == 0, validation_freq < 1:
-// InvalidArgumentError. Every call of fit/evaluate/predict is made by every
+// nothing runs, as Keras), steps_per_epoch == 0, validation_freq < 1, a
+// layered model that reports a gradient twice, outside its variables or
+// not at all, gradient_reduction.bucket_bytes < 0: InvalidArgumentError. A
+// metric read inside a replica function (e.g. metric_logs() in a custom
+// train_step): FailedPreconditionError naming the metric. Every call of fit/evaluate/predict is made by every
 // worker (they are collectives).
 #pragma once
 

@@ -214,7 +214,7 @@ class LayeredStep final : public GradientSink, public std::enable_shared_from_th
 
   ReplicaContext& ctx_;
   std::vector<Tensor>& grads_;
-  const std::vector<Variable*>& vars_;
+  const std::vector<Variable*> vars_;  // a copy: for names in errors only
   GradientReduction options_;
   detail::GradientReducer* reducer_;
   std::vector<char> reported_;
