@@ -11,7 +11,7 @@
 //    pass give, and what the default one-collective step gives; and the
 //    overlap happens (the model's hook holds the first layer's backward
 //    pass until the last layer's all-reduce has finished, on every replica
-//    of every step).
+//    of every step); also with 2 workers of 2 local replicas each.
 //
 // Tolerance against one_device: 1e-5 * (1 + |reference|). one_device sums a
 // step's per-example gradients over the global batch on one replica; N
@@ -45,10 +45,10 @@ using test::CaseResult;
 
 // Run the worker on `n` processes for `cases`; returns [case][worker].
 std::map<std::string, std::vector<CaseResult>> run_workers(int n, const std::string& cases,
-                                                           const test::TempDir& dir) {
+                                                           const test::TempDir& dir, int devices = 1) {
   const std::string cmd = "timeout -k 5 300 " + std::string(STRATA_RUN_BIN) + " -n " + std::to_string(n) +
                           " --timeout 240 -- " + STRATA_TRAINER_MP_WORKER_BIN + " --out '" + dir.str() +
-                          "' --cases " + cases + " 2>&1";
+                          "' --cases " + cases + " --devices " + std::to_string(devices) + " 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
   std::string out;
   char buf[4096];
@@ -137,18 +137,19 @@ TEST_P(TrainerMpTest, FitEvaluatePredictMatchOneDevice) {
   }
 }
 
-TEST_P(TrainerMpTest, LayeredReductionOverlapsAndIsBitIdentical) {
-  const int n = GetParam();
+// n workers of `devices` replicas each.
+void check_layered(int n, int devices) {
   const CaseResult ref = one_device("plain");
   test::TempDir dir;
-  const auto got = run_workers(n, "plain,deferred,overlap", dir);
+  const auto got = run_workers(n, "plain,deferred,overlap", dir, devices);
   for (int w = 0; w < n; ++w) {
     const std::string who = "worker " + std::to_string(w) + " of " + std::to_string(n);
     const auto i = static_cast<std::size_t>(w);
     CaseResult plain = got.at("plain")[i], deferred = got.at("deferred")[i], overlap = got.at("overlap")[i];
-    // 2 epochs of 512 / 32 steps, one replica per worker.
-    EXPECT_EQ(overlap.at("backward_steps"), std::vector<double>{32}) << who;
-    EXPECT_EQ(overlap.at("seen_reduced"), std::vector<double>{32}) << who;  // the hook saw the overlap every step
+    // 2 epochs of 512 / 32 steps on every local replica.
+    const std::vector<double> steps{32.0 * devices};
+    EXPECT_EQ(overlap.at("backward_steps"), steps) << who;
+    EXPECT_EQ(overlap.at("seen_reduced"), steps) << who;  // the hook saw the overlap every step
     EXPECT_EQ(deferred.at("seen_reduced"), std::vector<double>{0}) << who;  // and without overlap, never
     EXPECT_EQ(plain.at("backward_steps"), std::vector<double>{0}) << who;   // plain never reports layers
     for (CaseResult* r : {&plain, &deferred, &overlap}) {
@@ -167,6 +168,11 @@ TEST_P(TrainerMpTest, LayeredReductionOverlapsAndIsBitIdentical) {
     expect_close(overlap, r, who + ": against one_device");
   }
 }
+
+TEST_P(TrainerMpTest, LayeredReductionOverlapsAndIsBitIdentical) { check_layered(GetParam(), 1); }
+
+// Local replicas and workers together: 2 workers of 2 replicas each.
+TEST(TrainerMpReplicasTest, LayeredReductionWithTwoReplicasPerWorker) { check_layered(2, 2); }
 
 INSTANTIATE_TEST_SUITE_P(Workers, TrainerMpTest, ::testing::Values(1, 2, 4),
                          [](const ::testing::TestParamInfo<int>& i) { return std::to_string(i.param); });

@@ -3,7 +3,9 @@
 // multi_worker_mirrored with one replica per process runs each case named
 // by --cases and writes its results to OUT/<case>-<worker index>.txt.
 //
-//   trainer_mp_worker --out DIR --cases fit,plain,deferred,overlap
+//   trainer_mp_worker --out DIR --cases fit,plain,deferred,overlap [--devices N]
+//
+// --devices N gives each worker N local replicas (cpu:0 .. cpu:N-1).
 //
 // With --time WIDTH instead, it times the layered model (64 features,
 // WIDTH hidden units and WIDTH classes, so that the last layer's gradients
@@ -59,10 +61,12 @@ void time_paths(strata::Strategy& s, std::int64_t hidden) {
 int main(int argc, char** argv) {
   std::string out, cases;
   long long time_hidden = 0;
+  int devices = 1;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (std::strcmp(argv[i], "--out") == 0) out = argv[i + 1];
     else if (std::strcmp(argv[i], "--cases") == 0) cases = argv[i + 1];
     else if (std::strcmp(argv[i], "--time") == 0) time_hidden = std::atoll(argv[i + 1]);
+    else if (std::strcmp(argv[i], "--devices") == 0) devices = std::atoi(argv[i + 1]);
   }
   if (time_hidden > 0) {
     try {
@@ -85,6 +89,9 @@ int main(int argc, char** argv) {
     strata::Config cfg;
     cfg.apply_env();
     cfg.set("/strategy/name", "\"multi_worker_mirrored\"");
+    std::string list_json = "[";
+    for (int d = 0; d < devices; ++d) list_json += (d ? ",\"cpu:" : "\"cpu:") + std::to_string(d) + "\"";
+    cfg.set("/strategy/options/devices", list_json + "]");
     strata::Strategy s = strata::Strategy::from_config(cfg);
     const int worker = s.extended().worker_index();
     std::stringstream list(cases);
