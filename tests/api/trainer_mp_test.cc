@@ -18,7 +18,7 @@
 // workers each sum their share and the all-reduce adds the N partial sums.
 // float32 addition is not associative, so each step differs by rounding
 // (~1e-7 relative) and the differences carry through the steps (measured
-// ~1e-6 after the runs here). Across workers and between the reduction
+// at most 1.2e-7 * (1 + |value|) here, 2 and 4 workers against 1). Across workers and between the reduction
 // paths there is no tolerance: the all-reduce gives every rank the same
 // bits, and the paths issue collectives that add the same numbers in the
 // same order (the model's gradients are 131 floats, which the ring reduces
