@@ -8,6 +8,7 @@
 //   build/bin/strata-run -n 2 -- build/bin/strata-trainer-example
 #include <strata/strata.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <optional>
