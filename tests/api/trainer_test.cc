@@ -18,9 +18,11 @@
 #include <optional>
 #include <sstream>
 
+#include "layered_model.h"
 #include "softmax_model.h"
 #include "strata/strata.hpp"
 #include "test_support.h"
+#include "trainer_mp_case.h"
 
 namespace strata {
 namespace {
@@ -398,6 +400,109 @@ TEST(TrainerTest, BadUseIsAClearError) {
   EXPECT_THROW(Trainer(get_strategy(), model, opt, {"auc"}), InvalidArgumentError);
   o.validation_freq = 0;
   EXPECT_THROW(t.fit(train_data(), o), InvalidArgumentError);
+}
+
+// A model that reports its gradients layer by layer: the all-reduce of the
+// last layer finishes while the first layer's backward pass still runs (the
+// model's hook waits for it), and the weights and logs are bit-identical to
+// the same buckets reduced after the backward pass and to the default
+// one-collective step, on every single-process strategy and bucket size.
+TEST(TrainerTest, LayeredGradientsAreReducedDuringTheBackwardPass) {
+  for (auto [name, opts] : {std::pair<std::string, std::string>{"default", "{}"},
+                            {"one_device", R"({"device": "cpu:0"})"}, {"mirrored", devices(2)},
+                            {"mirrored", devices(3)}, {"central_storage", devices(2)}}) {
+    for (std::int64_t bucket : {std::int64_t{0}, std::int64_t{1} << 20}) {
+      SCOPED_TRACE(name + " " + opts + " bucket_bytes " + std::to_string(bucket));
+      Strategy s = Strategy::create(name, opts);
+      test::CaseResult plain = test::run_case(s, "plain", bucket), deferred = test::run_case(s, "deferred", bucket),
+                       overlap = test::run_case(s, "overlap", bucket);
+      const double steps = 32.0 * s.num_local_replicas();  // 2 epochs of 16 steps, every replica
+      EXPECT_EQ(overlap.at("backward_steps"), std::vector<double>{steps});
+      // One bucket per layer: the hook waited for the last layer's
+      // reduction every step. One 1 MiB bucket: it goes out at the end.
+      EXPECT_EQ(overlap.at("seen_reduced"), std::vector<double>{bucket == 0 ? steps : 0});
+      EXPECT_EQ(deferred.at("seen_reduced"), std::vector<double>{0});
+      for (test::CaseResult* r : {&plain, &deferred, &overlap}) {
+        r->erase("seen_reduced");
+        r->erase("backward_steps");
+      }
+      EXPECT_EQ(overlap, deferred);
+      EXPECT_EQ(overlap, plain);
+      EXPECT_GT(overlap.at("hist:accuracy").back(), 0.8);  // it learns
+    }
+  }
+}
+
+// A model whose layer reports are wrong.
+struct BadReports : test::LayeredModel {
+  int mode = 0;
+  BadReports() : LayeredModel(kFeatures, 8, kClasses) {}
+  ForwardResult forward_backward_layers(const Features& batch, double scale, std::vector<Tensor>& grads,
+                                        GradientSink& sink) override {
+    ForwardResult r = forward_backward(batch, scale, grads);
+    if (mode == 0) sink.ready(2, 3);  // past the 4 variables
+    if (mode == 1) {
+      sink.ready(0, 2);
+      sink.ready(1, 1);  // twice
+    }
+    if (mode == 2) sink.ready(0, 3);  // output/bias never
+    return r;
+  }
+};
+
+// A train_step that reads a metric inside the replica function.
+struct ReadsMetricInStep : Trainer {
+  using Trainer::Trainer;
+  void train_step(ReplicaContext& ctx, const Features& batch) override {
+    Trainer::train_step(ctx, batch);
+    (void)metric_logs();
+  }
+};
+
+TEST(TrainerTest, BadLayerReportsAndMetricReadsInReplicaContextAreClearErrors) {
+  Strategy s = Strategy::create("mirrored", devices(2));
+  FitOptions o;
+  o.verbose = false;
+  const std::vector<std::string> want{"report a non-empty range inside [0, 4)", "'hidden/bias' (index 1) was reported twice",
+                                      "did not report the gradient of variable 'output/bias' (index 3)"};
+  for (int mode = 0; mode < 3; ++mode) {
+    std::optional<Scope> scope(s.scope());
+    BadReports model;
+    model.mode = mode;
+    SGD opt(0.1);
+    Trainer t(s, model, opt);
+    scope.reset();
+    try {
+      t.fit(train_data(), o);
+      ADD_FAILURE() << "mode " << mode;
+    } catch (const InvalidArgumentError& e) {
+      EXPECT_NE(std::string(e.what()).find(want[static_cast<std::size_t>(mode)]), std::string::npos) << e.what();
+    }
+    // The trainer is still usable: the reducers are idle.
+    model.mode = 3;
+    model.by_layer = false;
+    EXPECT_NO_THROW(t.fit(train_data(), o));
+  }
+  {
+    std::optional<Scope> scope(s.scope());
+    test::LayeredModel model(kFeatures, 8, kClasses);
+    SGD opt(0.1);
+    Trainer t(s, model, opt);
+    scope.reset();
+    t.gradient_reduction.bucket_bytes = -1;
+    EXPECT_THROW(t.fit(train_data(), o), InvalidArgumentError);
+  }
+  std::optional<Scope> scope(s.scope());
+  SoftmaxModel model(kFeatures, kClasses);
+  SGD opt(0.1);
+  ReadsMetricInStep t(s, model, opt, {"accuracy"});
+  scope.reset();
+  try {
+    t.fit(train_data(), o);
+    FAIL();
+  } catch (const FailedPreconditionError& e) {
+    EXPECT_NE(std::string(e.what()).find("metric 'loss'"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -20,6 +20,24 @@
 // forward, then the metrics. Both are virtual: subclass Trainer to write
 // your own, as Keras users override train_step.
 //
+// Layer by layer: a model whose reports_gradients_by_layer() is true has
+// forward_backward_layers called instead, and hands each layer's gradients
+// to a GradientSink as soon as they are final (last layer first). The
+// default train_step packs the reported gradients into buckets
+// (gradient_reduction.bucket_bytes) and starts each bucket's all-reduce on
+// a reduction thread of that replica at once, while the backward pass
+// computes the earlier layers (as PyTorch DDP's buckets do); after the
+// backward pass it waits for the buckets (bounded by the strategy's
+// collective timeout per bucket) and applies the reduced gradients in one
+// optimizer update in a merge_call. The replica thread makes no collective
+// while its buckets are in flight. gradient_reduction.overlap = false runs
+// the same buckets after the backward pass. Results are bit-identical with
+// and without overlap (the same collectives in the same order), and equal
+// to the one-collective step whenever the reduction's summation order does
+// not depend on where a gradient sits in the packed buffer: one worker, two
+// workers, or payloads on the ring's direct path (<= direct_max_bytes);
+// otherwise they differ by float rounding only.
+//
 // Data: datasets are batched by the GLOBAL batch size and distributed with
 // strategy.distribute_dataset (sharded across workers by their
 // AutoShardPolicy). Every component the model's input_keys() names must be
@@ -45,11 +63,15 @@
 //
 // Errors: a model whose gradients do not match its variables, a dataset
 // without the model's components, fit with epochs <= initial_epoch (then
-// nothing runs, as Keras), steps_per_epoch == 0, validation_freq < 1:
-// InvalidArgumentError. Every call of fit/evaluate/predict is made by every
+// nothing runs, as Keras), steps_per_epoch == 0, validation_freq < 1, a
+// layered model that reports a gradient twice, outside its variables or
+// not at all, gradient_reduction.bucket_bytes < 0: InvalidArgumentError. A
+// metric read inside a replica function (e.g. metric_logs() in a custom
+// train_step): FailedPreconditionError naming the metric. Every call of fit/evaluate/predict is made by every
 // worker (they are collectives).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -70,6 +92,9 @@ namespace strata {
 
 class Trainer;
 class DistributedIterator;
+namespace detail {
+struct GradientReducer;
+}
 
 using Logs = std::map<std::string, double>;
 
@@ -100,6 +125,40 @@ struct ForwardResult {
   Tensor per_example_loss;
 };
 
+/// Where a layered model's backward pass hands over gradients as soon as
+/// they are final (Model::forward_backward_layers), so that the Trainer
+/// reduces them across replicas while the model computes the gradients of
+/// the layers before them. Made by the Trainer for one replica's step and
+/// used on that replica's thread (reduced() may be called from any thread).
+class STRATA_API GradientSink {
+ public:
+  virtual ~GradientSink();
+  /// grads[first .. first + count) are final. The Trainer may start
+  /// reducing them at once, in place and on another thread: the model must
+  /// neither read nor write them again in this step. Report every variable
+  /// exactly once per step, in the same order on every replica and worker
+  /// (the reports decide the collectives). A range outside the variables or
+  /// a variable reported twice is InvalidArgumentError.
+  virtual void ready(std::size_t first, std::size_t count) = 0;
+  /// Whether the gradient of variable `index` has already been summed over
+  /// every replica in sync (never blocks). For models and tests that want
+  /// to see the overlap happen.
+  virtual bool reduced(std::size_t index) const = 0;
+};
+
+/// How the default train_step reduces a layered model's gradients
+/// (Model::reports_gradients_by_layer). Every worker must use the same.
+struct GradientReduction {
+  /// Start each bucket's all-reduce while the backward pass goes on (as
+  /// PyTorch DDP does); false: the same collectives, after the backward
+  /// pass. Results are bit-identical either way.
+  bool overlap = true;
+  /// Reported ranges are packed into one collective until it holds at
+  /// least this many bytes (0: one collective per ready() call). The last
+  /// bucket is sent when forward_backward_layers returns.
+  std::int64_t bucket_bytes = std::int64_t{1} << 20;
+};
+
 /// The user's model.
 class STRATA_API Model {
  public:
@@ -116,6 +175,16 @@ class STRATA_API Model {
   virtual ForwardResult forward_backward(const Features& batch, double loss_scale, std::vector<Tensor>& grads) = 0;
   /// Forward pass only. `batch` may lack the labels (predict).
   virtual ForwardResult forward(const Features& batch) = 0;
+  /// True when the model implements forward_backward_layers: the default
+  /// train_step then reduces gradients layer by layer, overlapped with the
+  /// backward pass (Trainer::gradient_reduction).
+  virtual bool reports_gradients_by_layer() const { return false; }
+  /// forward_backward that calls sink.ready(first, count) for each layer's
+  /// gradients as soon as they are final, last layer first (see
+  /// GradientSink). The default calls forward_backward, then reports every
+  /// variable at once.
+  virtual ForwardResult forward_backward_layers(const Features& batch, double loss_scale, std::vector<Tensor>& grads,
+                                                GradientSink& sink);
 };
 
 /// Keras' Callback. Every hook runs on every worker, in cross-replica
@@ -194,6 +263,8 @@ class STRATA_API Trainer {
   Optimizer& optimizer() const { return *optimizer_; }
   /// Set by a callback to end fit() after the current epoch (EarlyStopping).
   bool stop_training = false;
+  /// How a layered model's gradients are reduced (set before fit).
+  GradientReduction gradient_reduction;
   /// The metrics (loss first), for callbacks and custom steps.
   std::vector<Metric*> metrics();
   /// The current logs of every metric (a collective across workers).
@@ -238,6 +309,11 @@ class STRATA_API Trainer {
   std::vector<std::unique_ptr<CompiledMetric>> compiled_;
   std::int64_t global_batch_ = 0;
   std::vector<std::vector<Tensor>> grads_;  // per local replica, reused by train_step
+  // Per local replica: the thread that reduces a layered model's buckets.
+  std::vector<std::unique_ptr<detail::GradientReducer>> reducers_;
+  double collective_timeout_s_ = 300;
+  void train_step_layered(ReplicaContext& ctx, const Features& batch, std::vector<Tensor>& grads,
+                          const std::vector<Variable*>& vars);
   int epoch_ = 0;
   std::int64_t global_step_ = 0, step_in_epoch_ = 0;
   DistributedIterator* input_ = nullptr;

@@ -5,7 +5,16 @@
 #include "strata/trainer.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include <nlohmann/json.hpp>
 
 #include "data/dataset_internal.h"
 #include "log.h"
@@ -46,6 +55,176 @@ double History::last(const std::string& key) const {
 
 Model::~Model() = default;
 Callback::~Callback() = default;
+GradientSink::~GradientSink() = default;
+
+ForwardResult Model::forward_backward_layers(const Features& batch, double loss_scale, std::vector<Tensor>& grads,
+                                             GradientSink& sink) {
+  ForwardResult r = forward_backward(batch, loss_scale, grads);
+  if (!grads.empty()) sink.ready(0, grads.size());
+  return r;
+}
+
+// ---------------------------------------------------------------- layer-by-layer reduction
+
+// One local replica's reduction thread. The replica thread hands it the
+// all-reduce of each bucket as the backward pass makes the bucket's
+// gradients final and goes on computing; the jobs run in order, so every
+// replica issues the same collectives in the same order. The strategy's
+// replica all-reduce takes the replica's handle, not its thread, so it may
+// be called from here while the replica thread makes no other collective.
+namespace detail {
+struct GradientReducer {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::function<void()>> jobs;
+  std::size_t pending = 0;  // queued or running
+  std::exception_ptr error;
+  bool cancel = false;  // the step failed: skip what is queued
+  bool stop = false;
+  std::thread thread;
+
+  GradientReducer() : thread([this] { loop(); }) {}
+  ~GradientReducer() {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      stop = true;
+    }
+    cv.notify_all();
+    thread.join();
+  }
+
+  void loop() {
+    std::unique_lock<std::mutex> l(mu);
+    for (;;) {
+      cv.wait(l, [&] { return stop || !jobs.empty(); });
+      if (jobs.empty()) return;
+      std::function<void()> job = std::move(jobs.front());
+      jobs.pop_front();
+      if (!error && !cancel) {
+        l.unlock();
+        std::exception_ptr failed;
+        try {
+          job();
+        } catch (...) {
+          failed = std::current_exception();
+        }
+        l.lock();
+        if (failed && !error) error = failed;
+      }
+      --pending;
+      cv.notify_all();
+    }
+  }
+
+  void submit(std::function<void()> job) {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      jobs.push_back(std::move(job));
+      ++pending;
+    }
+    cv.notify_all();
+  }
+
+  // Wait until every submitted job is done. Each all-reduce is bounded by
+  // the strategy's collective timeout, so this wait is bounded by that
+  // many timeouts (plus slack) and reports a stuck reduction otherwise.
+  // `abandon`: the step failed; skip the queued jobs, forget their errors.
+  void drain(double timeout_s, bool abandon) {
+    std::unique_lock<std::mutex> l(mu);
+    if (abandon) cancel = true;
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::duration<double>(timeout_s * static_cast<double>(pending + 1) + 5.0);
+    if (!cv.wait_until(l, deadline, [&] { return pending == 0; }))
+      STRATA_THROW(STRATA_ERR_DEADLINE_EXCEEDED, "Trainer: the layer-by-layer gradient all-reduce did not finish within ",
+                   timeout_s, " s per collective; a replica or worker stopped taking part in it");
+    cancel = false;
+    std::exception_ptr e = std::move(error);
+    error = nullptr;
+    if (e && !abandon) std::rethrow_exception(e);
+  }
+};
+}  // namespace detail
+
+namespace {
+
+// The GradientSink of one replica's step: packs the reported ranges into
+// buckets and reduces each full bucket in place, on the replica's reducer
+// (overlap) or after the backward pass. Jobs hold it by shared_ptr.
+class LayeredStep final : public GradientSink, public std::enable_shared_from_this<LayeredStep> {
+ public:
+  LayeredStep(ReplicaContext& ctx, std::vector<Tensor>& grads, const std::vector<Variable*>& vars,
+              const GradientReduction& options, detail::GradientReducer* reducer)
+      : ctx_(ctx), grads_(grads), vars_(vars), options_(options), reducer_(reducer), reported_(vars.size(), 0),
+        reduced_(new std::atomic<bool>[vars.size()]) {
+    for (std::size_t i = 0; i < vars.size(); ++i) reduced_[i].store(false, std::memory_order_relaxed);
+  }
+
+  void ready(std::size_t first, std::size_t count) override {
+    const std::size_t n = vars_.size();
+    STRATA_ENFORCE(count >= 1 && first < n && count <= n - first, STRATA_ERR_INVALID_ARGUMENT,
+                   "GradientSink::ready(", first, ", ", count, "): the model has ", n,
+                   " trainable variables; report a non-empty range inside [0, ", n, ")");
+    for (std::size_t i = first; i < first + count; ++i) {
+      STRATA_ENFORCE(!reported_[i], STRATA_ERR_INVALID_ARGUMENT, "GradientSink::ready: the gradient of variable '",
+                     vars_[i]->name(), "' (index ", i, ") was reported twice in one step; report each once");
+      reported_[i] = 1;
+      bucket_.push_back(i);
+      bucket_bytes_ += static_cast<std::int64_t>(grads_[i].nbytes());
+    }
+    if (bucket_bytes_ >= options_.bucket_bytes) close_bucket();
+  }
+
+  bool reduced(std::size_t index) const override {
+    return index < vars_.size() && reduced_[index].load(std::memory_order_acquire);
+  }
+
+  // After forward_backward_layers returned: every variable must have been
+  // reported; the last bucket goes out, and without overlap every bucket is
+  // reduced now, in the order the reports made them.
+  void finish() {
+    for (std::size_t i = 0; i < vars_.size(); ++i)
+      STRATA_ENFORCE(reported_[i], STRATA_ERR_INVALID_ARGUMENT, "Trainer: the model's forward_backward_layers did ",
+                     "not report the gradient of variable '", vars_[i]->name(), "' (index ", i,
+                     "); call sink.ready() for every trainable variable");
+    close_bucket();
+    for (const std::vector<std::size_t>& b : deferred_) reduce(b);
+  }
+
+ private:
+  void close_bucket() {
+    if (bucket_.empty()) return;
+    std::vector<std::size_t> b = std::move(bucket_);
+    bucket_.clear();
+    bucket_bytes_ = 0;
+    if (!options_.overlap) {
+      deferred_.push_back(std::move(b));
+      return;
+    }
+    std::shared_ptr<LayeredStep> keep = shared_from_this();
+    reducer_->submit([keep, b = std::move(b)] { keep->reduce(b); });
+  }
+
+  void reduce(const std::vector<std::size_t>& bucket) {
+    std::vector<TensorView> views;
+    views.reserve(bucket.size());
+    for (std::size_t i : bucket) views.emplace_back(grads_[i]);
+    ctx_.all_reduce_in_place(ReduceOp::SUM, views);
+    for (std::size_t i : bucket) reduced_[i].store(true, std::memory_order_release);
+  }
+
+  ReplicaContext& ctx_;
+  std::vector<Tensor>& grads_;
+  const std::vector<Variable*> vars_;  // a copy: for names in errors only
+  GradientReduction options_;
+  detail::GradientReducer* reducer_;
+  std::vector<char> reported_;
+  std::unique_ptr<std::atomic<bool>[]> reduced_;
+  std::vector<std::size_t> bucket_;
+  std::int64_t bucket_bytes_ = 0;
+  std::vector<std::vector<std::size_t>> deferred_;
+};
+
+}  // namespace
 
 // ---------------------------------------------------------------- Trainer
 
@@ -124,8 +303,37 @@ void Trainer::train_step(ReplicaContext& ctx, const Features& batch) {
   } else {
     for (Tensor& g : grads) std::memset(g.raw_data(), 0, g.nbytes());
   }
+  if (model_->reports_gradients_by_layer()) {
+    train_step_layered(ctx, batch, grads, vars);
+    return;
+  }
   const ForwardResult r = model_->forward_backward(batch, 1.0 / static_cast<double>(global_batch_), grads);
   optimizer_->apply_gradients(grads, vars);
+  update_metrics(batch, r);
+}
+
+// The default train_step of a layered model: the buckets' all-reduces run
+// on this replica's reducer while the backward pass goes on; then one
+// update from the reduced gradients (the optimizer's merge_call, as in
+// apply_gradients, with the reduction already done).
+void Trainer::train_step_layered(ReplicaContext& ctx, const Features& batch, std::vector<Tensor>& grads,
+                                 const std::vector<Variable*>& vars) {
+  STRATA_ENFORCE(ctx.local_replica_id() < reducers_.size(), STRATA_ERR_FAILED_PRECONDITION,
+                 "Trainer::train_step: a layered model's step runs inside fit()");
+  detail::GradientReducer& reducer = *reducers_[ctx.local_replica_id()];
+  auto step = std::make_shared<LayeredStep>(ctx, grads, vars, gradient_reduction, &reducer);
+  ForwardResult r;
+  try {
+    r = model_->forward_backward_layers(batch, 1.0 / static_cast<double>(global_batch_), grads, *step);
+    step->finish();
+  } catch (...) {
+    // Reductions already started use `grads` and this replica's context:
+    // they end before the error leaves the replica function.
+    reducer.drain(collective_timeout_s_, /*abandon=*/true);
+    throw;
+  }
+  reducer.drain(collective_timeout_s_, /*abandon=*/false);
+  ctx.merge_call([&](Strategy&) { optimizer_->apply_gradients(grads, vars); });
   update_metrics(batch, r);
 }
 
@@ -190,9 +398,18 @@ History Trainer::fit(const Dataset& dataset, const FitOptions& options) {
     callbacks.insert(callbacks.begin(), bar.get());
   }
   for (Callback* c : callbacks) c->trainer_ = this;
+  STRATA_ENFORCE(gradient_reduction.bucket_bytes >= 0, STRATA_ERR_INVALID_ARGUMENT,
+                 "Trainer::fit: gradient_reduction.bucket_bytes must be >= 0; got ", gradient_reduction.bucket_bytes);
   stop_training = false;
   grads_.clear();
   grads_.resize(static_cast<std::size_t>(strategy_->num_local_replicas()));
+  if (model_->reports_gradients_by_layer()) {
+    while (reducers_.size() < grads_.size()) reducers_.push_back(std::make_unique<detail::GradientReducer>());
+    // The strategy's collective deadline bounds each bucket's all-reduce.
+    const nlohmann::json d = nlohmann::json::parse(strategy_->extended().describe_json(), nullptr, false);
+    if (d.is_object() && d.contains("timeout_s") && d["timeout_s"].is_number() && d["timeout_s"].get<double>() > 0)
+      collective_timeout_s_ = d["timeout_s"].get<double>();
+  }
   DistributedDataset dist = strategy_->distribute_dataset(dataset);
   // The first epoch's iterator exists before on_train_begin, so that a
   // callback restoring a backup can put the input position into it.
