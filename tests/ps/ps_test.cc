@@ -61,7 +61,16 @@ STRATA_REGISTER_FUNCTION("scale", [](const strata::Args& a) -> strata::Value {
   return strata::Value(strata::Tensor::from_vector(v, t.shape()));
 });
 
+// fail(text[, gate]): throws std::invalid_argument; with a gate variable it
+// first waits (up to 60 s) until the coordinator set the gate to 1, so the
+// error cannot overtake the coordinator's schedule() calls on a slow machine.
 STRATA_REGISTER_FUNCTION("fail", [](const strata::Args& a) -> strata::Value {
+  if (a.size() > 1) {
+    const auto& gate = strata::get_arg<strata::RemoteVariable>(a, 1);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (gate.read().to_vector<std::int64_t>()[0] == 0 && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
   throw std::invalid_argument("bad input: " + strata::get_arg<std::string>(a, 0));
 });
 
@@ -173,9 +182,12 @@ int coordinate(const std::string& scenario) {
       c.join();
       out["counter"] = counter.read().to_vector<std::int64_t>();
       // A failing closure: its error surfaces at join, the queue is cancelled.
-      auto bad = c.schedule_fn("fail", std::string("seven"));
+      // (the gate holds the failure back until all 30 are queued behind it)
+      auto gate = c.create_variable("gate", strata::Tensor::zeros({1}, strata::DType::kInt64));
+      auto bad = c.schedule_fn("fail", std::string("seven"), gate);
       std::vector<strata::RemoteValue> after;
       for (int i = 0; i < 30; ++i) after.push_back(c.schedule_fn("sleepy", 500));
+      gate.assign(strata::Tensor::from_vector(std::vector<std::int64_t>{1}, {1}));
       try {
         c.join();
         out["join_error"] = "none";
