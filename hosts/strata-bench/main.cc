@@ -4,6 +4,7 @@
 // machines are shared and noisy).
 //
 //   strata-bench dispatch   run() overhead per step for each strategy vs a direct call
+//                           (mean per batch, and median and p90 of single runs)
 //   strata-bench allreduce  in-process all-reduce across CPU replicas vs memcpy bandwidth
 //                           (memcpy of the same size sampled alternately with it)
 //   strata-bench allreduce|broadcast|allgather --transport tcp -n N
@@ -84,20 +85,35 @@ int run_dispatch(const std::vector<std::string>& specs, std::int64_t iters, int 
     for (std::int64_t i = 0; i < n; ++i) empty_step(&counter);
   });
   nlohmann::json results = nlohmann::json::array();
-  if (!json) std::printf("%-22s %10s %14s %14s\n", "strategy", "replicas", "run() ns/step", "direct ns");
+  if (!json)
+    std::printf("%-22s %10s %14s %14s %14s %14s\n", "strategy", "replicas", "run() ns/step", "median ns",
+                "p90 ns", "direct ns");
+  std::vector<double> each;  // every run() on its own: a loaded machine stretches a few, not the median
   for (const std::string& spec_text : specs) {
     const StrategySpec spec = parse_strategy(spec_text);
     strata::Strategy strategy = make_strategy(spec);
+    each.clear();
+    each.reserve(static_cast<std::size_t>(iters) * static_cast<std::size_t>(repeats));
     const double per_run = time_per_iter(repeats, iters, [&](std::int64_t n) {
       for (std::int64_t i = 0; i < n; ++i) strategy.run([&](strata::ReplicaContext&) { empty_step(&counter); });
     });
+    for (int r = 0; r < repeats; ++r)
+      for (std::int64_t i = 0; i < iters; ++i) {
+        const auto t0 = Clock::now();
+        strategy.run([&](strata::ReplicaContext&) { empty_step(&counter); });
+        each.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      }
+    std::sort(each.begin(), each.end());
+    const double med = median(each);
+    const double p90 = each[each.size() * 9 / 10];
     const int replicas = strategy.num_local_replicas();
     if (json) {
       results.push_back({{"op", "dispatch"}, {"strategy", spec.label}, {"replicas", replicas},
-                         {"run_ns", per_run * 1e9}, {"direct_ns", direct * 1e9},
-                         {"overhead_ns", (per_run - direct) * 1e9}});
+                         {"run_ns", per_run * 1e9}, {"median_ns", med * 1e9}, {"p90_ns", p90 * 1e9},
+                         {"direct_ns", direct * 1e9}, {"overhead_ns", (per_run - direct) * 1e9}});
     } else {
-      std::printf("%-22s %10d %14.1f %14.2f\n", spec.label.c_str(), replicas, per_run * 1e9, direct * 1e9);
+      std::printf("%-22s %10d %14.1f %14.1f %14.1f %14.2f\n", spec.label.c_str(), replicas, per_run * 1e9,
+                  med * 1e9, p90 * 1e9, direct * 1e9);
     }
   }
   if (json) std::printf("%s\n", nlohmann::json{{"results", results}}.dump(2).c_str());

@@ -65,6 +65,41 @@ inline void cpu_relax() {
 #endif
 }
 
+// Busy-wait that adapts to the machine (after glibc's adaptive mutexes):
+// spin up to a budget, then block. A blocked wait that ended soon (within
+// kPaysNs, about a futex wake-up and a reschedule) would have been caught by
+// spinning a little longer, so the budget doubles; a long one (on a loaded
+// machine the awaited thread is often not running, and spinning steals its
+// core) halves it. So spinning goes on only while it pays, without
+// hard-coding the machine's load. One instance per waiting thread.
+class AdaptiveSpin {
+ public:
+  explicit AdaptiveSpin(int max = 0) : max_(max), budget_(max) {}
+  /// Wait until ready() is true: spin, then call block() (which returns
+  /// once ready() is true).
+  template <class Ready, class Block>
+  void wait(Ready ready, Block block) {
+    for (int i = 0; i < budget_; ++i) {
+      if (ready()) return;
+      cpu_relax();
+    }
+    if (ready()) return;
+    const auto t0 = std::chrono::steady_clock::now();
+    block();
+    if (max_ == 0) return;
+    if (std::chrono::steady_clock::now() - t0 < std::chrono::nanoseconds(kPaysNs))
+      budget_ = std::min(max_, 2 * budget_ + kMinSpin);
+    else
+      budget_ = std::max(kMinSpin, budget_ / 2);
+  }
+
+ private:
+  static constexpr int kMinSpin = 32;
+  static constexpr int64_t kPaysNs = 30000;
+  int max_;
+  int budget_;
+};
+
 enum class Kind { kAllReduce, kAllGather, kMergeCall, kVarUpdate };
 
 const char* update_name(uint32_t op) {
@@ -184,7 +219,8 @@ struct LocalStrategy::Impl {
   Host host;
   LocalStrategyConfig cfg;
   uint32_t n = 1;      // local replicas
-  int spin = 0;        // spin_budget(n), fixed at construction
+  int spin = 0;        // spin_budget(n), fixed at construction: the most any wait spins
+  AdaptiveSpin run_spin;  // run()'s wait for the workers (the caller's thread)
   uint32_t W = 1;      // workers in the collective group
   uint32_t total = 1;  // replicas in sync: W * n
   std::chrono::nanoseconds timeout{};
@@ -276,18 +312,14 @@ struct LocalStrategy::Impl {
   // ------------------------------------------------------------- pool ---
   void worker_loop(uint32_t id) {
     uint64_t seen = 0;
+    AdaptiveSpin spinner(spin);
     for (;;) {
-      uint64_t g = gen.load(std::memory_order_acquire);
-      for (int i = 0; g == seen && i < spin; ++i) {
-        cpu_relax();
-        g = gen.load(std::memory_order_acquire);
-      }
-      if (g == seen) {
-        std::unique_lock<std::mutex> l(pool_mu);
-        pool_cv.wait(l, [&] { return gen.load(std::memory_order_acquire) != seen; });
-        g = gen.load(std::memory_order_acquire);
-      }
-      seen = g;
+      spinner.wait([&] { return gen.load(std::memory_order_acquire) != seen; },
+                   [&] {
+                     std::unique_lock<std::mutex> l(pool_mu);
+                     pool_cv.wait(l, [&] { return gen.load(std::memory_order_acquire) != seen; });
+                   });
+      seen = gen.load(std::memory_order_acquire);
       if (stop.load(std::memory_order_acquire)) return;
       execute(id);
       if (remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) {
@@ -928,6 +960,7 @@ LocalStrategy::LocalStrategy(Host host, LocalStrategyConfig config) : impl_(std:
   parse_device(m.cfg.parameter_device, "parameter_device");
   m.n = static_cast<uint32_t>(m.cfg.devices.size());
   m.spin = spin_budget(m.n);
+  m.run_spin = AdaptiveSpin(m.spin);
   if (m.cfg.num_workers == 0 || m.cfg.worker_index >= m.cfg.num_workers)
     STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, m.cfg.strategy_name, ": worker_index ", m.cfg.worker_index,
                  " is not below num_workers ", m.cfg.num_workers,
@@ -1060,9 +1093,11 @@ void LocalStrategy::run(strata_replica_fn fn, void* user) {
   }
   m.execute(0);
   if (m.n > 1) {
-    for (int i = 0; i < m.spin && m.remaining.load(std::memory_order_acquire) != 0; ++i) cpu_relax();
-    std::unique_lock<std::mutex> l(m.done_mu);
-    m.done_cv.wait(l, [&] { return m.remaining.load(std::memory_order_acquire) == 0; });
+    m.run_spin.wait([&] { return m.remaining.load(std::memory_order_acquire) == 0; },
+                    [&] {
+                      std::unique_lock<std::mutex> l(m.done_mu);
+                      m.done_cv.wait(l, [&] { return m.remaining.load(std::memory_order_acquire) == 0; });
+                    });
   }
   std::lock_guard<std::mutex> l(m.rv_mu);
   if (m.failed) ::strata::detail::throw_status(m.fail_code, m.fail_msg);
