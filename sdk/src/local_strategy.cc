@@ -275,6 +275,8 @@ struct LocalStrategy::Impl {
   // Rendezvous (guarded by rv_mu).
   std::mutex rv_mu;
   std::condition_variable rv_cv;
+  std::atomic<uint64_t> rv_epoch{0};  // bumped by notify_rv_locked
+  std::vector<AdaptiveSpin> rv_spin;  // [replica]: used only by its thread
   std::vector<Slot> slots;
   std::vector<char> arrived_flag;
   uint32_t arrived = 0;
@@ -350,13 +352,34 @@ struct LocalStrategy::Impl {
     }
   }
 
+  // Every change a rendezvous waiter waits for: bump rv_epoch (what the
+  // spinning waiters watch) and wake the blocked ones. Holding rv_mu.
+  void notify_rv_locked() {
+    rv_epoch.fetch_add(1, std::memory_order_release);
+    rv_cv.notify_all();
+  }
+
+  // Holding l (on rv_mu) on entry and exit: wait until the rendezvous state
+  // may have changed or `until`, spinning first while that pays (rv_spin).
+  void wait_rv(std::unique_lock<std::mutex>& l, uint32_t id, std::chrono::steady_clock::time_point until) {
+    const uint64_t e = rv_epoch.load(std::memory_order_relaxed);
+    l.unlock();
+    rv_spin[id].wait([&] { return rv_epoch.load(std::memory_order_acquire) != e; },
+                     [&] {
+                       l.lock();
+                       rv_cv.wait_until(l, until, [&] { return rv_epoch.load(std::memory_order_relaxed) != e; });
+                       l.unlock();
+                     });
+    l.lock();
+  }
+
   void fail_locked(strata_status_t code, const std::string& msg) {
     if (!failed) {
       failed = true;
       fail_code = code;
       fail_msg = msg;
     }
-    rv_cv.notify_all();
+    notify_rv_locked();
   }
 
   // ------------------------------------------------------ rendezvous ---
@@ -394,7 +417,7 @@ struct LocalStrategy::Impl {
             l.lock();
             continue;
           }
-          rv_cv.wait(l);
+          wait_rv(l, id, std::chrono::steady_clock::now() + std::chrono::hours(1));
           continue;
         }
         const auto now = std::chrono::steady_clock::now();
@@ -412,7 +435,7 @@ struct LocalStrategy::Impl {
           throw DeadlineExceededError(msg);
         }
         // Wake at least every 100 ms to notice a job-wide abort request.
-        rv_cv.wait_until(l, std::min(deadline, now + std::chrono::milliseconds(100)));
+        wait_rv(l, id, std::min(deadline, now + std::chrono::milliseconds(100)));
         if (round == my_round && !failed && host.abort_requested()) {
           const std::string msg = ::strata::detail::str_cat(cfg.strategy_name, ": ", describe_slot(slot),
                                                   " on replica ", id, " aborted: the job was asked to stop");
@@ -442,7 +465,7 @@ struct LocalStrategy::Impl {
       l.lock();
       // The thread that finishes the last range ends the round; the other
       // replicas' ranges are bounded in-process work.
-      while (round == my_round) rv_cv.wait(l);
+      while (round == my_round) wait_rv(l, id, std::chrono::steady_clock::now() + std::chrono::hours(1));
       if (round_status != STRATA_OK) ::strata::detail::throw_status(round_status, round_msg);
       return;
     }
@@ -468,7 +491,7 @@ struct LocalStrategy::Impl {
     round_msg = msg;
     ++round;
     if (st != STRATA_OK) fail_locked(st, msg);
-    rv_cv.notify_all();
+    notify_rv_locked();
     if (st != STRATA_OK) ::strata::detail::throw_status(st, msg);
   }
 
@@ -507,7 +530,7 @@ struct LocalStrategy::Impl {
     split_code = STRATA_OK;
     split_msg.clear();
     split_active = true;
-    rv_cv.notify_all();
+    notify_rv_locked();
     return true;
   }
 
@@ -546,7 +569,7 @@ struct LocalStrategy::Impl {
         round_msg = split_msg;
         ++round;
         if (split_code != STRATA_OK) fail_locked(split_code, split_msg);
-        rv_cv.notify_all();
+        notify_rv_locked();
         return;
       }
     }
@@ -1004,6 +1027,7 @@ LocalStrategy::LocalStrategy(Host host, LocalStrategyConfig config) : impl_(std:
     }
     m.split_scratch.resize(m.n);
   }
+  m.rv_spin.assign(m.n, AdaptiveSpin(m.spin));
   m.ctxs.resize(m.n);
   for (uint32_t r = 0; r < m.n; ++r) m.ctxs[r] = ReplicaCtx{&m, r};
   m.slots.resize(m.n);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "strata/sdk/kernels.hpp"
+#include "strata/sdk/local_cross_device_ops.hpp"
 #include "strata/sdk/options.hpp"
 #include "strata/sdk/tensor.hpp"
 
@@ -352,6 +353,44 @@ TEST(LocalStrategyTest, SplitAllReduceStillNamesMismatchesAndBadTensors) {
             STRATA_OK)
       << err.message;
   for (size_t i = 0; i < a.size(); i += 997) ASSERT_EQ(a[i] + b[i], 6.0f) << i;
+}
+
+// The built-in CrossDeviceOps' started all-reduces run on its worker thread
+// (or on the waiting thread), in start order, before later blocking calls
+// and before the instance is destroyed.
+TEST(LocalCrossDeviceOpsTest, StartedAllReducesRunInOrderOffTheCaller) {
+  const strata_cross_device_ops_vtable* vt = CrossDeviceOpsAdapter<LocalCrossDeviceOps>::vtable();
+  strata_cross_device_ops_t cdo = nullptr;
+  strata_error err;
+  strata_error_init(&err);
+  ASSERT_EQ(vt->create(nullptr, "{}", &cdo, &err), STRATA_OK) << err.message;
+  const int64_t count = 1 << 20;
+  std::vector<float> x0(count, 1.0f), x1(count, 2.0f), y0(count, 1.0f), y1(count, 2.0f);
+  int64_t shape = count;
+  DLTensor a0 = view(x0.data(), &shape), a1 = view(x1.data(), &shape);
+  DLTensor b0 = view(y0.data(), &shape), b1 = view(y1.data(), &shape);
+  const DLTensor* ain[2] = {&a0, &a1};
+  DLTensor* aout[2] = {&a0, &a1};
+  const DLTensor* bin[2] = {&b0, &b1};
+  DLTensor* bout[2] = {&b0, &b1};
+  strata_cdo_request_t r1 = nullptr, r2 = nullptr, r3 = nullptr;
+  ASSERT_EQ(vt->all_reduce_start(cdo, STRATA_REDUCE_SUM, 1, 2, ain, aout, &r1, &err), STRATA_OK) << err.message;
+  ASSERT_EQ(vt->all_reduce_start(cdo, STRATA_REDUCE_SUM, 1, 2, ain, aout, &r2, &err), STRATA_OK) << err.message;
+  ASSERT_EQ(vt->all_reduce_start(cdo, STRATA_REDUCE_MEAN, 1, 2, bin, bout, &r3, &err), STRATA_OK) << err.message;
+  // 1 + 2 = 3, then 3 + 3 = 6: only in start order.
+  EXPECT_EQ(vt->request_wait(cdo, r2, -1, &err), STRATA_OK) << err.message;
+  EXPECT_EQ(vt->request_wait(cdo, r1, 0, &err), STRATA_OK) << err.message;  // done before r2
+  for (int64_t i = 0; i < count; i += 4099) ASSERT_EQ(x0[i] + x1[i], 12.0f) << i;
+  // A blocking call after a started one sees its result.
+  ASSERT_EQ(vt->all_reduce(cdo, STRATA_REDUCE_SUM, 1, 2, bin, bout, &err), STRATA_OK) << err.message;
+  for (int64_t i = 0; i < count; i += 4099) ASSERT_EQ(y0[i], 3.0f) << i;  // mean 1.5, then 1.5 + 1.5
+  EXPECT_EQ(vt->request_wait(cdo, r3, 1000, &err), STRATA_OK) << err.message;
+  EXPECT_EQ(vt->request_wait(cdo, r3, 1000, &err), STRATA_ERR_INVALID_ARGUMENT);
+  // Left pending: destroy finishes it first.
+  strata_cdo_request_t r4 = nullptr;
+  ASSERT_EQ(vt->all_reduce_start(cdo, STRATA_REDUCE_SUM, 1, 2, bin, bout, &r4, &err), STRATA_OK) << err.message;
+  vt->destroy(cdo);
+  for (int64_t i = 0; i < count; i += 4099) ASSERT_EQ(y1[i], 6.0f) << i;
 }
 
 }  // namespace
