@@ -66,21 +66,30 @@ inline void cpu_relax() {
 }
 
 // Busy-wait that adapts to the machine (after glibc's adaptive mutexes):
-// spin up to a budget, then block. A blocked wait that ended soon (within
-// kPaysNs, about a futex wake-up and a reschedule) would have been caught by
-// spinning a little longer, so the budget doubles; a long one (on a loaded
-// machine the awaited thread is often not running, and spinning steals its
-// core) halves it. So spinning goes on only while it pays, without
-// hard-coding the machine's load. One instance per waiting thread.
+// spin up to a budget, then block. A wait that ends while spinning shows
+// that spinning pays: the budget goes back to the maximum. One that has to
+// block halves it (on a loaded machine the awaited thread is often not
+// running, and spinning steals its core), unless the blocked wait ended
+// within kPaysNs (about a futex wake-up), which a little more spinning
+// would have caught: then it doubles. Every kProbeEvery-th wait spins the
+// full budget, so that a budget cut down under load grows back once the
+// load is gone (blocking waits under load are slow because of the wake-up
+// itself, so their length alone would never let it grow). So spinning goes
+// on only while it pays, without hard-coding the machine's load. One
+// instance per waiting thread.
 class AdaptiveSpin {
  public:
   explicit AdaptiveSpin(int max = 0) : max_(max), budget_(max) {}
   /// Wait until ready() is true: spin, then call block() (which returns
-  /// once ready() is true).
+  /// once ready() is true, or on a timeout of its own).
   template <class Ready, class Block>
   void wait(Ready ready, Block block) {
-    for (int i = 0; i < budget_; ++i) {
-      if (ready()) return;
+    const int budget = ++waits_ % kProbeEvery == 0 ? max_ : budget_;
+    for (int i = 0; i < budget; ++i) {
+      if (ready()) {
+        if (i > 0) budget_ = max_;
+        return;
+      }
       cpu_relax();
     }
     if (ready()) return;
@@ -95,9 +104,11 @@ class AdaptiveSpin {
 
  private:
   static constexpr int kMinSpin = 32;
+  static constexpr int kProbeEvery = 8;
   static constexpr int64_t kPaysNs = 30000;
   int max_;
   int budget_;
+  uint32_t waits_ = 0;
 };
 
 enum class Kind { kAllReduce, kAllGather, kMergeCall, kVarUpdate };
@@ -275,8 +286,6 @@ struct LocalStrategy::Impl {
   // Rendezvous (guarded by rv_mu).
   std::mutex rv_mu;
   std::condition_variable rv_cv;
-  std::atomic<uint64_t> rv_epoch{0};  // bumped by notify_rv_locked
-  std::vector<AdaptiveSpin> rv_spin;  // [replica]: used only by its thread
   std::vector<Slot> slots;
   std::vector<char> arrived_flag;
   uint32_t arrived = 0;
@@ -352,34 +361,13 @@ struct LocalStrategy::Impl {
     }
   }
 
-  // Every change a rendezvous waiter waits for: bump rv_epoch (what the
-  // spinning waiters watch) and wake the blocked ones. Holding rv_mu.
-  void notify_rv_locked() {
-    rv_epoch.fetch_add(1, std::memory_order_release);
-    rv_cv.notify_all();
-  }
-
-  // Holding l (on rv_mu) on entry and exit: wait until the rendezvous state
-  // may have changed or `until`, spinning first while that pays (rv_spin).
-  void wait_rv(std::unique_lock<std::mutex>& l, uint32_t id, std::chrono::steady_clock::time_point until) {
-    const uint64_t e = rv_epoch.load(std::memory_order_relaxed);
-    l.unlock();
-    rv_spin[id].wait([&] { return rv_epoch.load(std::memory_order_acquire) != e; },
-                     [&] {
-                       l.lock();
-                       rv_cv.wait_until(l, until, [&] { return rv_epoch.load(std::memory_order_relaxed) != e; });
-                       l.unlock();
-                     });
-    l.lock();
-  }
-
   void fail_locked(strata_status_t code, const std::string& msg) {
     if (!failed) {
       failed = true;
       fail_code = code;
       fail_msg = msg;
     }
-    notify_rv_locked();
+    rv_cv.notify_all();
   }
 
   // ------------------------------------------------------ rendezvous ---
@@ -417,7 +405,7 @@ struct LocalStrategy::Impl {
             l.lock();
             continue;
           }
-          wait_rv(l, id, std::chrono::steady_clock::now() + std::chrono::hours(1));
+          rv_cv.wait(l);
           continue;
         }
         const auto now = std::chrono::steady_clock::now();
@@ -435,7 +423,7 @@ struct LocalStrategy::Impl {
           throw DeadlineExceededError(msg);
         }
         // Wake at least every 100 ms to notice a job-wide abort request.
-        wait_rv(l, id, std::min(deadline, now + std::chrono::milliseconds(100)));
+        rv_cv.wait_until(l, std::min(deadline, now + std::chrono::milliseconds(100)));
         if (round == my_round && !failed && host.abort_requested()) {
           const std::string msg = ::strata::detail::str_cat(cfg.strategy_name, ": ", describe_slot(slot),
                                                   " on replica ", id, " aborted: the job was asked to stop");
@@ -465,7 +453,7 @@ struct LocalStrategy::Impl {
       l.lock();
       // The thread that finishes the last range ends the round; the other
       // replicas' ranges are bounded in-process work.
-      while (round == my_round) wait_rv(l, id, std::chrono::steady_clock::now() + std::chrono::hours(1));
+      while (round == my_round) rv_cv.wait(l);
       if (round_status != STRATA_OK) ::strata::detail::throw_status(round_status, round_msg);
       return;
     }
@@ -491,7 +479,7 @@ struct LocalStrategy::Impl {
     round_msg = msg;
     ++round;
     if (st != STRATA_OK) fail_locked(st, msg);
-    notify_rv_locked();
+    rv_cv.notify_all();
     if (st != STRATA_OK) ::strata::detail::throw_status(st, msg);
   }
 
@@ -530,7 +518,7 @@ struct LocalStrategy::Impl {
     split_code = STRATA_OK;
     split_msg.clear();
     split_active = true;
-    notify_rv_locked();
+    rv_cv.notify_all();
     return true;
   }
 
@@ -569,7 +557,7 @@ struct LocalStrategy::Impl {
         round_msg = split_msg;
         ++round;
         if (split_code != STRATA_OK) fail_locked(split_code, split_msg);
-        notify_rv_locked();
+        rv_cv.notify_all();
         return;
       }
     }
@@ -1027,7 +1015,6 @@ LocalStrategy::LocalStrategy(Host host, LocalStrategyConfig config) : impl_(std:
     }
     m.split_scratch.resize(m.n);
   }
-  m.rv_spin.assign(m.n, AdaptiveSpin(m.spin));
   m.ctxs.resize(m.n);
   for (uint32_t r = 0; r < m.n; ++r) m.ctxs[r] = ReplicaCtx{&m, r};
   m.slots.resize(m.n);
