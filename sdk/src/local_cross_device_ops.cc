@@ -109,7 +109,7 @@ void LocalCrossDeviceOps::worker_loop() {
     }
     // Lock order: exec_mu_, then q_mu_. A waiter may have run the batch in
     // the meantime; then the queue is empty and this is a no-op.
-    std::lock_guard<std::timed_mutex> g(exec_mu_);
+    std::lock_guard<ExecGate> g(exec_mu_);
     run_queued_locked(nullptr);
   }
 }
@@ -147,7 +147,7 @@ void LocalCrossDeviceOps::reduce_into(strata_reduce_op op, DLDataType dtype, uin
 
 void LocalCrossDeviceOps::all_reduce(strata_reduce_op op, uint32_t nt, uint32_t nr,
                                      const DLTensor* const* inputs, DLTensor* const* outputs) {
-  std::lock_guard<std::timed_mutex> exec(exec_mu_);
+  std::lock_guard<ExecGate> exec(exec_mu_);
   run_queued_locked(nullptr);  // started batches first, in order
   validate_batch("all_reduce", nt, nr, inputs, outputs, nr);
   batch_all_reduce(op, nt, nr, inputs, outputs);
@@ -180,7 +180,7 @@ void LocalCrossDeviceOps::batch_all_reduce(strata_reduce_op op, uint32_t nt, uin
 
 void LocalCrossDeviceOps::reduce(strata_reduce_op op, uint32_t nt, uint32_t nr,
                                  const DLTensor* const* inputs, DLTensor* const* outputs) {
-  std::lock_guard<std::timed_mutex> exec(exec_mu_);
+  std::lock_guard<ExecGate> exec(exec_mu_);
   run_queued_locked(nullptr);  // started batches first, in order
   validate_batch("reduce", nt, nr, inputs, outputs, 1);
   for (uint32_t t = 0; t < nt; ++t) {
@@ -191,7 +191,7 @@ void LocalCrossDeviceOps::reduce(strata_reduce_op op, uint32_t nt, uint32_t nr,
 }
 
 void LocalCrossDeviceOps::broadcast(const DLTensor& src, uint32_t nr, DLTensor* const* dsts) {
-  std::lock_guard<std::timed_mutex> exec(exec_mu_);
+  std::lock_guard<ExecGate> exec(exec_mu_);
   run_queued_locked(nullptr);  // started batches first, in order
   check_tensor(src, "broadcast source");
   if (nr == 0) STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "broadcast: num_replicas is 0");
@@ -212,7 +212,7 @@ void LocalCrossDeviceOps::broadcast(const DLTensor& src, uint32_t nr, DLTensor* 
 
 void LocalCrossDeviceOps::all_gather(uint32_t nr, const DLTensor* const* inputs, int32_t axis,
                                      DLTensor* const* outputs) {
-  std::lock_guard<std::timed_mutex> exec(exec_mu_);
+  std::lock_guard<ExecGate> exec(exec_mu_);
   run_queued_locked(nullptr);  // started batches first, in order
   if (nr == 0) STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "all_gather: num_replicas is 0");
   for (uint32_t r = 0; r < nr; ++r)
@@ -230,7 +230,7 @@ void LocalCrossDeviceOps::all_gather(uint32_t nr, const DLTensor* const* inputs,
 
 void LocalCrossDeviceOps::reduce_scatter(strata_reduce_op op, uint32_t nr,
                                          const DLTensor* const* inputs, DLTensor* const* outputs) {
-  std::lock_guard<std::timed_mutex> exec(exec_mu_);
+  std::lock_guard<ExecGate> exec(exec_mu_);
   run_queued_locked(nullptr);  // started batches first, in order
   if (nr == 0) STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "reduce_scatter: num_replicas is 0");
   for (uint32_t r = 0; r < nr; ++r) {
@@ -303,7 +303,7 @@ strata_cdo_request_t LocalCrossDeviceOps::all_reduce_start(strata_reduce_op op, 
   Request* raw = req.get();
   bool inline_done = false;
   if (bytes < kInlineBytes && exec_mu_.try_lock()) {
-    std::lock_guard<std::timed_mutex> exec(exec_mu_, std::adopt_lock);
+    std::lock_guard<ExecGate> exec(exec_mu_, std::adopt_lock);
     bool idle;
     {
       std::lock_guard<std::mutex> l(q_mu_);
@@ -356,7 +356,7 @@ void LocalCrossDeviceOps::request_wait(strata_cdo_request_t request, int64_t tim
       STRATA_THROW(STRATA_ERR_DEADLINE_EXCEEDED, "request_wait: the started all_reduce did not finish within ",
                    timeout_ms, " ms; it is still running: wait again, or destroy the cross_device_ops");
     }
-    std::lock_guard<std::timed_mutex> exec(exec_mu_, std::adopt_lock);
+    std::lock_guard<ExecGate> exec(exec_mu_, std::adopt_lock);
     run_queued_locked(req);
   }
   requests_.erase(it);

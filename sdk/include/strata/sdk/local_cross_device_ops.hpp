@@ -91,6 +91,42 @@ class LocalCrossDeviceOps : public CrossDeviceOpsBase {
 
  private:
   struct Request;
+  // A lockable with a deadline, built from a mutex and a condition variable
+  // (std::timed_mutex's try_lock_until uses pthread_mutex_clocklock, which
+  // ThreadSanitizer does not see, so it reported the unlock as unpaired).
+  class ExecGate {
+   public:
+    void lock() {
+      std::unique_lock<std::mutex> l(m_);
+      cv_.wait(l, [&] { return !busy_; });
+      busy_ = true;
+    }
+    bool try_lock() {
+      std::lock_guard<std::mutex> l(m_);
+      if (busy_) return false;
+      busy_ = true;
+      return true;
+    }
+    template <class TimePoint>
+    bool try_lock_until(TimePoint deadline) {
+      std::unique_lock<std::mutex> l(m_);
+      if (!cv_.wait_until(l, deadline, [&] { return !busy_; })) return false;
+      busy_ = true;
+      return true;
+    }
+    void unlock() {
+      {
+        std::lock_guard<std::mutex> l(m_);
+        busy_ = false;
+      }
+      cv_.notify_one();
+    }
+
+   private:
+    std::mutex m_;
+    std::condition_variable cv_;
+    bool busy_ = false;
+  };
   // Run queued batches, oldest first, until `until` has run (nullptr: all).
   // The caller holds exec_mu_.
   void run_queued_locked(const Request* until);
@@ -99,7 +135,7 @@ class LocalCrossDeviceOps : public CrossDeviceOpsBase {
 
   std::unordered_set<void*> requests_;  // started, not yet waited for (API thread only)
   // Held by whoever runs a batch or a blocking call: one at a time, in order.
-  std::timed_mutex exec_mu_;
+  ExecGate exec_mu_;
   std::mutex q_mu_;  // guards queue_, stop_ and Request::state (after exec_mu_ when both)
   std::condition_variable q_cv_;
   std::deque<Request*> queue_;  // started, not yet running
