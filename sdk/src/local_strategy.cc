@@ -65,52 +65,6 @@ inline void cpu_relax() {
 #endif
 }
 
-// Busy-wait that adapts to the machine (after glibc's adaptive mutexes):
-// spin up to a budget, then block. A wait that ends while spinning shows
-// that spinning pays: the budget goes back to the maximum. One that has to
-// block halves it (on a loaded machine the awaited thread is often not
-// running, and spinning steals its core), unless the blocked wait ended
-// within kPaysNs (about a futex wake-up), which a little more spinning
-// would have caught: then it doubles. Every kProbeEvery-th wait spins the
-// full budget, so that a budget cut down under load grows back once the
-// load is gone (blocking waits under load are slow because of the wake-up
-// itself, so their length alone would never let it grow). So spinning goes
-// on only while it pays, without hard-coding the machine's load. One
-// instance per waiting thread.
-class AdaptiveSpin {
- public:
-  explicit AdaptiveSpin(int max = 0) : max_(max), budget_(max) {}
-  /// Wait until ready() is true: spin, then call block() (which returns
-  /// once ready() is true, or on a timeout of its own).
-  template <class Ready, class Block>
-  void wait(Ready ready, Block block) {
-    const int budget = ++waits_ % kProbeEvery == 0 ? max_ : budget_;
-    for (int i = 0; i < budget; ++i) {
-      if (ready()) {
-        if (i > 0) budget_ = max_;
-        return;
-      }
-      cpu_relax();
-    }
-    if (ready()) return;
-    const auto t0 = std::chrono::steady_clock::now();
-    block();
-    if (max_ == 0) return;
-    if (std::chrono::steady_clock::now() - t0 < std::chrono::nanoseconds(kPaysNs))
-      budget_ = std::min(max_, 2 * budget_ + kMinSpin);
-    else
-      budget_ = std::max(kMinSpin, budget_ / 2);
-  }
-
- private:
-  static constexpr int kMinSpin = 32;
-  static constexpr int kProbeEvery = 8;
-  static constexpr int64_t kPaysNs = 30000;
-  int max_;
-  int budget_;
-  uint32_t waits_ = 0;
-};
-
 enum class Kind { kAllReduce, kAllGather, kMergeCall, kVarUpdate };
 
 const char* update_name(uint32_t op) {
@@ -230,8 +184,7 @@ struct LocalStrategy::Impl {
   Host host;
   LocalStrategyConfig cfg;
   uint32_t n = 1;      // local replicas
-  int spin = 0;        // spin_budget(n), fixed at construction: the most any wait spins
-  AdaptiveSpin run_spin;  // run()'s wait for the workers (the caller's thread)
+  int spin = 0;        // spin_budget(n), fixed at construction
   uint32_t W = 1;      // workers in the collective group
   uint32_t total = 1;  // replicas in sync: W * n
   std::chrono::nanoseconds timeout{};
@@ -254,7 +207,8 @@ struct LocalStrategy::Impl {
   std::vector<SplitGroup> split_groups;
   size_t split_total = 0, split_range = 0;
   uint32_t split_ranges = 0;
-  std::atomic<uint32_t> split_next{0}, split_finished{0};
+  alignas(64) std::atomic<uint32_t> split_next{0};
+  alignas(64) std::atomic<uint32_t> split_finished{0};
   bool split_active = false;           // guarded by rv_mu
   strata_status_t split_code = STRATA_OK;  // guarded by rv_mu
   std::string split_msg;               // guarded by rv_mu
@@ -275,11 +229,11 @@ struct LocalStrategy::Impl {
   std::vector<std::thread> workers;
   std::mutex pool_mu;
   std::condition_variable pool_cv;
-  std::atomic<uint64_t> gen{0};
+  alignas(64) std::atomic<uint64_t> gen{0};  // own cache line: the workers spin on it
   std::atomic<bool> stop{false};
   strata_replica_fn fn = nullptr;
   void* user = nullptr;
-  std::atomic<uint32_t> remaining{0};
+  alignas(64) std::atomic<uint32_t> remaining{0};  // own cache line: run() spins on it
   std::mutex done_mu;
   std::condition_variable done_cv;
 
@@ -323,14 +277,18 @@ struct LocalStrategy::Impl {
   // ------------------------------------------------------------- pool ---
   void worker_loop(uint32_t id) {
     uint64_t seen = 0;
-    AdaptiveSpin spinner(spin);
     for (;;) {
-      spinner.wait([&] { return gen.load(std::memory_order_acquire) != seen; },
-                   [&] {
-                     std::unique_lock<std::mutex> l(pool_mu);
-                     pool_cv.wait(l, [&] { return gen.load(std::memory_order_acquire) != seen; });
-                   });
-      seen = gen.load(std::memory_order_acquire);
+      uint64_t g = gen.load(std::memory_order_acquire);
+      for (int i = 0; g == seen && i < spin; ++i) {
+        cpu_relax();
+        g = gen.load(std::memory_order_acquire);
+      }
+      if (g == seen) {
+        std::unique_lock<std::mutex> l(pool_mu);
+        pool_cv.wait(l, [&] { return gen.load(std::memory_order_acquire) != seen; });
+        g = gen.load(std::memory_order_acquire);
+      }
+      seen = g;
       if (stop.load(std::memory_order_acquire)) return;
       execute(id);
       if (remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) {
@@ -971,7 +929,6 @@ LocalStrategy::LocalStrategy(Host host, LocalStrategyConfig config) : impl_(std:
   parse_device(m.cfg.parameter_device, "parameter_device");
   m.n = static_cast<uint32_t>(m.cfg.devices.size());
   m.spin = spin_budget(m.n);
-  m.run_spin = AdaptiveSpin(m.spin);
   if (m.cfg.num_workers == 0 || m.cfg.worker_index >= m.cfg.num_workers)
     STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, m.cfg.strategy_name, ": worker_index ", m.cfg.worker_index,
                  " is not below num_workers ", m.cfg.num_workers,
@@ -1104,11 +1061,9 @@ void LocalStrategy::run(strata_replica_fn fn, void* user) {
   }
   m.execute(0);
   if (m.n > 1) {
-    m.run_spin.wait([&] { return m.remaining.load(std::memory_order_acquire) == 0; },
-                    [&] {
-                      std::unique_lock<std::mutex> l(m.done_mu);
-                      m.done_cv.wait(l, [&] { return m.remaining.load(std::memory_order_acquire) == 0; });
-                    });
+    for (int i = 0; i < m.spin && m.remaining.load(std::memory_order_acquire) != 0; ++i) cpu_relax();
+    std::unique_lock<std::mutex> l(m.done_mu);
+    m.done_cv.wait(l, [&] { return m.remaining.load(std::memory_order_acquire) == 0; });
   }
   std::lock_guard<std::mutex> l(m.rv_mu);
   if (m.failed) ::strata::detail::throw_status(m.fail_code, m.fail_msg);
