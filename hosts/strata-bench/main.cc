@@ -4,7 +4,9 @@
 // machines are shared and noisy).
 //
 //   strata-bench dispatch   run() overhead per step for each strategy vs a direct call
+//                           (mean per batch, and median and p90 of single runs)
 //   strata-bench allreduce  in-process all-reduce across CPU replicas vs memcpy bandwidth
+//                           (memcpy of the same size sampled alternately with it)
 //   strata-bench allreduce|broadcast|allgather --transport tcp -n N
 //                           collectives across N processes (see multiproc.h)
 //   strata-bench pingpong --transport T -n 2
@@ -20,6 +22,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <utility>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -84,28 +87,64 @@ int run_dispatch(const std::vector<std::string>& specs, std::int64_t iters, int 
     for (std::int64_t i = 0; i < n; ++i) empty_step(&counter);
   });
   nlohmann::json results = nlohmann::json::array();
-  if (!json) std::printf("%-22s %10s %14s %14s\n", "strategy", "replicas", "run() ns/step", "direct ns");
+  if (!json)
+    std::printf("%-22s %10s %14s %14s %14s %14s\n", "strategy", "replicas", "run() ns/step", "median ns",
+                "p90 ns", "direct ns");
+  std::vector<double> each;  // every run() on its own: a loaded machine stretches a few, not the median
   for (const std::string& spec_text : specs) {
     const StrategySpec spec = parse_strategy(spec_text);
     strata::Strategy strategy = make_strategy(spec);
+    each.clear();
+    each.reserve(static_cast<std::size_t>(iters) * static_cast<std::size_t>(repeats));
     const double per_run = time_per_iter(repeats, iters, [&](std::int64_t n) {
       for (std::int64_t i = 0; i < n; ++i) strategy.run([&](strata::ReplicaContext&) { empty_step(&counter); });
     });
+    for (int r = 0; r < repeats; ++r)
+      for (std::int64_t i = 0; i < iters; ++i) {
+        const auto t0 = Clock::now();
+        strategy.run([&](strata::ReplicaContext&) { empty_step(&counter); });
+        each.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      }
+    std::sort(each.begin(), each.end());
+    const double med = median(each);
+    const double p90 = each[each.size() * 9 / 10];
     const int replicas = strategy.num_local_replicas();
     if (json) {
       results.push_back({{"op", "dispatch"}, {"strategy", spec.label}, {"replicas", replicas},
-                         {"run_ns", per_run * 1e9}, {"direct_ns", direct * 1e9},
-                         {"overhead_ns", (per_run - direct) * 1e9}});
+                         {"run_ns", per_run * 1e9}, {"median_ns", med * 1e9}, {"p90_ns", p90 * 1e9},
+                         {"direct_ns", direct * 1e9}, {"overhead_ns", (per_run - direct) * 1e9}});
     } else {
-      std::printf("%-22s %10d %14.1f %14.2f\n", spec.label.c_str(), replicas, per_run * 1e9, direct * 1e9);
+      std::printf("%-22s %10d %14.1f %14.1f %14.1f %14.2f\n", spec.label.c_str(), replicas, per_run * 1e9,
+                  med * 1e9, p90 * 1e9, direct * 1e9);
     }
   }
   if (json) std::printf("%s\n", nlohmann::json{{"results", results}}.dump(2).c_str());
   return 0;
 }
 
+// Seconds per iteration of `a` and of `b`, sampled alternately (a, b, a, b,
+// ...) so that both see the same machine load; medians of `repeats` each.
+std::pair<double, double> alternate_per_iter(int repeats, std::int64_t iters,
+                                             const std::function<void(std::int64_t)>& a,
+                                             const std::function<void(std::int64_t)>& b) {
+  std::vector<double> sa, sb;
+  const std::int64_t warm = std::max<std::int64_t>(1, iters / 10);
+  a(warm);  // warm-up: threads, caches, page faults
+  b(warm);
+  auto sample = [&](const std::function<void(std::int64_t)>& body, std::vector<double>& out) {
+    const auto t0 = Clock::now();
+    body(iters);
+    out.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / static_cast<double>(iters));
+  };
+  for (int r = 0; r < repeats; ++r) {
+    sample(a, sa);
+    sample(b, sb);
+  }
+  return {median(sa), median(sb)};
+}
+
 int run_allreduce(const std::vector<int>& replica_counts, const std::vector<std::uint64_t>& sizes,
-                  const std::string& strategy_name, int repeats, bool json) {
+                  const std::string& strategy_name, const std::string& cross_device_ops, int repeats, bool json) {
   nlohmann::json results = nlohmann::json::array();
   if (!json)
     std::printf("%10s %12s %8s %12s %12s %12s %12s %10s %7s\n", "size", "count", "replicas", "time(us)",
@@ -113,44 +152,56 @@ int run_allreduce(const std::vector<int>& replica_counts, const std::vector<std:
   for (int k : replica_counts) {
     nlohmann::json devices = nlohmann::json::array();
     for (int i = 0; i < k; ++i) devices.push_back("cpu:" + std::to_string(i));
-    strata::Strategy strategy = strata::Strategy::create(strategy_name, nlohmann::json{{"devices", devices}}.dump());
+    nlohmann::json options{{"devices", devices}};
+    if (!cross_device_ops.empty()) options["cross_device_ops"] = cross_device_ops;
+    strata::Strategy strategy = strata::Strategy::create(strategy_name, options.dump());
     for (std::uint64_t bytes : sizes) {
       const std::int64_t count = static_cast<std::int64_t>(bytes / sizeof(float));
       std::vector<strata::Tensor> bufs;
       for (int r = 0; r < k; ++r) bufs.push_back(strata::Tensor::zeros({count}, strata::DType::kFloat32));
-      // Correctness first: replica r contributes r + 1 everywhere, so every
-      // element must come back as k (k + 1) / 2 on every replica.
+      // Correctness first: replica r contributes r + 1 + (j % 5) at element j,
+      // so every element must come back as k (k + 1) / 2 + k (j % 5),
+      // bit-identical on every replica.
       std::int64_t wrong = 0;
-      for (int r = 0; r < k; ++r) std::fill_n(bufs[r].data<float>(), count, static_cast<float>(r + 1));
+      for (int r = 0; r < k; ++r) {
+        float* p = bufs[r].data<float>();
+        for (std::int64_t j = 0; j < count; ++j) p[j] = static_cast<float>(r + 1 + j % 5);
+      }
       strategy.run([&](strata::ReplicaContext& ctx) {
         ctx.all_reduce_in_place(strata::ReduceOp::SUM, std::vector<strata::TensorView>{bufs[ctx.local_replica_id()]});
       });
-      const float expect = static_cast<float>(k * (k + 1) / 2);
       for (int r = 0; r < k; ++r) {
         const float* p = bufs[r].data<float>();
-        for (std::int64_t j = 0; j < count; ++j) wrong += p[j] != expect;
+        const float* p0 = bufs[0].data<float>();
+        for (std::int64_t j = 0; j < count; ++j)
+          wrong += p[j] != static_cast<float>(k * (k + 1) / 2 + k * (j % 5)) ||
+                   std::memcmp(&p[j], &p0[j], sizeof(float)) != 0;
       }
       for (auto& b : bufs) std::fill_n(b.data<float>(), count, 0.0f);
       // Enough iterations for ~50 ms per sample.
       const std::int64_t iters = std::max<std::int64_t>(3, std::min<std::int64_t>(2000, (256ll << 20) / std::max<std::uint64_t>(bytes, 1)));
-      const double secs = time_per_iter(repeats, iters, [&](std::int64_t n) {
-        strategy.run([&](strata::ReplicaContext& ctx) {
-          std::vector<strata::TensorView> mine{bufs[ctx.local_replica_id()]};
-          for (std::int64_t i = 0; i < n; ++i) ctx.all_reduce_in_place(strata::ReduceOp::SUM, mine);
-        });
-      });
       std::vector<char> src(bytes, 1), dst(bytes, 0);
-      const double copy_secs = time_per_iter(repeats, iters, [&](std::int64_t n) {
-        for (std::int64_t i = 0; i < n; ++i) {
-          std::memcpy(dst.data(), src.data(), bytes);
-          asm volatile("" : : "r"(dst.data()) : "memory");
-        }
-      });
+      // The memcpy reference is sampled between the all-reduce's samples.
+      const auto [secs, copy_secs] = alternate_per_iter(
+          repeats, iters,
+          [&](std::int64_t n) {
+            strategy.run([&](strata::ReplicaContext& ctx) {
+              std::vector<strata::TensorView> mine{bufs[ctx.local_replica_id()]};
+              for (std::int64_t i = 0; i < n; ++i) ctx.all_reduce_in_place(strata::ReduceOp::SUM, mine);
+            });
+          },
+          [&](std::int64_t n) {
+            for (std::int64_t i = 0; i < n; ++i) {
+              std::memcpy(dst.data(), src.data(), bytes);
+              asm volatile("" : : "r"(dst.data()) : "memory");
+            }
+          });
       const double algbw = static_cast<double>(bytes) / secs / 1e9;
       const double busbw = algbw * 2.0 * (k - 1) / k;
       const double copybw = static_cast<double>(bytes) / copy_secs / 1e9;
       if (json) {
         results.push_back({{"op", "allreduce"}, {"transport", "in-process"}, {"strategy", strategy_name},
+                           {"cross_device_ops", cross_device_ops.empty() ? "default" : cross_device_ops},
                            {"ranks", k}, {"bytes", bytes}, {"time_us", secs * 1e6}, {"algbw_gbps", algbw},
                            {"busbw_gbps", busbw}, {"memcpy_gbps", copybw}, {"ratio_vs_memcpy", algbw / copybw},
                            {"wrong", wrong}});
@@ -213,6 +264,10 @@ int main(int argc, char** argv) {
   std::string replicas = "2,4", sizes = "4K:64M", strategy = "mirrored";
   allreduce->add_option("--replicas", replicas, "In-process: comma list of replica counts")->capture_default_str();
   allreduce->add_option("--strategy", strategy, "In-process: strategy whose replicas all-reduce")->capture_default_str();
+  std::string cross_device_ops;
+  allreduce->add_option("--cross-device-ops", cross_device_ops,
+                        "In-process: the strategy's cross_device_ops (default: the strategy's own choice), e.g. "
+                        "hierarchical_copy");
   auto* broadcast = app.add_subcommand("broadcast", "Broadcast from rank 0 across processes (--transport, default tcp)");
   auto* allgather = app.add_subcommand("allgather", "All-gather across processes (--transport, default tcp)");
   auto* pingpong = app.add_subcommand(
@@ -366,7 +421,7 @@ int main(int argc, char** argv) {
       if (k < 1) STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "--replicas: counts must be >= 1, got ", c);
       counts.push_back(k);
     }
-    return run_allreduce(counts, strata::bench::parse_sizes(sizes), strategy, repeats, json);
+    return run_allreduce(counts, strata::bench::parse_sizes(sizes), strategy, cross_device_ops, repeats, json);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "strata-bench: error: %s\n", e.what());
     return 2;

@@ -35,6 +35,28 @@ int spin_budget(uint32_t threads) {
 }
 constexpr uint64_t kVariableMagic = 0x5354524154415641ull;
 
+// Split all-reduce (LocalStrategyConfig::split_all_reduce): below this many
+// bytes per replica one thread is quicker than waking the others.
+constexpr size_t kSplitMinBytes = 128 << 10;
+// Bytes per range: about 2 ranges per replica thread (so a thread that wakes
+// late still gets work), at most what keeps every replica's slice of a range
+// within a 768 KiB share of L2, at least 16 KiB (each range is one call).
+size_t split_range_bytes(size_t total, uint32_t n) {
+  const size_t cap = std::max<size_t>(16 << 10, ((768u << 10) / (n + 1)) & ~size_t{4095});
+  const size_t want = ((total / (2 * size_t{n})) + 4095) & ~size_t{4095};
+  return std::min(cap, std::max<size_t>(16 << 10, want));
+}
+// What the CrossDeviceOps would accept without an error, checked before the
+// batch is cut (the cut views are 1-D and contiguous; anything else goes
+// through one whole call, which reports the problem).
+bool plain_host_tensor(const DLTensor* x) {
+  if (x == nullptr || x->device.device_type != kDLCPU || !dtype_supported(x->dtype)) return false;
+  if (x->ndim < 0 || (x->ndim > 0 && x->shape == nullptr)) return false;
+  for (int32_t d = 0; d < x->ndim; ++d)
+    if (x->shape[d] < 0) return false;
+  return is_contiguous(*x) && (x->data != nullptr || element_count(*x) == 0);
+}
+
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -172,6 +194,34 @@ struct LocalStrategy::Impl {
   const strata_cross_device_ops_vtable* cdo_vt = nullptr;
   strata_cross_device_ops_t cdo = nullptr;
 
+  // Split all-reduce: one CrossDeviceOps per replica (cdos[0] == cdo).
+  bool split = false;
+  std::vector<PluginRef<strata_cross_device_ops_vtable>> extra_refs;
+  std::vector<std::unique_ptr<LocalCrossDeviceOps>> extra_builtin;
+  std::vector<strata_cross_device_ops_t> cdos;
+  struct SplitGroup {
+    size_t off, bytes, esize;
+  };
+  // Written by the last arrival before split_active is set (under rv_mu),
+  // read by the replica threads after they see it.
+  std::vector<SplitGroup> split_groups;
+  size_t split_total = 0, split_range = 0;
+  uint32_t split_ranges = 0;
+  alignas(64) std::atomic<uint32_t> split_next{0};
+  alignas(64) std::atomic<uint32_t> split_finished{0};
+  bool split_active = false;           // guarded by rv_mu
+  strata_status_t split_code = STRATA_OK;  // guarded by rv_mu
+  std::string split_msg;               // guarded by rv_mu
+  struct SplitScratch {                // one per replica thread
+    std::vector<DLTensor> in, out;
+    std::vector<const DLTensor*> in_p;
+    std::vector<DLTensor*> out_p;
+    std::vector<int64_t> lens;
+    std::vector<uint32_t> group;
+    std::vector<size_t> first;
+  };
+  std::vector<SplitScratch> split_scratch;
+
   std::vector<ReplicaCtx> ctxs;
   std::atomic<bool> running{false};
 
@@ -179,11 +229,11 @@ struct LocalStrategy::Impl {
   std::vector<std::thread> workers;
   std::mutex pool_mu;
   std::condition_variable pool_cv;
-  std::atomic<uint64_t> gen{0};
+  alignas(64) std::atomic<uint64_t> gen{0};  // own cache line: the workers spin on it
   std::atomic<bool> stop{false};
   strata_replica_fn fn = nullptr;
   void* user = nullptr;
-  std::atomic<uint32_t> remaining{0};
+  alignas(64) std::atomic<uint32_t> remaining{0};  // own cache line: run() spins on it
   std::mutex done_mu;
   std::condition_variable done_cv;
 
@@ -303,8 +353,16 @@ struct LocalStrategy::Impl {
     const uint64_t my_round = round;
     if (arrived < n) {
       const auto deadline = std::chrono::steady_clock::now() + timeout;
+      bool worked = false;
       while (round == my_round && !failed) {
         if (in_progress) {  // everybody arrived; the performer is bounded by the CDO
+          if (split_active && !worked) {  // take ranges of the split all-reduce
+            worked = true;
+            l.unlock();
+            split_work(id);
+            l.lock();
+            continue;
+          }
           rv_cv.wait(l);
           continue;
         }
@@ -342,6 +400,21 @@ struct LocalStrategy::Impl {
     // threads (and cross-replica calls from a merge function) are not blocked.
     in_progress = true;
     l.unlock();
+    bool split_started = false;
+    try {
+      split_started = start_split();
+    } catch (const std::exception&) {
+      split_started = false;  // perform reports the problem
+    }
+    if (split_started) {
+      split_work(id);
+      l.lock();
+      // The thread that finishes the last range ends the round; the other
+      // replicas' ranges are bounded in-process work.
+      while (round == my_round) rv_cv.wait(l);
+      if (round_status != STRATA_OK) ::strata::detail::throw_status(round_status, round_msg);
+      return;
+    }
     strata_status_t st = STRATA_OK;
     std::string msg;
     try {
@@ -366,6 +439,139 @@ struct LocalStrategy::Impl {
     if (st != STRATA_OK) fail_locked(st, msg);
     rv_cv.notify_all();
     if (st != STRATA_OK) ::strata::detail::throw_status(st, msg);
+  }
+
+  // ------------------------------------------------ split all-reduce ---
+  // Last arrival, outside rv_mu: validate (as perform does) and, for a large
+  // enough all-reduce of plain host tensors, cut it into ranges and let the
+  // replica threads take them. False: perform it as one call.
+  bool start_split() {
+    const Slot& s0 = slots[0];
+    if (!split || s0.kind != Kind::kAllReduce || s0.num_tensors == 0) return false;
+    for (uint32_t r = 1; r < n; ++r)
+      if (!same_collective(s0, slots[r])) return false;  // perform names the mismatch
+    size_t total = 0;
+    split_groups.clear();
+    for (uint32_t t = 0; t < s0.num_tensors; ++t) {
+      const DLTensor* first = s0.inputs[t];
+      for (uint32_t r = 0; r < n; ++r) {
+        const DLTensor* in = slots[r].inputs[t];
+        const DLTensor* out = slots[r].outputs[t];
+        if (!plain_host_tensor(in) || !plain_host_tensor(out) || !dtype_equal(out->dtype, first->dtype) ||
+            element_count(*out) != element_count(*first))
+          return false;  // the CrossDeviceOps reports it
+      }
+      const size_t esize = dtype_size(first->dtype);
+      const size_t bytes = static_cast<size_t>(element_count(*first)) * esize;
+      split_groups.push_back(SplitGroup{total, bytes, esize});
+      total += bytes;
+    }
+    if (total < kSplitMinBytes) return false;
+    split_total = total;
+    split_range = split_range_bytes(total, n);
+    split_ranges = static_cast<uint32_t>((total + split_range - 1) / split_range);
+    split_next.store(0, std::memory_order_relaxed);
+    split_finished.store(0, std::memory_order_relaxed);
+    std::lock_guard<std::mutex> l(rv_mu);
+    split_code = STRATA_OK;
+    split_msg.clear();
+    split_active = true;
+    rv_cv.notify_all();
+    return true;
+  }
+
+  // Take ranges until none is left; the thread finishing the last one ends
+  // the round. Never throws (every failure goes into split_code).
+  void split_work(uint32_t id) {
+    strata_error err;
+    for (;;) {
+      const uint32_t k = split_next.fetch_add(1, std::memory_order_relaxed);
+      if (k >= split_ranges) return;
+      strata_status_t st = STRATA_OK;
+      std::string msg;
+      try {
+        reduce_range(id, k, err);
+      } catch (const Error& e) {
+        st = e.code() < 0 ? e.code() : STRATA_ERR_INTERNAL;
+        msg = e.what();
+      } catch (const std::exception& e) {
+        st = STRATA_ERR_INTERNAL;
+        msg = std::string("internal error while performing a collective: ") + e.what();
+      }
+      if (st != STRATA_OK) {
+        std::lock_guard<std::mutex> l(rv_mu);
+        if (split_code == STRATA_OK) {
+          split_code = st;
+          split_msg = msg;
+        }
+      }
+      if (split_finished.fetch_add(1, std::memory_order_acq_rel) + 1 == split_ranges) {
+        std::lock_guard<std::mutex> l(rv_mu);
+        split_active = false;
+        in_progress = false;
+        arrived = 0;
+        std::fill(arrived_flag.begin(), arrived_flag.end(), 0);
+        round_status = split_code;
+        round_msg = split_msg;
+        ++round;
+        if (split_code != STRATA_OK) fail_locked(split_code, split_msg);
+        rv_cv.notify_all();
+        return;
+      }
+    }
+  }
+
+  // All-reduce bytes [k * split_range, (k + 1) * split_range) of the batch
+  // (its groups back to back) through replica id's own CrossDeviceOps. A cut
+  // inside a group falls on the element boundary at or after it, so
+  // neighbouring ranges agree and every element is reduced exactly once.
+  void reduce_range(uint32_t id, uint32_t k, strata_error& err) {
+    const Slot& s0 = slots[0];
+    const size_t lo = static_cast<size_t>(k) * split_range;
+    const size_t hi = std::min(split_total, lo + split_range);
+    SplitScratch& sc = split_scratch[id];
+    sc.group.clear();
+    sc.first.clear();
+    sc.lens.clear();
+    auto it = std::partition_point(split_groups.begin(), split_groups.end(),
+                                   [&](const SplitGroup& g) { return g.off + g.bytes <= lo; });
+    for (; it != split_groups.end() && it->off < hi; ++it) {
+      const size_t a = std::max(lo, it->off) - it->off, b = std::min(hi, it->off + it->bytes) - it->off;
+      const size_t e_lo = (a + it->esize - 1) / it->esize, e_hi = (b + it->esize - 1) / it->esize;
+      if (e_hi <= e_lo) continue;
+      sc.group.push_back(static_cast<uint32_t>(it - split_groups.begin()));
+      sc.first.push_back(e_lo);
+      sc.lens.push_back(static_cast<int64_t>(e_hi - e_lo));
+    }
+    const uint32_t pieces = static_cast<uint32_t>(sc.group.size());
+    if (pieces == 0) return;
+    sc.in.resize(static_cast<size_t>(pieces) * n);
+    sc.out.resize(static_cast<size_t>(pieces) * n);
+    sc.in_p.resize(sc.in.size());
+    sc.out_p.resize(sc.out.size());
+    for (uint32_t p = 0; p < pieces; ++p) {
+      const uint32_t t = sc.group[p];
+      const size_t skip = sc.first[p] * split_groups[t].esize;
+      for (uint32_t r = 0; r < n; ++r) {
+        auto view = [&](const DLTensor& x) {
+          DLTensor v{};
+          v.data = x.data;
+          v.byte_offset = x.byte_offset + skip;
+          v.device = x.device;
+          v.ndim = 1;
+          v.dtype = x.dtype;
+          v.shape = &sc.lens[p];
+          return v;
+        };
+        sc.in[p * n + r] = view(*slots[r].inputs[t]);
+        sc.out[p * n + r] = view(*slots[r].outputs[t]);
+        sc.in_p[p * n + r] = &sc.in[p * n + r];
+        sc.out_p[p * n + r] = &sc.out[p * n + r];
+      }
+    }
+    strata_error_init(&err);
+    check_cdo(cdo_vt->all_reduce(cdos[id], s0.op, pieces, n, sc.in_p.data(), sc.out_p.data(), &err), err,
+              "all_reduce");
   }
 
   void check_cdo(strata_status_t st, const strata_error& err, const char* what) {
@@ -750,6 +956,22 @@ LocalStrategy::LocalStrategy(Host host, LocalStrategyConfig config) : impl_(std:
     m.cdo = m.cdo_ref.handle<strata_cross_device_ops_t>();
   }
   m.check_same_devices_everywhere();
+  m.cdos.assign(m.n, m.cdo);
+  m.split = m.cfg.split_all_reduce && m.W == 1 && m.n > 1;
+  if (m.split) {
+    for (uint32_t r = 1; r < m.n; ++r) {
+      if (m.builtin_cdo) {
+        m.extra_builtin.push_back(
+            std::make_unique<LocalCrossDeviceOps>(m.host.with_subsystem("cross_device_ops.builtin")));
+        m.cdos[r] = reinterpret_cast<strata_cross_device_ops_t>(m.extra_builtin.back().get());
+      } else {
+        m.extra_refs.push_back(m.host.create_plugin<strata_cross_device_ops_vtable>(
+            m.cfg.cross_device_ops, m.cfg.cross_device_ops_options));
+        m.cdos[r] = m.extra_refs.back().handle<strata_cross_device_ops_t>();
+      }
+    }
+    m.split_scratch.resize(m.n);
+  }
   m.ctxs.resize(m.n);
   for (uint32_t r = 0; r < m.n; ++r) m.ctxs[r] = ReplicaCtx{&m, r};
   m.slots.resize(m.n);

@@ -210,6 +210,86 @@ TEST_P(CrossDeviceOpsPluginsTest, RejectsMismatchedGroups) {
   EXPECT_NE(std::string(err.message).find("uint8"), std::string::npos) << err.message;
 }
 
+// Two replicas' float32 buffers of `count` elements, replica r holding
+// r + 1 + (i % 5) at element i; reduced in place.
+struct Pair {
+  std::unique_ptr<HostTensor> x[2];
+  const DLTensor* in[2];
+  DLTensor* out[2];
+  explicit Pair(int64_t count) {
+    for (int r = 0; r < 2; ++r) {
+      x[r] = std::make_unique<HostTensor>(kFloat32, std::vector<int64_t>{count});
+      float* p = static_cast<float*>(x[r]->t.data);
+      for (int64_t i = 0; i < count; ++i) p[i] = static_cast<float>(r + 1 + i % 5);
+      in[r] = &x[r]->t;
+      out[r] = &x[r]->t;
+    }
+  }
+  // Elements that are not `scale` times the sum, on either replica.
+  int64_t wrong(float scale) const {
+    int64_t bad = 0;
+    for (int r = 0; r < 2; ++r) {
+      const float* p = static_cast<const float*>(x[r]->t.data);
+      for (size_t i = 0; i < x[r]->count(); ++i) bad += p[i] != scale * static_cast<float>(3 + 2 * (i % 5));
+    }
+    return bad;
+  }
+};
+
+TEST_P(CrossDeviceOpsPluginsTest, StartReturnsBeforeTheWorkIsDone) {
+  Cdo cdo(GetParam());
+  // 2 x 32 MiB takes milliseconds to reduce; a start that did the work
+  // itself would leave nothing for a zero-timeout wait to miss. The test
+  // thread could be descheduled for that long on a loaded machine, so it
+  // passes when any of three tries sees the work still running.
+  bool seen_running = false;
+  for (int attempt = 0; attempt < 3 && !seen_running; ++attempt) {
+    Pair p(8 << 20);
+    strata_cdo_request_t req = nullptr;
+    strata_error err;
+    strata_error_init(&err);
+    ASSERT_EQ(cdo.vt->all_reduce_start(cdo.h, STRATA_REDUCE_SUM, 1, 2, p.in, p.out, &req, &err), STRATA_OK)
+        << err.message;
+    const strata_status_t polled = cdo.vt->request_wait(cdo.h, req, 0, &err);
+    if (polled == STRATA_ERR_DEADLINE_EXCEEDED) {
+      seen_running = true;
+      EXPECT_NE(std::string(err.message).find("still running"), std::string::npos) << err.message;
+      // The request stays live after a missed deadline.
+      strata_error_init(&err);
+      ASSERT_EQ(cdo.vt->request_wait(cdo.h, req, 60000, &err), STRATA_OK) << err.message;
+    } else {
+      ASSERT_EQ(polled, STRATA_OK) << err.message;
+    }
+    EXPECT_EQ(p.wrong(1.0f), 0);
+  }
+  EXPECT_TRUE(seen_running) << "all_reduce_start of 2 x 32 MiB finished before returning, three times";
+}
+
+TEST_P(CrossDeviceOpsPluginsTest, StartedBatchesFinishBeforeLaterCallsAndDestroy) {
+  strata_error err;
+  strata_error_init(&err);
+  {
+    Cdo cdo(GetParam());
+    // Started, then a blocking all_reduce on the started one's outputs: it
+    // must see them reduced (3 + 2 (i % 5), twice over: 2x).
+    Pair a(1 << 20), b(1 << 20);
+    strata_cdo_request_t ra = nullptr, rb = nullptr;
+    ASSERT_EQ(cdo.vt->all_reduce_start(cdo.h, STRATA_REDUCE_SUM, 1, 2, a.in, a.out, &ra, &err), STRATA_OK);
+    ASSERT_EQ(cdo.vt->all_reduce_start(cdo.h, STRATA_REDUCE_SUM, 1, 2, a.in, a.out, &rb, &err), STRATA_OK);
+    ASSERT_EQ(cdo.vt->all_reduce(cdo.h, STRATA_REDUCE_SUM, 1, 2, a.in, a.out, &err), STRATA_OK) << err.message;
+    EXPECT_EQ(a.wrong(4.0f), 0);  // (x0 + x1) -> 2 (x0 + x1) -> 4 (x0 + x1), in order
+    // Waited out of order: both are done already.
+    EXPECT_EQ(cdo.vt->request_wait(cdo.h, rb, 5000, &err), STRATA_OK) << err.message;
+    EXPECT_EQ(cdo.vt->request_wait(cdo.h, ra, 5000, &err), STRATA_OK) << err.message;
+    // Started and never waited for: destroying the instance finishes it
+    // before the tensors go away.
+    strata_cdo_request_t rc = nullptr;
+    ASSERT_EQ(cdo.vt->all_reduce_start(cdo.h, STRATA_REDUCE_SUM, 1, 2, b.in, b.out, &rc, &err), STRATA_OK);
+    cdo.inst = PluginInstance();
+    EXPECT_EQ(b.wrong(1.0f), 0);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     CrossDeviceOps, CrossDeviceOpsPluginsTest,
     ::testing::Values(CdoCase{"reduction_to_one_device", "{}", "reduction_to_one_device"},

@@ -586,5 +586,59 @@ TEST(StrategyPluginsTest, MirroredWithEveryCrossDeviceOps) {
                InvalidArgumentError);
 }
 
+// Large all-reduces are shared out among mirrored's replica threads (each
+// through its own cross_device_ops instance); the result must be the bits
+// of one left-to-right reduction, on every replica, for every in-process
+// cross_device_ops.
+TEST(StrategyPluginsTest, MirroredSplitAllReduceIsBitIdentical) {
+  const std::vector<std::string> cdos = {"", R"({"name": "reduction_to_one_device"})",
+                                         R"({"name": "hierarchical_copy", "options": {"num_packs": 3}})",
+                                         R"({"name": "hierarchical_copy", "options": {"num_packs": 0}})"};
+  const std::vector<std::pair<DLDataType, int64_t>> specs = {
+      {kFloat32, 262147}, {sdk::kFloat16, 100001}, {kInt64, 7}, {sdk::kBFloat16, 65541}};
+  for (const std::string& cdo : cdos)
+    for (uint32_t nr : {2u, 4u}) {
+      nlohmann::json o = nlohmann::json::parse(options_for(StrategyCase{"mirrored", nr}));
+      if (!cdo.empty()) o["cross_device_ops"] = nlohmann::json::parse(cdo);
+      Strat st("mirrored", o.dump());
+      for (uint32_t op : {STRATA_REDUCE_SUM, STRATA_REDUCE_MEAN}) {
+        // in[t][r]: values whose float sums depend on the order of additions.
+        std::vector<std::vector<std::unique_ptr<HostTensor>>> in(specs.size());
+        std::vector<std::unique_ptr<HostTensor>> want;
+        for (size_t t = 0; t < specs.size(); ++t) {
+          std::vector<const void*> ptrs;
+          for (uint32_t r = 0; r < nr; ++r) {
+            in[t].push_back(std::make_unique<HostTensor>(specs[t].first, std::vector<int64_t>{specs[t].second}));
+            for (size_t i = 0; i < in[t][r]->count(); ++i)
+              in[t][r]->set(i, (double((i * 7919 + r * 104729) % 1999) - 999.0) / 13.0 * (i % 3 == 0 ? 1000.0 : 0.01));
+            ptrs.push_back(in[t][r]->t.data);
+          }
+          want.push_back(std::make_unique<HostTensor>(specs[t].first, std::vector<int64_t>{specs[t].second}));
+          sdk::kernels::reduce(static_cast<strata_reduce_op>(op), specs[t].first, nr, ptrs.data(), want[t]->t.data,
+                               want[t]->count(), nr);
+        }
+        strata_error err;
+        ASSERT_EQ(st.run(
+                      [&](strata_replica_t r, uint32_t id, strata_error* e) -> strata_status_t {
+                        std::vector<const DLTensor*> ins;
+                        std::vector<DLTensor*> outs;
+                        for (size_t t = 0; t < specs.size(); ++t) {
+                          ins.push_back(&in[t][id]->t);
+                          outs.push_back(&in[t][id]->t);  // in place
+                        }
+                        return st.vt->replica_all_reduce(st.s, r, op, static_cast<uint32_t>(specs.size()), ins.data(),
+                                                         outs.data(), e);
+                      },
+                      &err),
+                  STRATA_OK)
+            << cdo << " x" << nr << ": " << err.message;
+        for (size_t t = 0; t < specs.size(); ++t)
+          for (uint32_t r = 0; r < nr; ++r)
+            ASSERT_EQ(in[t][r]->bytes, want[t]->bytes)
+                << (cdo.empty() ? "default" : cdo) << " x" << nr << " op " << op << " tensor " << t << " replica " << r;
+      }
+    }
+}
+
 }  // namespace
 }  // namespace strata::test

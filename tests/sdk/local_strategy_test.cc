@@ -7,6 +7,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
+#include <string>
 #include <functional>
 #include <mutex>
 #include <set>
@@ -14,6 +16,7 @@
 #include <vector>
 
 #include "strata/sdk/kernels.hpp"
+#include "strata/sdk/local_cross_device_ops.hpp"
 #include "strata/sdk/options.hpp"
 #include "strata/sdk/tensor.hpp"
 
@@ -31,8 +34,10 @@ class TestStrategy : public LocalStrategy {
     cfg.strategy_name = "test";
     cfg.cross_device_ops = "";
     if (o.value("single_copy", false)) cfg.placement = VariablePlacement::kSingleCopy;
+    cfg.split_all_reduce = o.value("split", false);
     nlohmann::json rest = o;
     rest.erase("single_copy");
+    rest.erase("split");
     parse_common_options(rest, cfg, true);
     return cfg;
   }
@@ -203,6 +208,189 @@ TEST(LocalStrategyTest, SingleCopyVariableAggregatesReplicaUpdates) {
   EXPECT_EQ(static_cast<float*>(vw.data)[0], 10 - 1.5f);
   EXPECT_EQ(static_cast<float*>(vw.data)[1], 19);
   f.vt->variable_destroy(f.s, v);
+}
+
+// ---- split all-reduce (LocalStrategyConfig::split_all_reduce) ----
+
+// One tensor group of a batch: every replica's input and output bytes.
+struct Group {
+  DLDataType dtype;
+  int64_t count;
+  std::vector<std::vector<unsigned char>> in, out;  // [replica]
+  std::vector<unsigned char> want;                  // one left-to-right reduction
+};
+
+// Values whose float sums depend on the order of the additions.
+double value_at(uint32_t r, size_t t, size_t i) {
+  const uint64_t x = (i * 2654435761u + r * 40503u + t * 977u) % 2001u;
+  const double scale[4] = {1e-3, 1.0, 37.0, 1e3};
+  return (static_cast<double>(x) - 1000.0) / 7.0 * scale[(i + r) % 4];
+}
+
+void store(DLDataType d, void* p, size_t i, double v) {
+  if (d.code == kDLFloat && d.bits == 32) static_cast<float*>(p)[i] = static_cast<float>(v);
+  else if (d.code == kDLFloat && d.bits == 64) static_cast<double*>(p)[i] = v;
+  else if (d.code == kDLFloat && d.bits == 16) static_cast<uint16_t*>(p)[i] = kernels::float_to_half(static_cast<float>(v));
+  else if (d.code == kDLBfloat) static_cast<uint16_t*>(p)[i] = kernels::float_to_bfloat16(static_cast<float>(v));
+  else if (d.bits == 32) static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v);
+  else static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v);
+}
+
+std::vector<Group> make_groups(uint32_t n, strata_reduce_op op) {
+  // Sizes above and below the split threshold, odd counts, an empty one.
+  const std::vector<std::pair<DLDataType, int64_t>> specs = {
+      {kFloat32, 100003}, {kFloat16, 70001}, {kInt64, 3}, {kFloat32, 0}, {kFloat64, 20001}, {kBFloat16, 33333},
+      {kInt32, 65537}};
+  std::vector<Group> groups;
+  for (size_t t = 0; t < specs.size(); ++t) {
+    Group g{specs[t].first, specs[t].second, {}, {}, {}};
+    const size_t bytes = static_cast<size_t>(g.count) * g.dtype.bits / 8;
+    std::vector<const void*> ptrs;
+    for (uint32_t r = 0; r < n; ++r) {
+      g.in.emplace_back(bytes + 1);
+      g.out.emplace_back(bytes + 1, 0xEE);
+      for (int64_t i = 0; i < g.count; ++i) store(g.dtype, g.in[r].data(), static_cast<size_t>(i), value_at(r, t, i));
+    }
+    for (uint32_t r = 0; r < n; ++r) ptrs.push_back(g.in[r].data());
+    g.want.resize(bytes + 1);
+    kernels::reduce(op, g.dtype, n, ptrs.data(), g.want.data(), static_cast<size_t>(g.count), n);
+    groups.push_back(std::move(g));
+  }
+  return groups;
+}
+
+TEST(LocalStrategyTest, SplitAllReduceIsBitIdenticalToOneReductionOnEveryReplica) {
+  for (uint32_t n : {2u, 3u, 4u}) {
+    Fixture f(R"({"split": true, "devices": )" + devices(static_cast<int>(n)) + "}");
+    for (strata_reduce_op op : {STRATA_REDUCE_SUM, STRATA_REDUCE_MEAN, STRATA_REDUCE_MAX, STRATA_REDUCE_PROD})
+      for (bool in_place : {false, true}) {
+        std::vector<Group> groups = make_groups(n, op);
+        const size_t nt = groups.size();
+        std::vector<std::vector<int64_t>> shapes(nt);
+        for (size_t t = 0; t < nt; ++t) shapes[t] = {groups[t].count};
+        strata_error err;
+        strata_error_init(&err);
+        ASSERT_EQ(f.run(
+                      [&](strata_replica_t r, uint32_t id, strata_error* e) {
+                        std::vector<DLTensor> ins(nt), outs(nt);
+                        std::vector<const DLTensor*> in_p(nt);
+                        std::vector<DLTensor*> out_p(nt);
+                        for (size_t t = 0; t < nt; ++t) {
+                          ins[t] = DLTensor{groups[t].in[id].data(), {kDLCPU, 0}, 1, groups[t].dtype,
+                                            shapes[t].data(), nullptr, 0};
+                          outs[t] = ins[t];
+                          if (!in_place) outs[t].data = groups[t].out[id].data();
+                          in_p[t] = &ins[t];
+                          out_p[t] = &outs[t];
+                        }
+                        return f.vt->replica_all_reduce(f.s, r, op, static_cast<uint32_t>(nt), in_p.data(),
+                                                        out_p.data(), e);
+                      },
+                      &err),
+                  STRATA_OK)
+            << err.message;
+        for (size_t t = 0; t < nt; ++t) {
+          const Group& g = groups[t];
+          const size_t bytes = static_cast<size_t>(g.count) * g.dtype.bits / 8;
+          for (uint32_t r = 0; r < n; ++r) {
+            const auto& got = in_place ? g.in[r] : g.out[r];
+            ASSERT_EQ(std::memcmp(got.data(), g.want.data(), bytes), 0)
+                << "group " << t << " (" << dtype_name(g.dtype) << "[" << g.count << "]) replica " << r
+                << " of " << n << " op " << reduce_op_name(op) << (in_place ? " in place" : "");
+            // Nothing past the end was written.
+            if (!in_place) EXPECT_EQ(got[bytes], 0xEE) << "group " << t << " replica " << r;
+          }
+        }
+      }
+  }
+}
+
+TEST(LocalStrategyTest, SplitAllReduceStillNamesMismatchesAndBadTensors) {
+  Fixture f(R"({"split": true, "devices": )" + devices(2) + "}");
+  std::vector<float> a(300000, 1.0f), b(300000, 2.0f);
+  int64_t shape = 300000;
+  strata_error err;
+  strata_error_init(&err);
+  // Replica 1 passes int32: the split must not hide the mismatch.
+  EXPECT_EQ(f.run(
+                [&](strata_replica_t r, uint32_t id, strata_error* e) {
+                  DLTensor t{id == 0 ? a.data() : b.data(), {kDLCPU, 0}, 1, id == 0 ? kFloat32 : kInt32, &shape,
+                             nullptr, 0};
+                  const DLTensor* in[1] = {&t};
+                  DLTensor* out[1] = {&t};
+                  return f.vt->replica_all_reduce(f.s, r, STRATA_REDUCE_SUM, 1, in, out, e);
+                },
+                &err),
+            STRATA_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(err.message).find("mismatched collectives"), std::string::npos) << err.message;
+  // A strided (non-contiguous) tensor is refused by the cross_device_ops,
+  // not silently reduced as if it were contiguous.
+  int64_t shape2[2] = {1000, 150};
+  int64_t strides[2] = {1, 1000};
+  strata_error_init(&err);
+  EXPECT_EQ(f.run(
+                [&](strata_replica_t r, uint32_t id, strata_error* e) {
+                  DLTensor t{id == 0 ? a.data() : b.data(), {kDLCPU, 0}, 2, kFloat32, shape2, strides, 0};
+                  const DLTensor* in[1] = {&t};
+                  DLTensor* out[1] = {&t};
+                  return f.vt->replica_all_reduce(f.s, r, STRATA_REDUCE_SUM, 1, in, out, e);
+                },
+                &err),
+            STRATA_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(err.message).find("not contiguous"), std::string::npos) << err.message;
+  // And the strategy works afterwards, split.
+  std::fill(a.begin(), a.end(), 1.0f);
+  std::fill(b.begin(), b.end(), 2.0f);
+  strata_error_init(&err);
+  ASSERT_EQ(f.run(
+                [&](strata_replica_t r, uint32_t id, strata_error* e) {
+                  DLTensor t{id == 0 ? a.data() : b.data(), {kDLCPU, 0}, 1, kFloat32, &shape, nullptr, 0};
+                  const DLTensor* in[1] = {&t};
+                  DLTensor* out[1] = {&t};
+                  return f.vt->replica_all_reduce(f.s, r, STRATA_REDUCE_SUM, 1, in, out, e);
+                },
+                &err),
+            STRATA_OK)
+      << err.message;
+  for (size_t i = 0; i < a.size(); i += 997) ASSERT_EQ(a[i] + b[i], 6.0f) << i;
+}
+
+// The built-in CrossDeviceOps' started all-reduces run on its worker thread
+// (or on the waiting thread), in start order, before later blocking calls
+// and before the instance is destroyed.
+TEST(LocalCrossDeviceOpsTest, StartedAllReducesRunInOrderOffTheCaller) {
+  const strata_cross_device_ops_vtable* vt = CrossDeviceOpsAdapter<LocalCrossDeviceOps>::vtable();
+  strata_cross_device_ops_t cdo = nullptr;
+  strata_error err;
+  strata_error_init(&err);
+  ASSERT_EQ(vt->create(nullptr, "{}", &cdo, &err), STRATA_OK) << err.message;
+  const int64_t count = 1 << 20;
+  std::vector<float> x0(count, 1.0f), x1(count, 2.0f), y0(count, 1.0f), y1(count, 2.0f);
+  int64_t shape = count;
+  DLTensor a0 = view(x0.data(), &shape), a1 = view(x1.data(), &shape);
+  DLTensor b0 = view(y0.data(), &shape), b1 = view(y1.data(), &shape);
+  const DLTensor* ain[2] = {&a0, &a1};
+  DLTensor* aout[2] = {&a0, &a1};
+  const DLTensor* bin[2] = {&b0, &b1};
+  DLTensor* bout[2] = {&b0, &b1};
+  strata_cdo_request_t r1 = nullptr, r2 = nullptr, r3 = nullptr;
+  ASSERT_EQ(vt->all_reduce_start(cdo, STRATA_REDUCE_SUM, 1, 2, ain, aout, &r1, &err), STRATA_OK) << err.message;
+  ASSERT_EQ(vt->all_reduce_start(cdo, STRATA_REDUCE_SUM, 1, 2, ain, aout, &r2, &err), STRATA_OK) << err.message;
+  ASSERT_EQ(vt->all_reduce_start(cdo, STRATA_REDUCE_MEAN, 1, 2, bin, bout, &r3, &err), STRATA_OK) << err.message;
+  // 1 + 2 = 3, then 3 + 3 = 6: only in start order.
+  EXPECT_EQ(vt->request_wait(cdo, r2, -1, &err), STRATA_OK) << err.message;
+  EXPECT_EQ(vt->request_wait(cdo, r1, 0, &err), STRATA_OK) << err.message;  // done before r2
+  for (int64_t i = 0; i < count; i += 4099) ASSERT_EQ(x0[i] + x1[i], 12.0f) << i;
+  // A blocking call after a started one sees its result.
+  ASSERT_EQ(vt->all_reduce(cdo, STRATA_REDUCE_SUM, 1, 2, bin, bout, &err), STRATA_OK) << err.message;
+  for (int64_t i = 0; i < count; i += 4099) ASSERT_EQ(y0[i], 3.0f) << i;  // mean 1.5, then 1.5 + 1.5
+  EXPECT_EQ(vt->request_wait(cdo, r3, 1000, &err), STRATA_OK) << err.message;
+  EXPECT_EQ(vt->request_wait(cdo, r3, 1000, &err), STRATA_ERR_INVALID_ARGUMENT);
+  // Left pending: destroy finishes it first.
+  strata_cdo_request_t r4 = nullptr;
+  ASSERT_EQ(vt->all_reduce_start(cdo, STRATA_REDUCE_SUM, 1, 2, bin, bout, &r4, &err), STRATA_OK) << err.message;
+  vt->destroy(cdo);
+  for (int64_t i = 0; i < count; i += 4099) ASSERT_EQ(y1[i], 6.0f) << i;
 }
 
 }  // namespace

@@ -5,6 +5,13 @@
 // "cross_device_ops": {"name": ..., "options": {...}} (default
 // "reduction_to_one_device", which is what TF picks when the devices are
 // CPUs), "timeout_s": 300}.
+//
+// With the in-process cross_device_ops (reduction_to_one_device,
+// hierarchical_copy, or "" = the SDK's built-in one) a large replica
+// all-reduce is shared out among the replica threads, each reducing element
+// ranges through its own instance (LocalStrategyConfig::split_all_reduce),
+// so no single thread reduces everything. Another cross_device_ops (a third
+// party's, or one that spans processes) is called once per all-reduce.
 #include "strata/sdk/local_strategy.hpp"
 #include "strata/sdk/options.hpp"
 
@@ -20,6 +27,8 @@ sdk::LocalStrategyConfig make_config(const char* options_json) {
   cfg.placement = sdk::VariablePlacement::kPerReplica;
   cfg.cross_device_ops = "reduction_to_one_device";
   sdk::parse_common_options(o, cfg, /*allow_devices=*/true);
+  cfg.split_all_reduce = cfg.cross_device_ops.empty() || cfg.cross_device_ops == "reduction_to_one_device" ||
+                         cfg.cross_device_ops == "hierarchical_copy";
   return cfg;
 }
 

@@ -8,13 +8,34 @@
 // replica's output and copies it to the others).
 //
 // Threads: one call at a time per instance (as the ABI says); scratch
-// buffers are reused between calls, so steady-state calls do not allocate.
-// all_reduce_start completes the operation before returning (in-process
-// copies have nothing to overlap with), so started operations trivially
-// complete in order and request_wait never blocks.
+// buffers are reused between calls, so steady-state blocking calls do not
+// allocate.
+//
+// Overlap: all_reduce_start validates the batch at once (bad arguments fail
+// there), copies the tensor descriptors and hands the batch to a worker
+// thread of the instance (started on first use), then returns, so that the
+// caller computes while the worker reduces. A batch below 64 KiB whose
+// queue is empty is done at once instead (waking a thread costs more than
+// the work). Started batches run one at a time in start order, so they
+// complete in order. request_wait waits with a deadline; when the batch has
+// not been picked up yet, the waiting thread runs it (and any started
+// before it) itself instead of sleeping while another thread wakes up
+// (timeout 0 only polls; a negative timeout waits without limit, the work
+// being bounded in-process computation). Every blocking call first finishes
+// the started batches, so later calls see their results.
+//
+// Subclasses: batch_all_reduce (and every other virtual) may run on the
+// worker thread, never concurrently with another call of the instance.
+// A subclass whose batch_all_reduce uses its own members must call
+// shutdown() first in its destructor, so that the worker has finished
+// before those members are destroyed.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <mutex>
+#include <thread>
 #include <unordered_set>
 #include <vector>
 
@@ -46,6 +67,10 @@ class LocalCrossDeviceOps : public CrossDeviceOpsBase {
   void request_wait(strata_cdo_request_t request, int64_t timeout_ms);
 
  protected:
+  /// Finish every started batch and stop the worker thread (idempotent).
+  /// Subclasses call it first in their destructor (see above).
+  void shutdown() noexcept;
+
   /// The batch all-reduce after validation (every group checked: same dtype
   /// and count, outputs matching). Outputs may alias inputs.
   virtual void batch_all_reduce(strata_reduce_op op, uint32_t num_tensors, uint32_t num_replicas,
@@ -65,7 +90,57 @@ class LocalCrossDeviceOps : public CrossDeviceOpsBase {
   AlignedBuffer scratch_;
 
  private:
-  std::unordered_set<void*> requests_;  // completed, not yet waited for
+  struct Request;
+  // A lockable with a deadline, built from a mutex and a condition variable
+  // (std::timed_mutex's try_lock_until uses pthread_mutex_clocklock, which
+  // ThreadSanitizer does not see, so it reported the unlock as unpaired).
+  class ExecGate {
+   public:
+    void lock() {
+      std::unique_lock<std::mutex> l(m_);
+      cv_.wait(l, [&] { return !busy_; });
+      busy_ = true;
+    }
+    bool try_lock() {
+      std::lock_guard<std::mutex> l(m_);
+      if (busy_) return false;
+      busy_ = true;
+      return true;
+    }
+    template <class TimePoint>
+    bool try_lock_until(TimePoint deadline) {
+      std::unique_lock<std::mutex> l(m_);
+      if (!cv_.wait_until(l, deadline, [&] { return !busy_; })) return false;
+      busy_ = true;
+      return true;
+    }
+    void unlock() {
+      {
+        std::lock_guard<std::mutex> l(m_);
+        busy_ = false;
+      }
+      cv_.notify_one();
+    }
+
+   private:
+    std::mutex m_;
+    std::condition_variable cv_;
+    bool busy_ = false;
+  };
+  // Run queued batches, oldest first, until `until` has run (nullptr: all).
+  // The caller holds exec_mu_.
+  void run_queued_locked(const Request* until);
+  void execute(Request& req) noexcept;
+  void worker_loop();
+
+  std::unordered_set<void*> requests_;  // started, not yet waited for (API thread only)
+  // Held by whoever runs a batch or a blocking call: one at a time, in order.
+  ExecGate exec_mu_;
+  std::mutex q_mu_;  // guards queue_, stop_ and Request::state (after exec_mu_ when both)
+  std::condition_variable q_cv_;
+  std::deque<Request*> queue_;  // started, not yet running
+  bool stop_ = false;
+  std::thread worker_;
 };
 
 }  // namespace strata::sdk

@@ -13,7 +13,8 @@
 // arguments, the last to arrive validates that every replica issued the same
 // collective (same kind, op, dtypes, counts; INVALID_ARGUMENT naming both
 // replicas otherwise) and performs it for all with the CrossDeviceOps, then
-// releases the others. A replica that does not arrive within timeout_s fails
+// releases the others; with split_all_reduce, a large all-reduce is instead
+// shared out among all the replica threads (see LocalStrategyConfig). A replica that does not arrive within timeout_s fails
 // the waiting ones with DEADLINE_EXCEEDED naming the missing replica ids.
 // When a replica function fails, pending and later collectives of that run
 // fail with ABORTED and run returns the first failure.
@@ -68,6 +69,15 @@ struct LocalStrategyConfig {
   std::string cross_device_ops;
   std::string cross_device_ops_options = "{}";
   double timeout_s = 300;                       ///< collective deadline
+  /// true: the cross_device_ops works within this process only and its
+  /// instances are independent, so the strategy makes one per local replica
+  /// and cuts a large replica all-reduce (at least 128 KiB per replica) into
+  /// element ranges that the replica threads take in turn, each reducing
+  /// its ranges through its own instance: every replica thread reduces, none
+  /// does it all. Elementwise, in replica order, so the results are the same
+  /// bits as one call would give. Used only with one worker; false (the
+  /// default) for a cross_device_ops that spans processes or keeps state.
+  bool split_all_reduce = false;
   /// true: an ON_WRITE update in replica context with aggregation NONE is
   /// FAILED_PRECONDITION (mirrored, central_storage). false (one_device):
   /// with a single replica the value is applied as is, as TF's plain variables do.
