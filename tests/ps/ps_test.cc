@@ -705,7 +705,11 @@ TEST(PsTest, StrataBenchPsReportsClosuresAndPullPush) {
                                        "--closures", "200", "--repeats", "2", "--json"},
                                       env);
   ASSERT_EQ(code, 0) << out;
-  const json r = json::parse(out.substr(out.find('{')), nullptr, false);
+  // stdout and stderr together: the JSON object is from the first '{' to the
+  // last '}' (a sanitizer's report may follow it).
+  const size_t open = out.find('{'), close = out.rfind('}');
+  ASSERT_TRUE(open != std::string::npos && close != std::string::npos && close > open) << out;
+  const json r = json::parse(out.substr(open, close - open + 1), nullptr, false);
   ASSERT_TRUE(r.is_object()) << out;
   EXPECT_GT(r["closures"]["closures_per_s"].get<double>(), 0);
   EXPECT_GT(r["closures"]["schedule_call_us"].get<double>(), 0);
