@@ -11,6 +11,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -47,10 +50,14 @@ int free_port() {
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   socklen_t len = sizeof a;
   int port = -1;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
       ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
     port = ntohs(a.sin_port);
-  ::close(fd);
+  const int err = errno;
+  if (fd >= 0) ::close(fd);
+  if (port < 0)
+    throw std::runtime_error(std::string("strata-bench ps: cannot find a free TCP port on 127.0.0.1 (") +
+                             std::strerror(err) + "); check that the loopback interface is up");
   return port;
 }
 

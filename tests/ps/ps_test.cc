@@ -642,9 +642,10 @@ TEST(PsTest, ServersExitWhenTheCoordinatorIsKilled) {
   std::printf("servers exited %.2f s after the coordinator was killed (timeout %.1f s)\n", took, timeout_s);
 }
 
-// Runs `argv` with `env` to its end (deadline 60 s); returns {exit code, output}.
+// Runs `argv` with `env` (TF_CONFIG only if `env` has it) to its end within
+// `deadline_s`; returns {exit code, stdout and stderr}.
 std::pair<int, std::string> run_to_end(const std::vector<std::string>& argv,
-                                       const std::map<std::string, std::string>& env) {
+                                       const std::map<std::string, std::string>& env, int deadline_s = 60) {
   strata::test::TempDir dir;
   const std::string out = dir.str() + "/out.log";
   const pid_t parent = ::getpid();
@@ -663,7 +664,7 @@ std::pair<int, std::string> run_to_end(const std::vector<std::string>& argv,
     ::execv(args[0], args.data());
     ::_exit(127);
   }
-  const int code = strata::test::reap(pid, 60 * 1000);
+  const int code = strata::test::reap(pid, deadline_s * 1000);
   return {code, slurp(out)};
 }
 
@@ -723,28 +724,12 @@ TEST(PsTest, StrataBenchPsReportsClosuresAndPullPush) {
 }
 
 TEST(PsTest, StrataRunStartsAChiefWorkersAndPsWithRolePrefixes) {
-  strata::test::TempDir dir;
-  const std::string out = dir.str() + "/out.log";
   PsCluster none(1, 1);  // only for its environment helpers
   auto env = none.env("chief", 0);
   env.erase("TF_CONFIG");  // strata-run sets it
-  const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(127);
-    const int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-    for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
-    ::unsetenv("TF_CONFIG");
-    const std::string self = self_path();
-    ::execl(STRATA_RUN_BIN, STRATA_RUN_BIN, "--timeout", "200", "--chief", "1", "--workers", "2", "--ps", "2", "--",
-            self.c_str(), "--auto", "basic", static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  const int code = strata::test::reap(pid, 240 * 1000);
-  const std::string log = slurp(out);
+  const auto [code, log] = run_to_end({STRATA_RUN_BIN, "--timeout", "200", "--chief", "1", "--workers", "2", "--ps",
+                                       "2", "--", self_path(), "--auto", "basic"},
+                                      env, 240);
   EXPECT_EQ(code, 0) << log;
   for (const char* prefix : {"[chief 0] RESULT ", "[worker 0] ", "[worker 1] ", "[ps 0] ", "[ps 1] "})
     EXPECT_NE(log.find(prefix), std::string::npos) << prefix << " missing in\n" << log;
