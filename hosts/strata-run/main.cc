@@ -19,7 +19,7 @@
 //
 // Lifetime: SIGINT/SIGTERM/SIGHUP are forwarded to every child (a second
 // one kills them). When a child exits non-zero or by a signal, the others
-// get kSettle (5 s) to fail by themselves, so that they diagnose the fault
+// get kSettle (10 s) to fail by themselves, so that they diagnose the fault
 // and write their verdict, then SIGTERM, then SIGKILL after --grace
 // seconds, and strata-run exits with
 // that child's code (128+signal for a signal). --timeout stops the job the
@@ -105,7 +105,11 @@ constexpr std::size_t kMaxLine = 64 * 1024;  // longer lines are split, so memor
 constexpr auto kDrainAfterExit = std::chrono::seconds(2);
 // How long the other processes may take to report a failure themselves
 // (diagnose it and exit) before strata-run stops them.
-constexpr auto kSettle = std::chrono::seconds(5);
+// Longer than the ring's default diagnosis window (diagnosis_timeout_s, 5 s):
+// with the window equal to it, survivors on a loaded machine were stopped
+// while still agreeing on the culprit and left no verdict (seen once in CI).
+// Survivors that finish sooner end the wait sooner.
+constexpr auto kSettle = std::chrono::seconds(10);
 
 struct RunError : std::runtime_error {
   using std::runtime_error::runtime_error;
