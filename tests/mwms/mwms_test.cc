@@ -146,12 +146,14 @@ class Cluster {
     return all;
   }
 
-  // Wait until every child exited or `deadline_s` passed (then kill them
-  // all). Returns true when all exited by themselves.
+  // Wait until every child exited or `deadline_s` passed (then dump the
+  // stacks of those still running into their logs and kill them all).
+  // Returns true when all exited by themselves.
   bool wait_all(double deadline_s) {
     const auto end = Clock::now() + std::chrono::duration<double>(deadline_s);
     while (!poll()) {
       if (Clock::now() >= end) {
+        dump_stacks();
         kill_all();
         return false;
       }
@@ -170,6 +172,31 @@ class Cluster {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     return false;
+  }
+
+  // A child that misses its deadline is a hang to explain: append every
+  // thread's stack (gdb, when installed) or at least each thread's state and
+  // kernel wait channel to its log, so the failure output shows where it was.
+  void dump_stacks() {
+    for (auto& c : children_) {
+      if (c.status != -1) continue;
+      std::string head = "\n--- [test] still running at the deadline (pid " + std::to_string(c.pid) + "), threads:\n";
+      std::error_code ec;
+      for (const auto& t : fs::directory_iterator("/proc/" + std::to_string(c.pid) + "/task", ec)) {
+        const std::string stat = read_file(t.path() / "stat");
+        const auto close = stat.rfind(')');
+        head += "  tid " + t.path().filename().string() + " " + stat.substr(0, close == std::string::npos ? 0 : close + 3) +
+                " wchan " + read_file(t.path() / "wchan") + "\n";
+      }
+      {
+        std::ofstream(c.log, std::ios::app) << head;
+      }
+      if (::access("/usr/bin/gdb", X_OK) == 0) {
+        const std::string cmd = "timeout 30 /usr/bin/gdb -p " + std::to_string(c.pid) +
+                                " -batch -nx -ex 'thread apply all bt' >> '" + c.log.string() + "' 2>&1";
+        if (std::system(cmd.c_str()) != 0) std::ofstream(c.log, std::ios::app) << "(gdb could not attach)\n";
+      }
+    }
   }
 
   void kill_child(size_t i, int sig) {
@@ -425,8 +452,9 @@ TEST_F(MwmsTest, StrataRunSummaryNamesTheStoppedOrKilledRank) {
     EXPECT_NE(line.find(all_survivors), std::string::npos) << out;
     EXPECT_NE(line.find("): " + who + (sig == SIGSTOP ? " is frozen" : " died")), std::string::npos) << out;
     EXPECT_EQ(out.find("strata-run: verdict", at + 1), std::string::npos) << "survivors disagree:\n" << out;
-    if (sig == SIGSTOP)
+    if (sig == SIGSTOP) {
       EXPECT_NE(out.find("strata-run: rank 2 (pid " + std::to_string(pid) + ") was stopped"), std::string::npos) << out;
+    }
     EXPECT_NE(out.find("strata-info trace " + traces.string()), std::string::npos) << out;
     EXPECT_FALSE(fs::exists(traces / ("rank-" + std::to_string(victim) + ".json"))) << out;
     // Heartbeat deadline (2 s) plus the grace; a dead rank is seen at once.
@@ -596,6 +624,24 @@ TEST_F(MwmsTest, EvaluatorIsItsOwnChiefAndAClusterWithoutATaskIsRefused) {
   EXPECT_NE(c.output(0).find("\"num_workers\":1"), std::string::npos) << c.output(0);
   EXPECT_NE(c.child(1).status, 0) << c.output(1);
   EXPECT_NE(c.output(1).find("names no task for this process"), std::string::npos) << c.output(1);
+}
+
+// The harness itself: a child that outlives its deadline is a hang, and the
+// failure output must show where it hung (thread states, and gdb's stacks
+// where gdb is installed, as .ci/install-deps does).
+TEST_F(MwmsTest, HarnessShowsTheStacksOfAChildThatMissesItsDeadline) {
+  Cluster c(dir_);
+  c.start({"/bin/sleep", "60"}, {}, "sleeper");
+  const auto t0 = Clock::now();
+  EXPECT_FALSE(c.wait_all(0.5));
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 40.0);
+  EXPECT_EQ(c.child(0).status, 128 + SIGKILL);
+  const std::string out = c.output(0);
+  EXPECT_NE(out.find("still running at the deadline"), std::string::npos) << out;
+  EXPECT_NE(out.find("(sleep) S"), std::string::npos) << out;
+  if (::access("/usr/bin/gdb", X_OK) == 0) {
+    EXPECT_NE(out.find("#0 "), std::string::npos) << out;
+  }
 }
 
 TEST_F(MwmsTest, KilledWorkerMakesTheOthersFailNamingIt) {
