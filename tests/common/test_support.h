@@ -14,7 +14,10 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <random>
 #include <string>
 #include <system_error>
@@ -59,8 +62,40 @@ inline uint16_t unused_port() {
   return ntohs(a.sin_port);
 }
 
-/// Wait for child `pid` up to `ms`; kill and reap it on timeout. Returns its
-/// exit status (128 when a signal ended it), or -1 when it had to be killed.
+/// Where a process that missed its deadline is stuck, for the failure
+/// output: each thread's state and kernel wait channel, then every thread's
+/// stack from gdb when gdb is installed (.ci/install-deps installs it; the
+/// test runs as root in CI, so attaching to a sibling is allowed). Bounded
+/// by a 30 s timeout on gdb.
+inline std::string thread_report(pid_t pid) {
+  const auto slurp = [](const std::filesystem::path& p) {
+    std::ifstream in(p);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  };
+  std::string out = "--- [test] pid " + std::to_string(pid) + " still running at its deadline; threads:\n";
+  std::error_code ec;
+  for (const auto& t : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+    const std::string stat = slurp(t.path() / "stat");
+    const auto close = stat.rfind(')');  // "tid (comm) S ...": keep up to the state letter
+    out += "  tid " + t.path().filename().string() + " " +
+           stat.substr(0, close == std::string::npos ? 0 : close + 3) + " wchan " + slurp(t.path() / "wchan") + "\n";
+  }
+  if (::access("/usr/bin/gdb", X_OK) != 0) return out + "(no /usr/bin/gdb: no stacks)\n";
+  const std::string cmd =
+      "timeout 30 /usr/bin/gdb -p " + std::to_string(pid) + " -batch -nx -ex 'thread apply all bt' 2>&1";
+  if (FILE* f = ::popen(cmd.c_str(), "r")) {
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) out.append(buf, n);
+    ::pclose(f);
+  }
+  return out;
+}
+
+/// Wait for child `pid` up to `ms`; kill and reap it on timeout (after
+/// printing thread_report to stderr). Returns its exit status (128 when a
+/// signal ended it), or -1 when it had to be killed.
 inline int reap(pid_t pid, int ms) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
   int status = 0;
@@ -68,6 +103,7 @@ inline int reap(pid_t pid, int ms) {
     if (::waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+  std::fprintf(stderr, "%s", thread_report(pid).c_str());
   ::kill(pid, SIGKILL);
   ::waitpid(pid, &status, 0);
   return -1;

@@ -22,6 +22,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "test_support.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cerrno>
@@ -174,29 +176,11 @@ class Cluster {
     return false;
   }
 
-  // A child that misses its deadline is a hang to explain: append every
-  // thread's stack (gdb, when installed) or at least each thread's state and
-  // kernel wait channel to its log, so the failure output shows where it was.
+  // A child that misses its deadline is a hang to explain: its threads'
+  // states and stacks go to the end of its log (shown by the failure output).
   void dump_stacks() {
-    for (auto& c : children_) {
-      if (c.status != -1) continue;
-      std::string head = "\n--- [test] still running at the deadline (pid " + std::to_string(c.pid) + "), threads:\n";
-      std::error_code ec;
-      for (const auto& t : fs::directory_iterator("/proc/" + std::to_string(c.pid) + "/task", ec)) {
-        const std::string stat = read_file(t.path() / "stat");
-        const auto close = stat.rfind(')');
-        head += "  tid " + t.path().filename().string() + " " + stat.substr(0, close == std::string::npos ? 0 : close + 3) +
-                " wchan " + read_file(t.path() / "wchan") + "\n";
-      }
-      {
-        std::ofstream(c.log, std::ios::app) << head;
-      }
-      if (::access("/usr/bin/gdb", X_OK) == 0) {
-        const std::string cmd = "timeout 30 /usr/bin/gdb -p " + std::to_string(c.pid) +
-                                " -batch -nx -ex 'thread apply all bt' >> '" + c.log.string() + "' 2>&1";
-        if (std::system(cmd.c_str()) != 0) std::ofstream(c.log, std::ios::app) << "(gdb could not attach)\n";
-      }
-    }
+    for (auto& c : children_)
+      if (c.status == -1) std::ofstream(c.log, std::ios::app) << "\n" << strata::test::thread_report(c.pid);
   }
 
   void kill_child(size_t i, int sig) {
@@ -637,7 +621,7 @@ TEST_F(MwmsTest, HarnessShowsTheStacksOfAChildThatMissesItsDeadline) {
   EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 40.0);
   EXPECT_EQ(c.child(0).status, 128 + SIGKILL);
   const std::string out = c.output(0);
-  EXPECT_NE(out.find("still running at the deadline"), std::string::npos) << out;
+  EXPECT_NE(out.find("still running at its deadline"), std::string::npos) << out;
   EXPECT_NE(out.find("(sleep) S"), std::string::npos) << out;
   if (::access("/usr/bin/gdb", X_OK) == 0) {
     EXPECT_NE(out.find("#0 "), std::string::npos) << out;
