@@ -21,6 +21,7 @@
 //             until the last layer is reduced.
 #pragma once
 
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <optional>
@@ -110,7 +111,27 @@ inline CaseResult run_case(Strategy& strategy, const std::string& name, std::int
     out["backward_steps"] = {static_cast<double>(model.backward_steps.load())};
     return out;
   }
-  throw std::invalid_argument("unknown case '" + name + "'; use fit, plain, deferred or overlap");
+  if (name == "nan") {
+    // One row of global batch 5 is NaN: only the worker whose share holds
+    // it computes a NaN loss, but the loss metric is reduced across
+    // workers, so TerminateOnNaN stops every worker after the same batch.
+    Element e = clusters(512, kMpFeatures, kMpClasses, 21);
+    e["x"].data<float>()[(32 * 5 + 7) * kMpFeatures + 1] = std::nanf("");
+    SoftmaxModel model(kMpFeatures, kMpClasses, 3);
+    SGD opt(0.05);
+    Trainer trainer(strategy, model, opt);
+    scope.reset();
+    TerminateOnNaN nan_stop;
+    FitOptions o;
+    o.epochs = 3;
+    o.callbacks = {&nan_stop};
+    o.verbose = false;
+    add_history(out, trainer.fit(Dataset::from_tensor_slices(std::move(e)).batch(32), o));
+    out["stopped"] = {static_cast<double>(nan_stop.stopped_epoch()), static_cast<double>(nan_stop.stopped_batch()),
+                      static_cast<double>(trainer.global_step())};
+    return out;
+  }
+  throw std::invalid_argument("unknown case '" + name + "'; use fit, plain, deferred, overlap or nan");
 }
 
 /// One line per entry: "name count v..." with hex floats (exact).

@@ -171,6 +171,21 @@ void check_layered(int n, int devices) {
 
 TEST_P(TrainerMpTest, LayeredReductionOverlapsAndIsBitIdentical) { check_layered(GetParam(), 1); }
 
+// A NaN in one worker's share of batch 5: every worker stops after batch 5
+// of epoch 0 (no worker goes on alone into a collective nobody joins).
+TEST_P(TrainerMpTest, TerminateOnNaNStopsEveryWorkerAtTheSameBatch) {
+  const int n = GetParam();
+  test::TempDir dir;
+  const auto got = run_workers(n, "nan", dir);
+  ASSERT_EQ(got.at("nan").size(), static_cast<std::size_t>(n));
+  for (int w = 0; w < n; ++w) {
+    const CaseResult& r = got.at("nan")[static_cast<std::size_t>(w)];
+    ASSERT_TRUE(r.count("stopped") && r.count("epochs")) << "worker " << w;
+    EXPECT_EQ(r.at("stopped"), (std::vector<double>{0, 5, 6})) << "worker " << w;
+    EXPECT_EQ(r.at("epochs"), (std::vector<double>{0})) << "worker " << w;
+  }
+}
+
 // Local replicas and workers together: 2 workers of 2 replicas each.
 TEST(TrainerMpReplicasTest, LayeredReductionWithTwoReplicasPerWorker) { check_layered(2, 2); }
 

@@ -12,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -173,6 +174,77 @@ TEST(TrainerTest, HooksRunInKerasOrderAndTheSchedulerReachesTheOptimizer) {
     for (float x : v->value().to_vector<float>()) now.push_back(x);
   EXPECT_EQ(now, rec.weights_at_epoch_end[1]);
   EXPECT_NE(now, rec.weights_at_epoch_end[3]);
+}
+
+// Keras: stop_training set in on_train_batch_end ends the epoch after that
+// batch; the epoch still gets its metrics, validation and on_epoch_end.
+TEST(TrainerTest, StopTrainingInABatchEndsTheEpochAfterThatBatch) {
+  struct StopAt : Callback {
+    int epoch;
+    std::int64_t batch;
+    StopAt(int e, std::int64_t b) : epoch(e), batch(b) {}
+    void on_train_batch_end(std::int64_t b, const Logs&) override {
+      if (trainer()->epoch() == epoch && b == batch) trainer()->stop_training = true;
+    }
+  } stop(1, 3);
+  Recorder rec;
+  SoftmaxModel model(kFeatures, kClasses);
+  SGD opt(0.1);
+  Trainer trainer(get_strategy(), model, opt, {"accuracy"});
+  FitOptions o;
+  o.epochs = 4;
+  o.validation_data = test_data();
+  o.callbacks = {&rec, &stop};
+  o.verbose = false;
+  const History h = trainer.fit(train_data(), o);  // 512 / 32 = 16 batches per epoch
+  EXPECT_EQ(h.epochs, (std::vector<int>{0, 1}));
+  EXPECT_EQ(trainer.global_step(), 16 + 4);
+  EXPECT_EQ(h.history.at("val_loss").size(), 2u);
+  EXPECT_EQ(rec.events.back(), "train_end");
+  EXPECT_EQ(std::count(rec.events.begin(), rec.events.end(), "epoch_end 1"), 1);
+  EXPECT_EQ(std::count(rec.events.begin(), rec.events.end(), "epoch_begin 2"), 0);
+}
+
+// keras.callbacks.TerminateOnNaN: the first batch whose loss is NaN stops
+// training after it, and the chief says which batch.
+TEST(TrainerTest, TerminateOnNaNStopsAfterTheFirstBatchWithAnInvalidLoss) {
+  Element e = test::clusters(512, kFeatures, kClasses, 7);
+  e["x"].data<float>()[(32 * 5 + 7) * kFeatures + 2] = std::nanf("");  // a row of batch 5 (epoch 1)
+  const Dataset data = Dataset::from_tensor_slices(std::move(e)).batch(32);
+  SoftmaxModel model(kFeatures, kClasses);
+  SGD opt(0.1);
+  Trainer trainer(get_strategy(), model, opt);
+  test::TempDir dir;
+  const std::string out_path = (dir.path() / "out.txt").string();
+  std::FILE* out = std::fopen(out_path.c_str(), "w");
+  ASSERT_NE(out, nullptr);
+  TerminateOnNaN nan_stop(out);
+  FitOptions o;
+  o.epochs = 3;
+  o.callbacks = {&nan_stop};
+  o.verbose = false;
+  const History h = trainer.fit(data, o);
+  std::fclose(out);
+  EXPECT_EQ(nan_stop.stopped_epoch(), 0);
+  EXPECT_EQ(nan_stop.stopped_batch(), 5);
+  EXPECT_EQ(h.epochs, (std::vector<int>{0}));
+  EXPECT_EQ(trainer.global_step(), 6);
+  EXPECT_TRUE(std::isnan(h.history.at("loss").at(0)));
+  std::ifstream in(out_path);
+  std::stringstream text;
+  text << in.rdbuf();
+  EXPECT_EQ(text.str(), "Batch 5: Invalid loss, terminating training\n");
+
+  // Finite losses (a fresh model: this one's weights are NaN now): it never
+  // stops anything.
+  SoftmaxModel fresh(kFeatures, kClasses);
+  SGD opt2(0.1);
+  Trainer trainer2(get_strategy(), fresh, opt2);
+  TerminateOnNaN quiet;
+  o.callbacks = {&quiet};
+  const History full = trainer2.fit(train_data(), o);
+  EXPECT_EQ(full.epochs, (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(quiet.stopped_batch(), -1);
 }
 
 TEST(TrainerTest, CsvRowsAndTensorBoardScalarsMatchHistory) {

@@ -76,6 +76,29 @@ class STRATA_API EarlyStopping : public Callback {
   std::vector<Tensor> best_weights_;
 };
 
+/// keras.callbacks.TerminateOnNaN: when a batch ends with a NaN or infinite
+/// "loss" in its logs, training stops after that batch (stop_training),
+/// and the chief prints "Batch N: Invalid loss, terminating training" to
+/// `out` (stdout by default). It reads the running loss after every batch:
+/// a collective across workers (one small all-reduce per step), and the
+/// same value on every worker, so all of them stop at the same batch.
+class STRATA_API TerminateOnNaN : public Callback {
+ public:
+  explicit TerminateOnNaN(std::FILE* out = nullptr);
+  void on_train_begin(const Logs&) override;
+  void on_train_batch_end(std::int64_t batch, const Logs& logs) override;
+  bool wants_batch_logs(std::int64_t) const override { return true; }
+  /// The batch (within its epoch) after which training stopped, or -1.
+  std::int64_t stopped_batch() const { return stopped_batch_; }
+  /// The epoch in which training stopped, or -1.
+  int stopped_epoch() const { return stopped_epoch_; }
+
+ private:
+  std::FILE* out_;
+  std::int64_t stopped_batch_ = -1;
+  int stopped_epoch_ = -1;
+};
+
 /// keras.callbacks.LearningRateScheduler: at every epoch's start the
 /// optimizer's learning rate becomes schedule(epoch, current rate).
 class STRATA_API LearningRateScheduler : public Callback {

@@ -261,7 +261,13 @@ class STRATA_API Trainer {
   Strategy& strategy() const { return *strategy_; }
   Model& model() const { return *model_; }
   Optimizer& optimizer() const { return *optimizer_; }
-  /// Set by a callback to end fit() after the current epoch (EarlyStopping).
+  /// Set by a callback to end fit(), as Keras' Model.stop_training: set in
+  /// on_train_batch_end it ends the epoch after that batch (TerminateOnNaN),
+  /// set in on_epoch_end it ends fit() after that epoch (EarlyStopping); the
+  /// epoch that stops still gets its metrics, validation and on_epoch_end.
+  /// Across workers every worker must set it at the same batch (decide from
+  /// logs, which are the same everywhere, not from local state), or the
+  /// workers that go on fail at their next collective's deadline.
   bool stop_training = false;
   /// How a layered model's gradients are reduced (set before fit).
   GradientReduction gradient_reduction;

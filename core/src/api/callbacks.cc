@@ -103,6 +103,25 @@ void ProgressBar::on_epoch_begin(int epoch, const Logs&) {
   std::fflush(out_);
 }
 
+TerminateOnNaN::TerminateOnNaN(std::FILE* out) : out_(out != nullptr ? out : stdout) {}
+
+void TerminateOnNaN::on_train_begin(const Logs&) {
+  stopped_batch_ = -1;
+  stopped_epoch_ = -1;
+}
+
+void TerminateOnNaN::on_train_batch_end(std::int64_t batch, const Logs& logs) {
+  const auto it = logs.find("loss");
+  if (it == logs.end() || std::isfinite(it->second)) return;
+  stopped_batch_ = batch;
+  stopped_epoch_ = trainer()->epoch();
+  trainer()->stop_training = true;
+  if (is_chief(trainer())) {
+    std::fprintf(out_, "Batch %lld: Invalid loss, terminating training\n", static_cast<long long>(batch));
+    std::fflush(out_);
+  }
+}
+
 bool ProgressBar::wants_batch_logs(std::int64_t batch) const { return (batch + 1) % update_every_ == 0; }
 
 void ProgressBar::line(std::int64_t done, const Logs& logs, bool final) {

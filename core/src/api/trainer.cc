@@ -452,6 +452,10 @@ History Trainer::fit(const Dataset& dataset, const FitOptions& options) {
       step_in_epoch_ = step + 1;
       for (Callback* c : callbacks) c->on_train_batch_end(step, batch_logs);
       ++step;
+      // Keras: a callback that sets stop_training during a batch ends the
+      // epoch there; the epoch still ends normally (its metrics, validation
+      // and on_epoch_end), then fit() returns.
+      if (stop_training) break;
     }
     STRATA_ENFORCE(step > 0 || epoch > first || resume_, STRATA_ERR_INVALID_ARGUMENT,
                    "Trainer::fit: the dataset yielded no batch; check that it is not empty");
