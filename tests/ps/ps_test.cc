@@ -36,6 +36,8 @@ namespace {
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
+std::string slurp(const std::string& path);
+
 // ---- the functions the workers run ----
 
 strata::Value square(const strata::Args& a) {
@@ -174,6 +176,22 @@ strata::Value blip_step(const strata::Args& a) {
   return strata::Value();
 }
 STRATA_REGISTER_FUNCTION("blip_step", blip_step);
+
+// die_once_add(v, marker): the first worker to run it writes its task index
+// to `marker` and exits 3 mid-closure (a crash); every other run adds 1 to v.
+STRATA_REGISTER_FUNCTION("die_once_add", [](const strata::Args& a) -> strata::Value {
+  const std::string marker = strata::get_arg<std::string>(a, 1);
+  const int fd = ::open(marker.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+  if (fd >= 0) {
+    const json tf = json::parse(std::getenv("TF_CONFIG"));
+    const std::string index = std::to_string(tf["task"]["index"].get<int>());
+    (void)!::write(fd, index.data(), index.size());
+    ::close(fd);
+    std::_Exit(3);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  return add_one(a);
+});
 
 void load_config() {
   strata::Config cfg;
@@ -505,6 +523,25 @@ int coordinate(const std::string& scenario) {
       }
       c.join();
       out["value"] = v.read().to_vector<std::int64_t>();
+    } else if (scenario == "die_once") {
+      // Under strata-run --restart-workers: a worker crashes in a closure,
+      // the closure runs elsewhere, the worker is started again and rejoins.
+      const std::string marker = std::getenv("PS_TEST_DIE_MARKER");
+      auto counter = c.create_variable("counter", strata::Tensor::zeros({1}, strata::DType::kInt64));
+      for (int i = 0; i < 10; ++i) c.schedule_fn("die_once_add", counter, marker);
+      c.join();
+      out["counter"] = counter.read().to_vector<std::int64_t>();
+      const int died = std::atoi(slurp(marker).c_str());
+      out["died"] = died;
+      const auto t0 = Clock::now();
+      bool rejoined = false;
+      while (!rejoined && Clock::now() < t0 + std::chrono::seconds(60)) {
+        std::vector<strata::RemoteValue> more;
+        for (int i = 0; i < 4; ++i) more.push_back(c.schedule_fn("square", i));
+        c.join();
+        for (auto& r : more) rejoined = rejoined || r.worker() == died;
+      }
+      out["rejoined"] = rejoined;
     } else if (scenario == "coordinator_kill") {
       auto a = c.create_variable("a", strata::Tensor::zeros({1}, strata::DType::kInt64));
       c.schedule_fn("add_one", a);
@@ -1050,6 +1087,28 @@ TEST(PsTest, StrataBenchPsReportsClosuresAndPullPush) {
     EXPECT_GT(v["pull_MBps"].get<double>(), 0);
     EXPECT_GT(v["push_MBps"].get<double>(), 0);
   }
+}
+
+TEST(PsTest, StrataRunRestartsAFailedWorkerAndTheJobFinishes) {
+  PsCluster none(1, 1);  // only for its environment helpers and directory
+  auto env = none.env("chief", 0);
+  env.erase("TF_CONFIG");
+  env["PS_TEST_DIE_MARKER"] = none.dir() + "/died";
+  const auto [code, log] = run_to_end({STRATA_RUN_BIN, "--timeout", "200", "--chief", "1", "--workers", "2", "--ps",
+                                       "1", "--restart-workers", "1", "--restart-delay", "0.5", "--", self_path(),
+                                       "--auto", "die_once"},
+                                      env, 240);
+  EXPECT_EQ(code, 0) << log;
+  EXPECT_NE(log.find("exited with code 3; the coordinator runs its closures on the other workers; restarting it"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("again (rank"), std::string::npos) << log;
+  const auto p = log.find("[chief 0] RESULT ");
+  ASSERT_NE(p, std::string::npos) << log;
+  const json r = json::parse(log.substr(p + 17, log.find('\n', p) - p - 17), nullptr, false);
+  ASSERT_TRUE(r.is_object() && !r.contains("fatal")) << r.dump() << log;
+  EXPECT_EQ(r["counter"][0], 10) << "a closure was lost or ran twice: " << r.dump();
+  EXPECT_EQ(r["rejoined"], true) << log;
 }
 
 TEST(PsTest, StrataRunStartsAChiefWorkersAndPsWithRolePrefixes) {

@@ -121,8 +121,12 @@ std::string OnceTable::run(std::uint64_t token, std::uint64_t seq, const std::fu
     auto it = entries_.find(key);
     if (it != entries_.end()) {
       // A retry: wait for the first copy (it may still be applying), then
-      // answer as it did. Every wait here is bounded by that one update.
-      cv_.wait(l, [&] { return entries_.find(key) == entries_.end() || entries_.at(key).done; });
+      // answer as it did. The wait is that one update's (local) work.
+      const bool settled = cv_.wait_for(l, std::chrono::seconds(120), [&] {
+        return entries_.find(key) == entries_.end() || entries_.at(key).done;
+      });
+      STRATA_ENFORCE(settled, STRATA_ERR_DEADLINE_EXCEEDED, "request ", seq, " of client ", token,
+                     " is still being applied after 120 s; not applying it a second time");
       auto done = entries_.find(key);
       if (done != entries_.end()) {
         if (done->second.code != STRATA_OK) detail::throw_status(done->second.code, done->second.response);
