@@ -27,6 +27,21 @@
 // An update of a sharded variable is atomic per shard, not across shards, as
 // in tf.distribute.
 //
+// Per-worker values. create_per_worker_dataset(fn) has every worker build
+// its own input by running the dataset function registered under `fn`
+// (STRATA_REGISTER_DATASET_FN) with its own InputContext; iter() makes a
+// fresh iterator on every worker; create_per_worker_values(fn) keeps fn's
+// result on every worker. Passed to schedule(), such a value resolves on the
+// worker to that worker's own (get_iterator, get_per_worker_value). They are
+// created on each worker before any closure scheduled after them runs there,
+// and again when the worker restarts (its dataset starts over).
+//
+// A ps blip. A ps call whose connection fails or that passes the operation
+// deadline is resent on a new connection until ps_grace_s has passed since
+// the first failure; updates carry a request id the ps remembers, so none is
+// applied twice. A ps away longer (or restarted: it lost its variables) is
+// UnavailableError naming it.
+//
 // Failures. A worker whose connection fails while it runs a closure (killed,
 // host gone) gets no more work; its closure goes back to the queue and runs
 // on another worker, and the coordinator keeps trying to reconnect to it
