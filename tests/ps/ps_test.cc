@@ -883,7 +883,8 @@ void expect_whole_input(const json& p, int worker) {
 TEST(PsTest, PerWorkerDatasetsIteratorsAndValuesWithTwoWorkersTwoPs) {
   PsCluster c(2, 2);
   const json r = run_scenario(c, "datasets");
-  ASSERT_TRUE(r.is_object());
+  ASSERT_TRUE(r.is_object() && !r.contains("fatal") && r.contains("by_pid") && r.contains("pv") && r.contains("echo"))
+      << r.dump();
   ASSERT_EQ(r["by_pid"].size(), 2u) << r.dump();  // one process per worker, each its own input
   std::set<int> workers;
   for (const auto& p : r["by_pid"]) {
@@ -923,7 +924,7 @@ TEST(PsTest, RestartedWorkerRebuildsItsDataset) {
   ASSERT_TRUE(c.wait(chief, 150)) << c.logs();
   const json r = c.result();
   std::printf("coordinator result: %s\n", r.dump().c_str());
-  ASSERT_TRUE(r.is_object() && !r.contains("fatal")) << r.dump() << c.logs();
+  ASSERT_TRUE(r.is_object() && !r.contains("fatal") && r.contains("by_pid")) << r.dump() << c.logs();
   // The killed process completed nothing; the restarted one built its input
   // again and read all of it, from its first element, exactly once.
   ASSERT_EQ(r["by_pid"].size(), 2u) << r.dump();
@@ -935,7 +936,9 @@ TEST(PsTest, RestartedWorkerRebuildsItsDataset) {
 TEST(PsTest, ScatterUpdatesOnAThreeShardVariableAreExactAndBadIndicesAreClearErrors) {
   PsCluster c(2, 2);
   const json r = run_scenario(c, "scatter");
-  ASSERT_TRUE(r.is_object());
+  ASSERT_TRUE(r.is_object() && !r.contains("fatal") && r.contains("value") && r.contains("after_errors") &&
+              r.contains("updated"))
+      << r.dump();
   EXPECT_EQ(r["shards"], 3);
   // 60 closures of scatter_step from 2 workers.
   std::vector<std::int64_t> want(14, 0);
@@ -982,7 +985,7 @@ TEST(PsTest, PsBlipShorterThanTheGraceIsToleratedWithExactValues) {
   EXPECT_EQ(c.proc(chief).status, 0);
   const json r = c.result();
   std::printf("coordinator result: %s\n", r.dump().c_str());
-  ASSERT_TRUE(r.is_object() && !r.contains("fatal")) << r.dump() << c.logs();
+  ASSERT_TRUE(r.is_object() && !r.contains("fatal") && r.contains("value")) << r.dump() << c.logs();
   EXPECT_EQ(r["shard_ps"], json({0, 1, 0}));
   // 200 closures + 10 coordinator steps: +1 everywhere, +1 more on row 0.
   const auto v = r["value"].get<std::vector<std::int64_t>>();
@@ -1106,7 +1109,7 @@ TEST(PsTest, StrataRunRestartsAFailedWorkerAndTheJobFinishes) {
   const auto p = log.find("[chief 0] RESULT ");
   ASSERT_NE(p, std::string::npos) << log;
   const json r = json::parse(log.substr(p + 17, log.find('\n', p) - p - 17), nullptr, false);
-  ASSERT_TRUE(r.is_object() && !r.contains("fatal")) << r.dump() << log;
+  ASSERT_TRUE(r.is_object() && !r.contains("fatal") && r.contains("counter")) << r.dump() << log;
   EXPECT_EQ(r["counter"][0], 10) << "a closure was lost or ran twice: " << r.dump();
   EXPECT_EQ(r["rejoined"], true) << log;
 }
