@@ -995,6 +995,7 @@ TEST(PsTest, PsBlipShorterThanTheGraceIsToleratedWithExactValues) {
   const std::string logs = c.logs();
   EXPECT_NE(logs.find("ps task 1 answered again"), std::string::npos) << logs;
   EXPECT_TRUE(c.wait_servers(30)) << c.logs();
+  for (size_t sv : c.servers()) EXPECT_EQ(c.proc(sv).status, 0) << c.proc(sv).log << "\n" << c.logs();
 }
 
 TEST(PsTest, ServersExitWhenTheCoordinatorIsKilled) {
