@@ -573,12 +573,15 @@ void RemoteVariable::update(std::uint32_t op, const Tensor& value) const {
   for (const auto& s : v.shards) {
     const std::size_t rows = s.shape.empty() ? 1 : static_cast<std::size_t>(s.shape[0]);
     const char* src = base + (v.shape.empty() ? 0 : static_cast<std::size_t>(s.row_offset) * rb);
-    ps_detail::Writer w;
-    rt->write_request_key(w);  // applied once even when a blip makes us resend it
-    w.u64(s.id);
-    w.u32(op);
-    w.tensor_raw(v.dtype, s.shape, src, v.shape.empty() ? value.nbytes() : rows * rb);
-    rt->ps_call(s.ps, ps_detail::kVarUpdateOnce, w.take());
+    const auto key = rt->request_key();  // applied once even when a blip makes us resend it
+    rt->ps_call(s.ps, ps_detail::kVarUpdateOnce, [&] {
+      ps_detail::Writer w;
+      ps_detail::Runtime::write_request_key(w, key);
+      w.u64(s.id);
+      w.u32(op);
+      w.tensor_raw(v.dtype, s.shape, src, v.shape.empty() ? value.nbytes() : rows * rb);
+      return w.take();
+    });
   }
 }
 

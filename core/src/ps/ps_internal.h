@@ -238,9 +238,14 @@ class Runtime {
   // failure, then UnavailableError naming the ps task. Only idempotent
   // requests go through it (reads, pings, *Once updates with a request key).
   Frame ps_call(int ps, std::uint32_t kind, const std::string& payload);
+  // The same, with the payload made by `make` for each attempt (moved into
+  // the first one: a large update is not copied once more for a retry that
+  // rarely happens). `make` must give the same bytes every time.
+  Frame ps_call(int ps, std::uint32_t kind, const std::function<std::string()>& make);
   // A request key for a *Once request: this process's token and a new
-  // sequence number.
-  void write_request_key(Writer& w);
+  // sequence number; write it with write_request_key.
+  std::pair<std::uint64_t, std::uint64_t> request_key() { return {token_, next_seq_.fetch_add(1)}; }
+  static void write_request_key(Writer& w, const std::pair<std::uint64_t, std::uint64_t>& key);
   std::int64_t ps_grace_ms() const { return ps_grace_ms_; }
   void set_ps_grace_ms(std::int64_t ms) { ps_grace_ms_ = ms; }
 

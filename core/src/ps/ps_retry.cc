@@ -32,9 +32,13 @@ constexpr std::size_t kOnceCapacity = 1 << 16;
 
 }  // namespace
 
-void Runtime::write_request_key(Writer& w) {
-  w.u64(token_);
-  w.u64(next_seq_.fetch_add(1));
+void Runtime::write_request_key(Writer& w, const std::pair<std::uint64_t, std::uint64_t>& key) {
+  w.u64(key.first);
+  w.u64(key.second);
+}
+
+Frame Runtime::ps_call(int ps, std::uint32_t kind, const std::string& payload) {
+  return ps_call(ps, kind, std::function<std::string()>([&] { return payload; }));
 }
 
 std::shared_ptr<Channel> Runtime::reconnect_ps(int ps, const std::shared_ptr<Channel>& broken,
@@ -61,7 +65,7 @@ std::shared_ptr<Channel> Runtime::reconnect_ps(int ps, const std::shared_ptr<Cha
   return ch;
 }
 
-Frame Runtime::ps_call(int ps, std::uint32_t kind, const std::string& payload) {
+Frame Runtime::ps_call(int ps, std::uint32_t kind, const std::function<std::string()>& make) {
   STRATA_ENFORCE(ps >= 0 && ps < count("ps"), STRATA_ERR_INVALID_ARGUMENT, "ps task ", ps,
                  " is not in the cluster (", count("ps"), " ps tasks)");
   std::shared_ptr<Channel> ch;
@@ -84,7 +88,7 @@ Frame Runtime::ps_call(int ps, std::uint32_t kind, const std::string& payload) {
         const std::int64_t left = ps_grace_ms_ - ms_since(first_failure);
         ch = reconnect_ps(ps, ch, std::min<std::int64_t>(std::max<std::int64_t>(left, 1), op_timeout_ms_));
       }
-      Frame r = ch->call(kind, payload, op_timeout_ms_);
+      Frame r = ch->call(kind, make(), op_timeout_ms_);
       if (failed)
         detail::logger("ps")->warn("{} {}: {} answered again after {} ms and {} retries", job_, index_,
                                    task_name("ps", ps), ms_since(first_failure), attempt);

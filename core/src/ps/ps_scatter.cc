@@ -143,7 +143,7 @@ void RemoteVariable::scatter(std::uint32_t op, const IndexedSlices& slices) cons
     std::string gathered;
     gathered.reserve(rows_of[k].size() * row_bytes);
     ps_detail::Writer w;
-    rt->write_request_key(w);
+    ps_detail::Runtime::write_request_key(w, rt->request_key());
     w.u64(s.id);
     w.u32(op);
     w.u64(rows_of[k].size());
