@@ -870,6 +870,37 @@ TEST(PsTest, KilledPsIsUnavailableErrorNamingIt) {
   }
 }
 
+TEST(PsTest, PsStoppedPastTheGraceIsUnavailableErrorNamingIt) {
+  // A stopped ps keeps its connections open: only the deadlines and the
+  // grace period (3 s here) can tell that it is gone.
+  PsCluster c(2, 2);
+  const std::string go = c.dir() + "/go";
+  const std::map<std::string, std::string> quick{{"STRATA_PS_GRACE_S", "3"}, {"STRATA_PS_OP_TIMEOUT_S", "1"}};
+  c.start_servers({{"worker0", quick}, {"worker1", quick}});
+  auto chief_env = quick;
+  chief_env["PS_TEST_OP_TIMEOUT_S"] = "1";
+  chief_env["PS_TEST_GO"] = go;
+  const size_t chief = c.start_coordinator("ps_kill", chief_env);
+  ASSERT_TRUE(c.wait_for_text(chief, "READY", 120)) << c.logs();
+  ::kill(c.proc(c.ps(1)).pid, SIGSTOP);  // for good (the cluster's destructor kills it)
+  std::ofstream(go) << "go\n";
+  ASSERT_TRUE(c.wait(chief, 90)) << c.logs();
+  const json r = c.result();
+  std::printf("coordinator result: %s\n", r.dump().c_str());
+  ASSERT_TRUE(r.is_object() && !r.contains("fatal") && r.contains("error")) << r.dump() << c.logs();
+  EXPECT_EQ(r["b_ps"], 1);
+  EXPECT_EQ(r["error_type"], "UNAVAILABLE") << r.dump();
+  EXPECT_NE(r.value("error", std::string()).find("ps task 1 is unavailable: no answer for"), std::string::npos)
+      << r.dump();
+  EXPECT_NE(r.value("error", std::string()).find("past the grace period of 3000 ms"), std::string::npos) << r.dump();
+  EXPECT_LT(r["elapsed_s"].get<double>(), 3 + 10.0) << r.dump();
+  EXPECT_EQ(r["join_error_type"], "UNAVAILABLE") << r.dump();
+  for (size_t s : {c.worker(0), c.worker(1), c.ps(0)}) {
+    EXPECT_TRUE(c.wait(s, 30)) << c.logs();
+    EXPECT_EQ(c.proc(s).status, 0) << c.proc(s).log;
+  }
+}
+
 // Every worker's input, consumed exactly once by the closures that worker ran.
 void expect_whole_input(const json& p, int worker) {
   std::vector<std::int64_t> v = p["values"].get<std::vector<std::int64_t>>();
