@@ -329,7 +329,10 @@ struct CoordinatorOptions {
   /// Within it, variable operations reconnect and retry; a retried update
   /// is applied once (the ps remembers each request's id). < 0: the job
   /// config's /timeouts/ps_grace_s (env STRATA_PS_GRACE_S), default 5 s.
-  /// Workers read the config key.
+  /// Workers read the config key. Keep it well below the servers'
+  /// coordinator_timeout_s: the heartbeat waits for a missing ps this long.
+  /// A ps that restarted (new incarnation) is unavailable at once: it lost
+  /// its variables, so there is nothing to reconnect to.
   double ps_grace_s = -1;
 };
 
