@@ -199,7 +199,9 @@ void Config::apply_env() {
   }
   static const NameOverride timeouts[] = {{"STRATA_COLLECTIVE_TIMEOUT_S", "collective_s"},
                                           {"STRATA_RENDEZVOUS_TIMEOUT_S", "rendezvous_s"},
-                                          {"STRATA_HEARTBEAT_TIMEOUT_S", "heartbeat_s"}};
+                                          {"STRATA_HEARTBEAT_TIMEOUT_S", "heartbeat_s"},
+                                          {"STRATA_PS_GRACE_S", "ps_grace_s"},
+                                          {"STRATA_PS_OP_TIMEOUT_S", "ps_op_s"}};
   for (const auto& o : timeouts) {
     const char* v = std::getenv(o.var);
     if (!v || !*v) continue;

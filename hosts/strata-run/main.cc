@@ -16,6 +16,11 @@
 // lines are prefixed with the role, "[worker 1] ", "[ps 0] ". The program
 // runs as every role: the chief runs strata::ClusterCoordinator, the others
 // strata::Server::from_env().join() (see strata/coordinator.hpp).
+// A worker task that fails does not stop such a job: the coordinator runs
+// its closures on the other workers, and with --restart-workers N
+// strata-run starts it again in place (same task, same address) after
+// --restart-delay seconds, up to N times per worker, so that it rejoins.
+// A chief or ps failure stops the job as below.
 //
 // Lifetime: SIGINT/SIGTERM/SIGHUP are forwarded to every child (a second
 // one kills them). When a child exits non-zero or by a signal, the others
@@ -235,6 +240,12 @@ struct Child {
   int stop_signal = 0;             // the signal it is stopped by, 0 while it runs
   int stop_signal_at_failure = 0;  // stop_signal when the job began to stop
   Stream out, err;
+  // A parameter-server job's worker task: its failure does not stop the
+  // job; it may be started again (with `env`) at `respawn_at`.
+  bool ps_worker = false;
+  int restarts = 0;
+  std::vector<std::pair<std::string, std::string>> env;
+  std::optional<std::chrono::steady_clock::time_point> respawn_at;
 };
 
 /// write() all of `data` to `fd`; a closed reader (EPIPE) drops the output.
@@ -304,6 +315,7 @@ struct Options {
   std::string trace_dir;  // --trace-dir, empty when not given
   int max_restarts = 0;
   double restart_delay_s = 1;
+  int restart_workers = 0;  // parameter-server jobs: restarts of each failed worker task
   std::vector<std::string> command;
 };
 
@@ -488,6 +500,8 @@ class Launcher {
                                                               {"STRATA_RESTART_COUNT", std::to_string(attempt)},
                                                               {"STRATA_MAX_RESTARTS", std::to_string(opt_.max_restarts)}};
       if (!config_path_.empty()) env.emplace_back("STRATA_CONFIG", config_path_);
+      children_[static_cast<std::size_t>(i)].ps_worker = opt_.ps_job && type == "worker";
+      children_[static_cast<std::size_t>(i)].env = env;
       spawn(children_[static_cast<std::size_t>(i)], i, env);
       if (stopping_) break;  // a spawn failed; stop the ones already running
     }
@@ -741,6 +755,24 @@ class Launcher {
     c.exited = true;
     c.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     if (c.code == 0 || stopping_ || settle_deadline_) return;
+    if (c.ps_worker && chief_alive()) {
+      // The coordinator reschedules the closures of a lost worker; the job
+      // goes on without it, or with it again once restarted.
+      const std::string how = WIFEXITED(status) ? "exited with code " + std::to_string(c.code)
+                                                : "was killed by " + signal_name(WTERMSIG(status));
+      std::cerr << "strata-run: " << c.label << " (rank " << c.rank << ", pid " << c.pid << ") " << how
+                << "; the coordinator runs its closures on the other workers";
+      if (c.restarts < opt_.restart_workers) {
+        std::cerr << "; restarting it in " << opt_.restart_delay_s << " s (restart " << c.restarts + 1 << " of "
+                  << opt_.restart_workers << ", --restart-workers)";
+        c.respawn_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                          std::chrono::duration<double>(opt_.restart_delay_s));
+      } else {
+        std::cerr << "; not restarting it (--restart-workers " << opt_.restart_workers << ")";
+      }
+      std::cerr << std::endl;
+      return;
+    }
     // Worded as an observation: after a stall the first to exit is the rank
     // that noticed first, not the culprit; the summary at the end names that.
     const std::string how = WIFEXITED(status) ? ", with code " + std::to_string(c.code)
@@ -758,6 +790,38 @@ class Launcher {
     for (Child& o : children_)
       if (o.pid > 0 && !o.exited) o.stop_signal_at_failure = o.stop_signal;
     settle_deadline_ = Clock::now() + kSettle;
+  }
+
+  bool chief_alive() const {
+    for (const Child& c : children_)
+      if (c.label.rfind("chief", 0) == 0 && c.pid > 0 && !c.exited) return true;
+    return false;
+  }
+
+  /// Start the worker tasks whose restart is due (parameter-server jobs).
+  void respawn_due() {
+    for (Child& c : children_) {
+      if (!c.respawn_at || Clock::now() < *c.respawn_at) continue;
+      c.respawn_at.reset();
+      if (stopping_ || settle_deadline_ || !chief_alive()) continue;
+      for (Stream* s : {&c.out, &c.err})  // the old process's last lines
+        if (s->fd >= 0) pump(c.label, *s);
+      for (Stream* s : {&c.out, &c.err})
+        if (s->fd >= 0) {
+          emit_lines(c.label, *s, true);
+          ::close(s->fd);
+          s->fd = -1;
+        }
+      ++c.restarts;
+      c.exited = false;
+      c.code = 0;
+      c.stop_signal = 0;
+      c.out.buf.clear();
+      c.err.buf.clear();
+      std::cerr << "strata-run: starting " << c.label << " again (rank " << c.rank << ", restart " << c.restarts
+                << " of " << opt_.restart_workers << ")" << std::endl;
+      spawn(c, c.rank, c.env);
+    }
   }
 
   void reap() {
@@ -836,6 +900,8 @@ class Launcher {
       if (kill_deadline_) next = std::min(next, *kill_deadline_);
       if (settle_deadline_ && !stopping_) next = std::min(next, *settle_deadline_);
       if (drain_deadline) next = std::min(next, *drain_deadline);
+      for (const Child& c : children_)
+        if (c.respawn_at) next = std::min(next, *c.respawn_at);
       const auto wait_ms = std::max<int64_t>(
           0, std::chrono::duration_cast<std::chrono::milliseconds>(next - Clock::now()).count() + 1);
       int n = ::poll(fds.data(), fds.size(), static_cast<int>(wait_ms));
@@ -855,6 +921,7 @@ class Launcher {
           }
       }
       reap();  // SIGCHLD coalesces; a periodic check keeps no exit unnoticed
+      respawn_due();
       const auto now = Clock::now();
       if (timeout && !stopping_ && now >= *timeout) {
         std::cerr << "strata-run: timeout: the job ran longer than --timeout " << opt_.timeout_s
@@ -982,7 +1049,9 @@ int main(int argc, char** argv) {
       "  strata-run --max-restarts 2 -n 4 -- strata-train --checkpoint-dir /tmp/ckpt --steps 1000\n\n"
       "Parameter-server jobs: --chief 1 --workers N --ps M instead of -n start the chief, N workers and\n"
       "M ps tasks (ranks in that order), TF_CONFIG {\"chief\": [...], \"worker\": [...], \"ps\": [...]}, output\n"
-      "prefixed \"[worker 1] \"; e.g. strata-run --chief 1 --workers 2 --ps 1 -- ./my_ps_program"};
+      "prefixed \"[worker 1] \"; e.g. strata-run --chief 1 --workers 2 --ps 1 -- ./my_ps_program. A failed\n"
+      "worker does not stop such a job (the coordinator reschedules its closures); --restart-workers N\n"
+      "starts it again in place, up to N times per worker, after --restart-delay seconds"};
   Options opt;
   auto* n_opt =
       app.add_option("-n,--num-processes", opt.n, "number of processes to start")->check(CLI::Range(1, 4096));
@@ -1007,6 +1076,10 @@ int main(int argc, char** argv) {
       ->check(kRestartCount);
   app.add_option("--restart-delay", opt.restart_delay_s, "seconds to wait before a restart (default 1)")
       ->check(kRestartDelay);
+  app.add_option("--restart-workers", opt.restart_workers,
+                 "parameter-server jobs: start a failed worker task again, up to N times per worker "
+                 "(default 0); a failed worker never stops such a job")
+      ->check(kRestartCount);
   app.add_option("command", opt.command, "PROGRAM ARGS... (after --)")->required();
   app.positionals_at_end();
   CLI11_PARSE(app, argc, argv);

@@ -130,6 +130,8 @@ TEST(ConfigTest, EnvironmentOverridesNamesAndTimeouts) {
   ScopedEnv r("STRATA_CLUSTER_RESOLVER", "slurm");
   ScopedEnv c("STRATA_COLLECTIVE_TIMEOUT_S", "42");
   ScopedEnv z("STRATA_RENDEZVOUS_TIMEOUT_S", "7.5");
+  ScopedEnv g("STRATA_PS_GRACE_S", "3");
+  ScopedEnv o("STRATA_PS_OP_TIMEOUT_S", "20");
   Config cfg = Config::from_json(R"({"strategy": {"name": "one_device", "options": {"device": "cpu:0"}},
                                      "cross_device_ops": {"name": "ring", "options": {"num_packs": 2}},
                                      "transport": {"name": "tcp"}})");
@@ -143,6 +145,8 @@ TEST(ConfigTest, EnvironmentOverridesNamesAndTimeouts) {
   EXPECT_EQ(cfg.name("cluster_resolver"), "slurm");
   EXPECT_DOUBLE_EQ(cfg.timeout_s("collective_s", 0), 42);
   EXPECT_DOUBLE_EQ(cfg.timeout_s("rendezvous_s", 0), 7.5);
+  EXPECT_DOUBLE_EQ(cfg.timeout_s("ps_grace_s", 0), 3);
+  EXPECT_DOUBLE_EQ(cfg.timeout_s("ps_op_s", 0), 20);
 }
 
 TEST(ConfigTest, BadTimeoutEnvironmentNamesTheVariable) {

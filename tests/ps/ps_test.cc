@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -34,6 +35,8 @@ namespace {
 
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
+
+std::string slurp(const std::string& path);
 
 // ---- the functions the workers run ----
 
@@ -91,6 +94,105 @@ STRATA_REGISTER_FUNCTION("slow_add", [](const strata::Args& a) -> strata::Value 
   return strata::Value(strata::get_arg<std::int64_t>(a, 1));
 });
 
+// ---- per-worker datasets and values ----
+
+constexpr std::int64_t kInputSize = 12;
+
+// Worker w's input: w * 1000 + [0, kInputSize), so each element names its worker.
+STRATA_REGISTER_DATASET_FN("range_input", [](const strata::InputContext& ctx) {
+  std::vector<std::int64_t> v;
+  for (std::int64_t i = 0; i < kInputSize; ++i) v.push_back(ctx.input_pipeline_id * 1000 + i);
+  strata::Element e;
+  e.add("x", strata::Tensor::from_vector(v, {kInputSize}));
+  return strata::Dataset::from_tensor_slices(std::move(e));
+});
+
+// take_one(iterator): [pid, next x or -1 at the end]. On the worker started
+// with PS_TEST_HANG_TAKE, announce the first element in that file and hang.
+STRATA_REGISTER_FUNCTION("take_one", [](const strata::Args& a) -> strata::Value {
+  strata::LocalIterator it = strata::get_iterator(a, 0);
+  std::optional<strata::Element> e = it.get_next_as_optional();
+  const std::int64_t x = e ? (*e)["x"].to_vector<std::int64_t>()[0] : -1;
+  if (const char* hang = std::getenv("PS_TEST_HANG_TAKE"); hang != nullptr && hang[0] != '\0') {
+    std::ofstream(hang) << "took " << x << "\n";
+    std::this_thread::sleep_for(std::chrono::seconds(120));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  return strata::Value(strata::Tensor::from_vector(std::vector<std::int64_t>{::getpid(), x}, {2}));
+});
+
+// take_strict(iterator): next x; OutOfRangeError at the end (tf's next()).
+STRATA_REGISTER_FUNCTION("take_strict", [](const strata::Args& a) -> strata::Value {
+  return strata::Value(strata::get_iterator(a, 0).get_next()["x"].to_vector<std::int64_t>()[0]);
+});
+
+STRATA_REGISTER_FUNCTION("my_pid", [](const strata::Args&) -> strata::Value {
+  return strata::Value(static_cast<std::int64_t>(::getpid()));
+});
+
+// echo_local(per-worker value): this worker's value of it.
+STRATA_REGISTER_FUNCTION("echo_local", [](const strata::Args& a) -> strata::Value {
+  return strata::Value(std::get<std::int64_t>(strata::get_per_worker_value(a, 0)));
+});
+
+// ---- scatter updates ----
+
+// scatter_step(v [7, 2] int64, j): scatter_add rows {0, 3, 6, 6, j % 7} by
+// [1, 2] each, then scatter_sub row 5 by [1, 1].
+std::vector<std::int64_t> scatter_step_rows(std::int64_t j) { return {0, 3, 6, 6, j % 7}; }
+STRATA_REGISTER_FUNCTION("scatter_step", [](const strata::Args& a) -> strata::Value {
+  const auto& v = strata::get_arg<strata::RemoteVariable>(a, 0);
+  const std::int64_t j = strata::get_arg<std::int64_t>(a, 1);
+  strata::IndexedSlices add;
+  add.indices = strata::Tensor::from_vector(scatter_step_rows(j), {5});
+  add.values = strata::Tensor::from_vector(std::vector<std::int64_t>{1, 2, 1, 2, 1, 2, 1, 2, 1, 2}, {5, 2});
+  v.scatter_add(add);
+  strata::IndexedSlices sub;
+  sub.indices = strata::Tensor::from_vector(std::vector<std::int64_t>{5}, {1});
+  sub.values = strata::Tensor::from_vector(std::vector<std::int64_t>{1, 1}, {1, 2});
+  v.scatter_sub(sub);
+  return strata::Value();
+});
+
+// scatter_bad(v, index): scatter_add one row at `index` (from a worker).
+STRATA_REGISTER_FUNCTION("scatter_bad", [](const strata::Args& a) -> strata::Value {
+  const auto& v = strata::get_arg<strata::RemoteVariable>(a, 0);
+  strata::IndexedSlices s;
+  s.indices = strata::Tensor::from_vector(std::vector<std::int64_t>{strata::get_arg<std::int64_t>(a, 1)}, {1});
+  s.values = strata::Tensor::from_vector(std::vector<std::int64_t>{1, 1}, {1, 2});
+  v.scatter_add(s);
+  return strata::Value();
+});
+
+// blip_step(v [6, 3] int64): add 1 everywhere and 1 more to row 0.
+strata::Value blip_step(const strata::Args& a) {
+  const auto& v = strata::get_arg<strata::RemoteVariable>(a, 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  v.assign_add(strata::Tensor::from_vector(std::vector<std::int64_t>(18, 1), {6, 3}));
+  strata::IndexedSlices s;
+  s.indices = strata::Tensor::from_vector(std::vector<std::int64_t>{0}, {1});
+  s.values = strata::Tensor::from_vector(std::vector<std::int64_t>{1, 1, 1}, {1, 3});
+  v.scatter_add(s);
+  return strata::Value();
+}
+STRATA_REGISTER_FUNCTION("blip_step", blip_step);
+
+// die_once_add(v, marker): the first worker to run it writes its task index
+// to `marker` and exits 3 mid-closure (a crash); every other run adds 1 to v.
+STRATA_REGISTER_FUNCTION("die_once_add", [](const strata::Args& a) -> strata::Value {
+  const std::string marker = strata::get_arg<std::string>(a, 1);
+  const int fd = ::open(marker.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+  if (fd >= 0) {
+    const json tf = json::parse(std::getenv("TF_CONFIG"));
+    const std::string index = std::to_string(tf["task"]["index"].get<int>());
+    (void)!::write(fd, index.data(), index.size());
+    ::close(fd);
+    std::_Exit(3);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  return add_one(a);
+});
+
 void load_config() {
   strata::Config cfg;
   cfg.apply_env();
@@ -139,6 +241,7 @@ int coordinate(const std::string& scenario) {
   strata::CoordinatorOptions opts;
   opts.join_timeout_s = 120;
   opts.op_timeout_s = 30;
+  if (const char* t = std::getenv("PS_TEST_OP_TIMEOUT_S")) opts.op_timeout_s = std::atof(t);
   json out;
   try {
     strata::ClusterCoordinator c(opts);
@@ -302,6 +405,143 @@ int coordinate(const std::string& scenario) {
         }
       }
       out["join_elapsed_s"] = std::chrono::duration<double>(Clock::now() - t1).count();
+    } else if (scenario == "datasets" || scenario == "dataset_restart") {
+      auto ds = c.create_per_worker_dataset("range_input");
+      auto it = ds.iter();
+      // Pull until every worker's (current) process reported its end.
+      std::map<std::int64_t, json> by_pid;  // pid -> {worker, values, ended}
+      std::set<int> ended;
+      const auto end = Clock::now() + std::chrono::seconds(120);
+      while (ended.size() < static_cast<size_t>(c.num_workers()) && Clock::now() < end) {
+        std::vector<strata::RemoteValue> batch;
+        for (int i = 0; i < 8; ++i) batch.push_back(c.schedule_fn("take_one", it));
+        c.join();
+        for (auto& r : batch) {
+          const auto v = r.fetch_as<strata::Tensor>().to_vector<std::int64_t>();
+          json& p = by_pid[v[0]];
+          p["worker"] = r.worker();
+          if (!p.contains("values")) p["values"] = json::array();
+          if (v[1] < 0) {
+            p["ended"] = true;
+            ended.insert(r.worker());
+          } else {
+            p["values"].push_back(v[1]);
+          }
+        }
+      }
+      for (auto& [pid, p] : by_pid) out["by_pid"].push_back(p);
+      if (scenario == "datasets") {
+        // tf's next() at the end: OutOfRangeError at join; usable after.
+        c.schedule_fn("take_strict", it);
+        try {
+          c.join();
+          out["strict"] = "no error";
+        } catch (const strata::OutOfRangeError& e) {
+          out["strict"] = e.what();
+        }
+        // A new iterator starts every worker's input again.
+        auto it2 = ds.iter();
+        auto first = c.schedule_fn("take_strict", it2);
+        c.join();
+        out["fresh_first"] = std::get<std::int64_t>(c.fetch(first));
+        // Per-worker values: each worker's closure sees its own worker's value.
+        auto pv = c.create_per_worker_values("my_pid");
+        for (const auto& v : c.fetch(pv)) out["pv"].push_back(std::get<std::int64_t>(v.get()));
+        std::vector<strata::RemoteValue> echo;
+        for (int i = 0; i < 12; ++i) echo.push_back(c.schedule_fn("echo_local", pv));
+        c.join();
+        for (auto& r : echo) out["echo"].push_back({r.worker(), std::get<std::int64_t>(c.fetch(r))});
+        c.schedule_fn("take_one", pv);
+        try {
+          c.join();
+          out["wrong_kind"] = "no error";
+        } catch (const strata::InvalidArgumentError& e) {
+          out["wrong_kind"] = e.what();
+        }
+        try {
+          c.create_per_worker_dataset("no_such_input");
+          out["unknown_ds"] = "no error";
+        } catch (const strata::NotFoundError& e) {
+          out["unknown_ds"] = e.what();
+        }
+      }
+    } else if (scenario == "scatter") {
+      auto v = c.create_variable("emb", strata::Tensor::zeros({7, 2}, strata::DType::kInt64),
+                                 strata::FixedShardsPartitioner(3));
+      out["shards"] = v.num_shards();
+      for (int j = 0; j < 60; ++j) c.schedule_fn("scatter_step", v, j);
+      c.join();
+      out["value"] = v.read().to_vector<std::int64_t>();
+      std::vector<float> init(15);
+      for (int i = 0; i < 15; ++i) init[static_cast<size_t>(i)] = static_cast<float>(i);
+      auto u = c.create_variable("u", strata::Tensor::from_vector(init, {5, 3}), strata::FixedShardsPartitioner(3));
+      strata::IndexedSlices up;
+      up.indices = strata::Tensor::from_vector(std::vector<std::int64_t>{4, 0, 1, 1}, {4});
+      up.values = strata::Tensor::from_vector(std::vector<float>{10, 11, 12, 20, 21, 22, 30, 31, 32, 40, 41, 42}, {4, 3});
+      u.scatter_update(up);
+      out["updated"] = u.read().to_vector<float>();
+      auto attempt = [&](const char* key, std::vector<std::int64_t> idx, strata::Tensor values,
+                         const strata::RemoteVariable& target) {
+        strata::IndexedSlices s;
+        const auto n = static_cast<std::int64_t>(idx.size());
+        s.indices = strata::Tensor::from_vector(idx, {n});
+        s.values = std::move(values);
+        try {
+          target.scatter_add(s);
+          out[key] = "no error";
+        } catch (const strata::InvalidArgumentError& e) {
+          out[key] = e.what();
+        }
+      };
+      attempt("err_range", {0, 7}, strata::Tensor::zeros({2, 2}, strata::DType::kInt64), v);
+      attempt("err_negative", {-1}, strata::Tensor::zeros({1, 2}, strata::DType::kInt64), v);
+      attempt("err_shape", {0, 1}, strata::Tensor::zeros({2, 3}, strata::DType::kInt64), v);
+      attempt("err_dtype", {0}, strata::Tensor::zeros({1, 2}, strata::DType::kFloat32), v);
+      auto scalar = c.create_variable("scalar", strata::Tensor::scalar<float>(1.0f));
+      attempt("err_scalar", {0}, strata::Tensor::zeros({1}, strata::DType::kFloat32), scalar);
+      out["after_errors"] = v.read().to_vector<std::int64_t>();
+      c.schedule_fn("scatter_bad", v, 9);
+      try {
+        c.join();
+        out["worker_err"] = "no error";
+      } catch (const strata::InvalidArgumentError& e) {
+        out["worker_err"] = e.what();
+      }
+    } else if (scenario == "ps_blip") {
+      auto v = c.create_variable("blip", strata::Tensor::zeros({6, 3}, strata::DType::kInt64),
+                                 strata::FixedShardsPartitioner(3));
+      for (std::int64_t i = 0; i < v.num_shards(); ++i) out["shard_ps"].push_back(v.shard_ps_task(i));
+      for (int i = 0; i < 200; ++i) c.schedule_fn("blip_step", v);
+      std::printf("READY\n");
+      std::fflush(stdout);
+      // The coordinator updates during the blip too.
+      strata::Args mine;
+      mine.emplace_back(v);
+      for (int k = 0; k < 10; ++k) {
+        blip_step(mine);
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+      c.join();
+      out["value"] = v.read().to_vector<std::int64_t>();
+    } else if (scenario == "die_once") {
+      // Under strata-run --restart-workers: a worker crashes in a closure,
+      // the closure runs elsewhere, the worker is started again and rejoins.
+      const std::string marker = std::getenv("PS_TEST_DIE_MARKER");
+      auto counter = c.create_variable("counter", strata::Tensor::zeros({1}, strata::DType::kInt64));
+      for (int i = 0; i < 10; ++i) c.schedule_fn("die_once_add", counter, marker);
+      c.join();
+      out["counter"] = counter.read().to_vector<std::int64_t>();
+      const int died = std::atoi(slurp(marker).c_str());
+      out["died"] = died;
+      const auto t0 = Clock::now();
+      bool rejoined = false;
+      while (!rejoined && Clock::now() < t0 + std::chrono::seconds(60)) {
+        std::vector<strata::RemoteValue> more;
+        for (int i = 0; i < 4; ++i) more.push_back(c.schedule_fn("square", i));
+        c.join();
+        for (auto& r : more) rejoined = rejoined || r.worker() == died;
+      }
+      out["rejoined"] = rejoined;
     } else if (scenario == "coordinator_kill") {
       auto a = c.create_variable("a", strata::Tensor::zeros({1}, strata::DType::kInt64));
       c.schedule_fn("add_one", a);
@@ -621,11 +861,172 @@ TEST(PsTest, KilledPsIsUnavailableErrorNamingIt) {
   EXPECT_EQ(r["join_error_type"], "UNAVAILABLE") << r.dump();
   EXPECT_NE(r.value("join_error", std::string()).find("ps task 1 is unavailable"), std::string::npos) << r.dump();
   EXPECT_LT(r["join_elapsed_s"].get<double>(), 15.0) << r.dump();
+  // Gone for good: past the grace period (default 5 s), not a blip.
+  EXPECT_NE(r.value("join_error", std::string()).find("past the grace period"), std::string::npos) << r.dump();
   // The rest stop when the coordinator ends.
   for (size_t s : {c.worker(0), c.worker(1), c.ps(0)}) {
     EXPECT_TRUE(c.wait(s, 30)) << c.logs();
     EXPECT_EQ(c.proc(s).status, 0) << c.proc(s).log;
   }
+}
+
+TEST(PsTest, PsStoppedPastTheGraceIsUnavailableErrorNamingIt) {
+  // A stopped ps keeps its connections open: only the deadlines and the
+  // grace period (3 s here) can tell that it is gone.
+  PsCluster c(2, 2);
+  const std::string go = c.dir() + "/go";
+  const std::map<std::string, std::string> quick{{"STRATA_PS_GRACE_S", "3"}, {"STRATA_PS_OP_TIMEOUT_S", "1"}};
+  c.start_servers({{"worker0", quick}, {"worker1", quick}});
+  auto chief_env = quick;
+  chief_env["PS_TEST_OP_TIMEOUT_S"] = "1";
+  chief_env["PS_TEST_GO"] = go;
+  const size_t chief = c.start_coordinator("ps_kill", chief_env);
+  ASSERT_TRUE(c.wait_for_text(chief, "READY", 120)) << c.logs();
+  ::kill(c.proc(c.ps(1)).pid, SIGSTOP);  // for good (the cluster's destructor kills it)
+  std::ofstream(go) << "go\n";
+  ASSERT_TRUE(c.wait(chief, 90)) << c.logs();
+  const json r = c.result();
+  std::printf("coordinator result: %s\n", r.dump().c_str());
+  ASSERT_TRUE(r.is_object() && !r.contains("fatal") && r.contains("error")) << r.dump() << c.logs();
+  EXPECT_EQ(r["b_ps"], 1);
+  EXPECT_EQ(r["error_type"], "UNAVAILABLE") << r.dump();
+  EXPECT_NE(r.value("error", std::string()).find("ps task 1 is unavailable: no answer for"), std::string::npos)
+      << r.dump();
+  EXPECT_NE(r.value("error", std::string()).find("past the grace period of 3000 ms"), std::string::npos) << r.dump();
+  EXPECT_LT(r["elapsed_s"].get<double>(), 3 + 10.0) << r.dump();
+  EXPECT_EQ(r["join_error_type"], "UNAVAILABLE") << r.dump();
+  for (size_t s : {c.worker(0), c.worker(1), c.ps(0)}) {
+    EXPECT_TRUE(c.wait(s, 30)) << c.logs();
+    EXPECT_EQ(c.proc(s).status, 0) << c.proc(s).log;
+  }
+}
+
+// Every worker's input, consumed exactly once by the closures that worker ran.
+void expect_whole_input(const json& p, int worker) {
+  std::vector<std::int64_t> v = p["values"].get<std::vector<std::int64_t>>();
+  std::sort(v.begin(), v.end());
+  std::vector<std::int64_t> want;
+  for (std::int64_t i = 0; i < kInputSize; ++i) want.push_back(worker * 1000 + i);
+  EXPECT_EQ(v, want) << "worker " << worker << ": " << p.dump();
+  EXPECT_EQ(p.value("ended", false), true) << p.dump();
+}
+
+TEST(PsTest, PerWorkerDatasetsIteratorsAndValuesWithTwoWorkersTwoPs) {
+  PsCluster c(2, 2);
+  const json r = run_scenario(c, "datasets");
+  ASSERT_TRUE(r.is_object() && !r.contains("fatal") && r.contains("by_pid") && r.contains("pv") && r.contains("echo"))
+      << r.dump();
+  ASSERT_EQ(r["by_pid"].size(), 2u) << r.dump();  // one process per worker, each its own input
+  std::set<int> workers;
+  for (const auto& p : r["by_pid"]) {
+    workers.insert(p["worker"].get<int>());
+    expect_whole_input(p, p["worker"].get<int>());
+  }
+  EXPECT_EQ(workers, (std::set<int>{0, 1}));
+  EXPECT_NE(r.value("strict", std::string()).find("End of sequence"), std::string::npos) << r.dump();
+  EXPECT_NE(r.value("strict", std::string()).find("OutOfRangeError"), std::string::npos) << r.dump();
+  const std::int64_t first = r["fresh_first"].get<std::int64_t>();
+  EXPECT_TRUE(first == 0 || first == 1000) << first;
+  ASSERT_EQ(r["pv"].size(), 2u);
+  EXPECT_NE(r["pv"][0], r["pv"][1]);
+  ASSERT_EQ(r["echo"].size(), 12u);
+  for (const auto& e : r["echo"]) EXPECT_EQ(e[1], r["pv"][e[0].get<int>()]) << r.dump();
+  EXPECT_NE(r.value("wrong_kind", std::string()).find("is a per-worker value, not a per-worker iterator"),
+            std::string::npos)
+      << r.dump();
+  EXPECT_NE(r.value("unknown_ds", std::string()).find("no worker has a dataset function named 'no_such_input'"),
+            std::string::npos)
+      << r.dump();
+}
+
+TEST(PsTest, RestartedWorkerRebuildsItsDataset) {
+  PsCluster c(2, 1);
+  const std::string marker = c.dir() + "/hang";
+  c.start_servers({{"worker1", {{"PS_TEST_HANG_TAKE", marker}}}});
+  const size_t chief = c.start_coordinator("dataset_restart");
+  const auto end = Clock::now() + std::chrono::seconds(90);
+  while (!std::ifstream(marker) && Clock::now() < end && !c.wait(chief, 0))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_TRUE(std::ifstream(marker).good()) << "worker 1 never took an element\n" << c.logs();
+  EXPECT_NE(slurp(marker).find("took 1000"), std::string::npos) << slurp(marker);
+  c.kill(c.worker(1));
+  ASSERT_TRUE(c.wait(c.worker(1), 10));
+  const size_t again = c.start({self_path(), "--serve"}, c.env("worker", 1), "worker1-restarted");
+  ASSERT_TRUE(c.wait(chief, 150)) << c.logs();
+  const json r = c.result();
+  std::printf("coordinator result: %s\n", r.dump().c_str());
+  ASSERT_TRUE(r.is_object() && !r.contains("fatal") && r.contains("by_pid")) << r.dump() << c.logs();
+  // The killed process completed nothing; the restarted one built its input
+  // again and read all of it, from its first element, exactly once.
+  ASSERT_EQ(r["by_pid"].size(), 2u) << r.dump();
+  for (const auto& p : r["by_pid"]) expect_whole_input(p, p["worker"].get<int>());
+  EXPECT_TRUE(c.wait(again, 30)) << c.logs();
+  EXPECT_EQ(c.proc(again).status, 0);
+}
+
+TEST(PsTest, ScatterUpdatesOnAThreeShardVariableAreExactAndBadIndicesAreClearErrors) {
+  PsCluster c(2, 2);
+  const json r = run_scenario(c, "scatter");
+  ASSERT_TRUE(r.is_object() && !r.contains("fatal") && r.contains("value") && r.contains("after_errors") &&
+              r.contains("updated"))
+      << r.dump();
+  EXPECT_EQ(r["shards"], 3);
+  // 60 closures of scatter_step from 2 workers.
+  std::vector<std::int64_t> want(14, 0);
+  for (std::int64_t j = 0; j < 60; ++j) {
+    for (std::int64_t row : scatter_step_rows(j)) {
+      want[static_cast<size_t>(row * 2)] += 1;
+      want[static_cast<size_t>(row * 2 + 1)] += 2;
+    }
+    want[10] -= 1;
+    want[11] -= 1;
+  }
+  EXPECT_EQ(r["value"].get<std::vector<std::int64_t>>(), want) << r.dump();
+  EXPECT_EQ(r["after_errors"].get<std::vector<std::int64_t>>(), want) << "a rejected scatter changed the variable";
+  EXPECT_EQ(r["updated"].get<std::vector<float>>(),
+            (std::vector<float>{20, 21, 22, 40, 41, 42, 6, 7, 8, 9, 10, 11, 10, 11, 12}))
+      << r.dump();
+  auto has = [&](const char* key, const std::string& text) {
+    EXPECT_NE(r.value(key, std::string()).find(text), std::string::npos) << key << ": " << r.value(key, std::string());
+  };
+  has("err_range", "scatter_add of variable 'emb' of shape [7, 2]: indices[1] = 7 is not in [0, 7)");
+  has("err_negative", "indices[0] = -1 is not in [0, 7)");
+  has("err_shape", "values of shape [2, 3] and dtype int64 do not match [2, 2]");
+  has("err_dtype", "dtype float32 do not match");
+  has("err_scalar", "it is a scalar");
+  has("worker_err", "indices[0] = 9 is not in [0, 7)");
+  has("worker_err", "on worker task");
+}
+
+TEST(PsTest, PsBlipShorterThanTheGraceIsToleratedWithExactValues) {
+  PsCluster c(2, 2);
+  // Operations time out after 1 s, so a 3 s stop makes every process resend
+  // its requests on new connections; the grace (8 s) outlasts the stop.
+  const std::map<std::string, std::string> blip{{"STRATA_PS_GRACE_S", "8"}, {"STRATA_PS_OP_TIMEOUT_S", "1"}};
+  c.start_servers({{"worker0", blip}, {"worker1", blip}});
+  auto chief_env = blip;
+  chief_env["PS_TEST_OP_TIMEOUT_S"] = "1";
+  const size_t chief = c.start_coordinator("ps_blip", chief_env);
+  ASSERT_TRUE(c.wait_for_text(chief, "READY", 120)) << c.logs();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ::kill(c.proc(c.ps(1)).pid, SIGSTOP);
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  ::kill(c.proc(c.ps(1)).pid, SIGCONT);
+  ASSERT_TRUE(c.wait(chief, 120)) << c.logs();
+  EXPECT_EQ(c.proc(chief).status, 0);
+  const json r = c.result();
+  std::printf("coordinator result: %s\n", r.dump().c_str());
+  ASSERT_TRUE(r.is_object() && !r.contains("fatal") && r.contains("value")) << r.dump() << c.logs();
+  EXPECT_EQ(r["shard_ps"], json({0, 1, 0}));
+  // 200 closures + 10 coordinator steps: +1 everywhere, +1 more on row 0.
+  const auto v = r["value"].get<std::vector<std::int64_t>>();
+  ASSERT_EQ(v.size(), 18u);
+  for (size_t i = 0; i < 18; ++i) EXPECT_EQ(v[i], i < 3 ? 420 : 210) << "element " << i << ": " << r.dump();
+  // The blip was real: someone resent to ps task 1 and got through.
+  const std::string logs = c.logs();
+  EXPECT_NE(logs.find("ps task 1 answered again"), std::string::npos) << logs;
+  EXPECT_TRUE(c.wait_servers(30)) << c.logs();
+  for (size_t sv : c.servers()) EXPECT_EQ(c.proc(sv).status, 0) << c.proc(sv).log << "\n" << c.logs();
 }
 
 TEST(PsTest, ServersExitWhenTheCoordinatorIsKilled) {
@@ -721,6 +1122,28 @@ TEST(PsTest, StrataBenchPsReportsClosuresAndPullPush) {
     EXPECT_GT(v["pull_MBps"].get<double>(), 0);
     EXPECT_GT(v["push_MBps"].get<double>(), 0);
   }
+}
+
+TEST(PsTest, StrataRunRestartsAFailedWorkerAndTheJobFinishes) {
+  PsCluster none(1, 1);  // only for its environment helpers and directory
+  auto env = none.env("chief", 0);
+  env.erase("TF_CONFIG");
+  env["PS_TEST_DIE_MARKER"] = none.dir() + "/died";
+  const auto [code, log] = run_to_end({STRATA_RUN_BIN, "--timeout", "200", "--chief", "1", "--workers", "2", "--ps",
+                                       "1", "--restart-workers", "1", "--restart-delay", "0.5", "--", self_path(),
+                                       "--auto", "die_once"},
+                                      env, 240);
+  EXPECT_EQ(code, 0) << log;
+  EXPECT_NE(log.find("exited with code 3; the coordinator runs its closures on the other workers; restarting it"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("again (rank"), std::string::npos) << log;
+  const auto p = log.find("[chief 0] RESULT ");
+  ASSERT_NE(p, std::string::npos) << log;
+  const json r = json::parse(log.substr(p + 17, log.find('\n', p) - p - 17), nullptr, false);
+  ASSERT_TRUE(r.is_object() && !r.contains("fatal") && r.contains("counter")) << r.dump() << log;
+  EXPECT_EQ(r["counter"][0], 10) << "a closure was lost or ran twice: " << r.dump();
+  EXPECT_EQ(r["rejoined"], true) << log;
 }
 
 TEST(PsTest, StrataRunStartsAChiefWorkersAndPsWithRolePrefixes) {

@@ -49,7 +49,11 @@ class STRATA_API Config {
   /// STRATA_CROSS_DEVICE_OPS -> /cross_device_ops/name, STRATA_TRANSPORT ->
   /// /transport/name, STRATA_CLUSTER_RESOLVER -> /cluster_resolver/name,
   /// STRATA_COLLECTIVE_TIMEOUT_S -> /timeouts/collective_s,
-  /// STRATA_RENDEZVOUS_TIMEOUT_S -> /timeouts/rendezvous_s. Unset or empty
+  /// STRATA_RENDEZVOUS_TIMEOUT_S -> /timeouts/rendezvous_s,
+  /// STRATA_PS_GRACE_S -> /timeouts/ps_grace_s (how long a parameter-server
+  /// task may be unreachable before it counts as failed, default 5),
+  /// STRATA_PS_OP_TIMEOUT_S -> /timeouts/ps_op_s (one ps operation's
+  /// deadline on workers, default 60). Unset or empty
   /// variables change nothing. Throws InvalidArgumentError naming the
   /// variable when a timeout is not a positive number.
   void apply_env();

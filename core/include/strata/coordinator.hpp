@@ -27,6 +27,21 @@
 // An update of a sharded variable is atomic per shard, not across shards, as
 // in tf.distribute.
 //
+// Per-worker values. create_per_worker_dataset(fn) has every worker build
+// its own input by running the dataset function registered under `fn`
+// (STRATA_REGISTER_DATASET_FN) with its own InputContext; iter() makes a
+// fresh iterator on every worker; create_per_worker_values(fn) keeps fn's
+// result on every worker. Passed to schedule(), such a value resolves on the
+// worker to that worker's own (get_iterator, get_per_worker_value). They are
+// created on each worker before any closure scheduled after them runs there,
+// and again when the worker restarts (its dataset starts over).
+//
+// A ps blip. A ps call whose connection fails or that passes the operation
+// deadline is resent on a new connection until ps_grace_s has passed since
+// the first failure; updates carry a request id the ps remembers, so none is
+// applied twice. A ps away longer (or restarted: it lost its variables) is
+// UnavailableError naming it.
+//
 // Failures. A worker whose connection fails while it runs a closure (killed,
 // host gone) gets no more work; its closure goes back to the queue and runs
 // on another worker, and the coordinator keeps trying to reconnect to it
@@ -46,10 +61,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
 
+#include "strata/data.hpp"
 #include "strata/error.hpp"
 #include "strata/export.hpp"
 #include "strata/partitioners.hpp"
@@ -63,6 +80,17 @@ struct ClosureState;
 class CoordinatorCore;
 class ServerCore;
 }  // namespace ps_detail
+
+/// What a per-worker value is on each worker (see PerWorkerValues).
+enum class PerWorkerKind : std::uint8_t { kValue = 0, kDataset = 1, kIterator = 2 };
+
+/// The wire handle of a per-worker value (tf's PerWorkerValues as an
+/// argument): on a worker, a scheduled function resolves it to that
+/// worker's own value with get_per_worker_value() or get_iterator().
+struct PerWorkerRef {
+  std::uint64_t id = 0;
+  PerWorkerKind kind = PerWorkerKind::kValue;
+};
 
 /// A variable held on parameter-server tasks (one shard per ps-held part).
 /// Copyable handle; the variable lives as long as its ps tasks do. Passed as
@@ -85,6 +113,19 @@ class STRATA_API RemoteVariable {
   void assign(const Tensor& value) const;
   void assign_add(const Tensor& delta) const;
   void assign_sub(const Tensor& delta) const;
+  /// tf.Variable.scatter_add / scatter_sub / scatter_update with a
+  /// tf.IndexedSlices (strata/values.hpp): update rows `slices.indices`
+  /// (int64 [n], along axis 0, across shards) with the rows of
+  /// `slices.values` ([n] + the variable's shape[1:]); `dense_shape`, when
+  /// set, must be the variable's shape. Each shard's rows are updated atomically on its ps
+  /// task (not across shards, as in tf.distribute); duplicate indices are
+  /// applied in order (added twice; the last one wins for scatter_update).
+  /// InvalidArgumentError naming the index and the variable's shape when an
+  /// index is outside [0, shape[0]), or naming both shapes when the values'
+  /// shape is not [indices.size()] + shape[1:]; nothing is sent then.
+  void scatter_add(const IndexedSlices& slices) const;
+  void scatter_sub(const IndexedSlices& slices) const;
+  void scatter_update(const IndexedSlices& slices) const;
   bool defined() const { return info_ != nullptr; }
 
   // Internal.
@@ -93,13 +134,18 @@ class STRATA_API RemoteVariable {
 
  private:
   void update(std::uint32_t op, const Tensor& value) const;
+  void scatter(std::uint32_t op, const IndexedSlices& slices) const;
   std::shared_ptr<const ps_detail::VariableInfo> info_;
 };
 
 /// A scheduled function's argument or result: nothing, an integer, a real
-/// number, a string, a host tensor or a remote variable. Move-only (Tensor).
-using Value = std::variant<std::monostate, std::int64_t, double, std::string, Tensor, RemoteVariable>;
+/// number, a string, a host tensor, a remote variable or a per-worker value
+/// (an argument only). Move-only (Tensor).
+using Value =
+    std::variant<std::monostate, std::int64_t, double, std::string, Tensor, RemoteVariable, PerWorkerRef>;
 using Args = std::vector<Value>;
+
+class PerWorkerValues;
 
 /// Make a Value from a C++ value (integers -> int64, floating -> double).
 template <class T>
@@ -109,6 +155,7 @@ Value to_value(T&& v) {
   else if constexpr (std::is_same_v<D, bool> || std::is_integral_v<D>) return Value(static_cast<std::int64_t>(v));
   else if constexpr (std::is_floating_point_v<D>) return Value(static_cast<double>(v));
   else if constexpr (std::is_convertible_v<D, std::string>) return Value(std::string(v));
+  else if constexpr (std::is_base_of_v<PerWorkerValues, D>) return Value(v.ref());
   else return Value(std::forward<T>(v));
 }
 
@@ -147,6 +194,53 @@ STRATA_API std::vector<std::string> registered_functions();
   static const bool STRATA_PS_CONCAT_(strata_registered_function_, __LINE__) =          \
       (::strata::register_function((name), ::strata::RemoteFunction(fn)), true)
 
+/// A function that builds one worker's input: called on every worker with
+/// InputContext{num_input_pipelines = number of workers, input_pipeline_id
+/// = this worker's index, num_replicas_in_sync = 1}, as tf.distribute's
+/// ParameterServerStrategy calls a dataset function.
+using DatasetFunction = std::function<Dataset(const InputContext&)>;
+
+/// Register `fn` under `name` for ClusterCoordinator::create_per_worker_dataset
+/// (at load time through STRATA_REGISTER_DATASET_FN). AlreadyExistsError
+/// when the name is taken.
+STRATA_API void register_dataset_function(const std::string& name, DatasetFunction fn);
+/// The dataset functions registered in this process, sorted.
+STRATA_API std::vector<std::string> registered_dataset_functions();
+
+/// STRATA_REGISTER_DATASET_FN("train_input", make_input); at namespace scope.
+#define STRATA_REGISTER_DATASET_FN(name, fn)                                            \
+  static const bool STRATA_PS_CONCAT_(strata_registered_dataset_fn_, __LINE__) =        \
+      (::strata::register_dataset_function((name), ::strata::DatasetFunction(fn)), true)
+
+/// On a worker, inside a scheduled function: this worker's own pass over
+/// its per-worker dataset (argument `i` is a PerWorkerIterator on the
+/// coordinator). Copyable handle; closures on one worker run one at a time,
+/// so each element of the worker's input goes to exactly one closure.
+class STRATA_API LocalIterator {
+ public:
+  /// The next element; OutOfRangeError ("end of data", tf's OutOfRangeError)
+  /// when this worker's input is exhausted. Raised from a scheduled function,
+  /// it surfaces at the coordinator's join()/fetch() as OutOfRangeError.
+  Element get_next();
+  /// The next element, or nullopt at the end (tf's get_next_as_optional).
+  std::optional<Element> get_next_as_optional();
+
+  struct Impl;
+  explicit LocalIterator(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+/// Argument `i` of a scheduled function, a per-worker iterator, resolved to
+/// this worker's iterator. InvalidArgumentError when the argument is not a
+/// per-worker iterator; FailedPreconditionError when called outside a
+/// worker or the iterator was not created on this worker.
+STRATA_API LocalIterator get_iterator(const Args& args, std::size_t i);
+/// Argument `i` of a scheduled function, a PerWorkerValues, resolved to the
+/// value this worker computed for it. Errors as get_iterator.
+STRATA_API const Value& get_per_worker_value(const Args& args, std::size_t i);
+
 /// tf.distribute's RemoteValue states.
 enum class RemoteValueStatus { kScheduled, kRunning, kReady, kAborted, kError };
 STRATA_API const char* remote_value_status_name(RemoteValueStatus s);
@@ -179,6 +273,47 @@ class STRATA_API RemoteValue {
   std::shared_ptr<ps_detail::ClosureState> s_;
 };
 
+/// tf.distribute's PerWorkerValues on the coordinator: one value per
+/// worker, computed on that worker (ClusterCoordinator::create_per_worker_*).
+/// Passed to schedule(), each worker's closure receives its own worker's
+/// value. values()[w] is worker w's RemoteValue (fetch it, or fetch them all
+/// with ClusterCoordinator::fetch). A worker that restarts computes its
+/// value again before it runs any other closure (its RemoteValue is reset).
+/// Copyable handle.
+class STRATA_API PerWorkerValues {
+ public:
+  PerWorkerValues() = default;
+  PerWorkerRef ref() const { return ref_; }
+  const std::vector<RemoteValue>& values() const { return values_; }
+  bool defined() const { return ref_.id != 0; }
+
+  // Internal.
+  PerWorkerValues(PerWorkerRef ref, std::vector<RemoteValue> values, std::weak_ptr<ps_detail::CoordinatorCore> c)
+      : ref_(ref), values_(std::move(values)), coordinator_(std::move(c)) {}
+
+ protected:
+  PerWorkerRef ref_;
+  std::vector<RemoteValue> values_;
+  std::weak_ptr<ps_detail::CoordinatorCore> coordinator_;
+};
+
+/// iter(per_worker_dataset): a fresh pass over every worker's dataset.
+class STRATA_API PerWorkerIterator : public PerWorkerValues {
+ public:
+  PerWorkerIterator() = default;
+  explicit PerWorkerIterator(PerWorkerValues v) : PerWorkerValues(std::move(v)) {}
+};
+
+/// ClusterCoordinator::create_per_worker_dataset's result (tf's
+/// PerWorkerDataset): the dataset built on every worker by its function.
+class STRATA_API PerWorkerDataset : public PerWorkerValues {
+ public:
+  PerWorkerDataset() = default;
+  explicit PerWorkerDataset(PerWorkerValues v) : PerWorkerValues(std::move(v)) {}
+  /// A new iterator on every worker (each starts at its dataset's start).
+  PerWorkerIterator iter() const;
+};
+
 struct CoordinatorOptions {
   /// Deadline of one variable operation or control message (seconds).
   double op_timeout_s = 60;
@@ -189,6 +324,16 @@ struct CoordinatorOptions {
   double heartbeat_s = 0.5;
   /// Stop every server when the coordinator is destroyed.
   bool stop_servers_on_exit = true;
+  /// How long a ps task may be unreachable (connection lost, or no answer
+  /// within the operation deadline) before it counts as failed (seconds).
+  /// Within it, variable operations reconnect and retry; a retried update
+  /// is applied once (the ps remembers each request's id). < 0: the job
+  /// config's /timeouts/ps_grace_s (env STRATA_PS_GRACE_S), default 5 s.
+  /// Workers read the config key. Keep it well below the servers'
+  /// coordinator_timeout_s: the heartbeat waits for a missing ps this long.
+  /// A ps that restarted (new incarnation) is unavailable at once: it lost
+  /// its variables, so there is nothing to reconnect to.
+  double ps_grace_s = -1;
 };
 
 /// tf.distribute.experimental.coordinator.ClusterCoordinator, for the chief.
@@ -227,6 +372,18 @@ class STRATA_API ClusterCoordinator {
   bool done();
   /// remote.fetch(), after checking the ps tasks (UnavailableError).
   const Value& fetch(const RemoteValue& remote);
+  /// Every worker's value, by worker index (tf's fetch of PerWorkerValues).
+  std::vector<std::reference_wrapper<const Value>> fetch(const PerWorkerValues& values);
+
+  /// tf's create_per_worker_dataset: every worker builds its own dataset by
+  /// running the dataset function registered as `dataset_fn` (before any
+  /// closure scheduled later runs there). NotFoundError when a worker lacks
+  /// it; the function's error surfaces as a closure's error does.
+  PerWorkerDataset create_per_worker_dataset(const std::string& dataset_fn);
+  /// Run the function registered as `fn` with `args` once on every worker;
+  /// each worker keeps its result for the closures it runs (tf's
+  /// PerWorkerValues of per-worker resources).
+  PerWorkerValues create_per_worker_values(const std::string& fn, Args args = {});
 
   /// Tell every server to stop (they exit 0). Also done by the destructor
   /// unless options.stop_servers_on_exit is false.

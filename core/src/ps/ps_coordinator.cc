@@ -24,6 +24,7 @@ class CoordinatorCore : public std::enable_shared_from_this<CoordinatorCore> {
 
   void start() {
     rt_->set_op_timeout_ms(static_cast<std::int64_t>(opt_.op_timeout_s * 1000));
+    if (opt_.ps_grace_s >= 0) rt_->set_ps_grace_ms(static_cast<std::int64_t>(opt_.ps_grace_s * 1000));
     num_workers_ = rt_->count("worker");
     num_ps_ = rt_->count("ps");
     STRATA_ENFORCE(num_ps_ >= 1, STRATA_ERR_INVALID_ARGUMENT,
@@ -36,6 +37,9 @@ class CoordinatorCore : public std::enable_shared_from_this<CoordinatorCore> {
       wk.dispatch = rt_->connect("worker", w, rt_->job(), rt_->rendezvous_ms(), &hello);
       wk.control = rt_->connect("worker", w, rt_->job(), rt_->rendezvous_ms());
       for (const auto& f : hello.value("functions", json::array())) functions_.insert(f.get<std::string>());
+      for (const auto& f : hello.value("dataset_functions", json::array()))
+        dataset_functions_.insert(f.get<std::string>());
+      wk.incarnation = hello.value("incarnation", std::string());
     }
     auto self = shared_from_this();
     for (int w = 0; w < num_workers_; ++w) threads_.emplace_back([self, w] { self->dispatch_loop(w); });
@@ -54,6 +58,11 @@ class CoordinatorCore : public std::enable_shared_from_this<CoordinatorCore> {
       for (auto& c : queue_) finish(*c, RemoteValueStatus::kAborted, STRATA_ERR_CANCELLED,
                                     "cancelled: the ClusterCoordinator was destroyed");
       queue_.clear();
+      for (auto& w : workers_) {
+        for (auto& c : w->own)
+          finish(*c, RemoteValueStatus::kAborted, STRATA_ERR_CANCELLED, "cancelled: the ClusterCoordinator was destroyed");
+        w->own.clear();
+      }
     }
     cv_.notify_all();
     for (auto& t : threads_) t.join();
@@ -78,7 +87,7 @@ class CoordinatorCore : public std::enable_shared_from_this<CoordinatorCore> {
     }
     for (int p = 0; p < num_ps_; ++p) {
       try {
-        rt_->ps_channel(p)->call(kStop, "", t);
+        rt_->ps_call(p, kStop, "");
       } catch (const std::exception& e) {
         detail::logger("ps")->info("stopping ps task {}: {}", p, e.what());
       }
@@ -121,7 +130,7 @@ class CoordinatorCore : public std::enable_shared_from_this<CoordinatorCore> {
       Writer w;
       w.u64(s.id);
       w.tensor(piece);
-      rt_->ps_channel(s.ps)->call(kVarCreate, w.take(), rt_->op_timeout_ms());
+      rt_->ps_call(s.ps, kVarCreate, w.take());
     }
     return RemoteVariable(info);
   }
@@ -162,7 +171,7 @@ class CoordinatorCore : public std::enable_shared_from_this<CoordinatorCore> {
     for (;;) {
       raise_pending_error_locked(l);
       raise_ps_failure();
-      if (queue_.empty() && inflight_ == 0) return;
+      if (idle_locked()) return;
       if (Clock::now() >= deadline) {
         std::string dead;
         for (int w = 0; w < num_workers_; ++w)
@@ -179,7 +188,56 @@ class CoordinatorCore : public std::enable_shared_from_this<CoordinatorCore> {
     std::unique_lock<std::mutex> l(mu_);
     raise_pending_error_locked(l);
     raise_ps_failure();
-    return queue_.empty() && inflight_ == 0;
+    return idle_locked();
+  }
+
+  // A value computed on every worker (kPerWorkerCreate): one closure per
+  // worker, queued on that worker ahead of the shared queue and kept to be
+  // run again when the worker restarts.
+  PerWorkerValues create_per_worker(PerWorkerKind kind, const std::string& fn, std::uint64_t parent, Args args) {
+    raise_pending_error();
+    if (kind == PerWorkerKind::kValue && functions_.count(fn) == 0)
+      STRATA_THROW(STRATA_ERR_NOT_FOUND, "no worker has a function named '", fn, "' (the workers register: ",
+                   json(std::vector<std::string>(functions_.begin(), functions_.end())).dump(),
+                   "); register it with STRATA_REGISTER_FUNCTION in the program the workers run");
+    if (kind == PerWorkerKind::kDataset && dataset_functions_.count(fn) == 0)
+      STRATA_THROW(STRATA_ERR_NOT_FOUND, "no worker has a dataset function named '", fn,
+                   "' (the workers register: ",
+                   json(std::vector<std::string>(dataset_functions_.begin(), dataset_functions_.end())).dump(),
+                   "); register it with STRATA_REGISTER_DATASET_FN in the program the workers run");
+    PerWorkerRef ref;
+    ref.kind = kind;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      ref.id = next_resource_++;
+    }
+    Writer w;
+    w.u64(ref.id);
+    w.u8(static_cast<std::uint8_t>(kind));
+    w.str(fn);
+    w.u64(parent);
+    w.u64(args.size());
+    for (const auto& a : args) w.value(a);
+    const std::string payload = w.take();
+    std::vector<RemoteValue> values;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      STRATA_ENFORCE(!shutting_down_, STRATA_ERR_FAILED_PRECONDITION, "the ClusterCoordinator is shutting down");
+      for (auto& wk : workers_) {
+        auto c = std::make_shared<ClosureState>();
+        c->id = next_closure_++;
+        c->fn = kind == PerWorkerKind::kIterator ? detail::str_cat("iterator of per-worker dataset ", parent) : fn;
+        c->kind = kPerWorkerCreate;
+        c->args = payload;
+        c->fetch_timeout_s = opt_.join_timeout_s;
+        c->coordinator = weak_from_this();
+        wk->own.push_back(c);
+        wk->resources.push_back(c);
+        values.emplace_back(c);
+      }
+    }
+    cv_.notify_all();
+    return PerWorkerValues(ref, std::move(values), weak_from_this());
   }
 
   void raise_ps_failure() {
@@ -200,7 +258,20 @@ class CoordinatorCore : public std::enable_shared_from_this<CoordinatorCore> {
     std::unique_ptr<Channel> control;
     std::mutex control_mu;
     bool alive = true;  // guarded by mu_
+    // Per-worker value closures: queued for this worker only (guarded by
+    // mu_), and all of them, in creation order, to run again when the
+    // worker comes back as a new incarnation (a restarted process).
+    std::deque<std::shared_ptr<ClosureState>> own;
+    std::vector<std::shared_ptr<ClosureState>> resources;
+    std::string incarnation;  // dispatch thread only
   };
+
+  bool idle_locked() const {
+    if (!queue_.empty() || inflight_ != 0) return false;
+    for (const auto& w : workers_)
+      if (w->alive && !w->own.empty()) return false;  // a dead worker's values wait for its return
+    return true;
+  }
 
   static void finish(ClosureState& c, RemoteValueStatus st, strata_status_t code, const std::string& msg,
                      Value result = Value()) {
@@ -241,7 +312,25 @@ class CoordinatorCore : public std::enable_shared_from_this<CoordinatorCore> {
             wk.control = std::move(ctl);
           }
           wk.dispatch = std::move(ch);
+          const std::string inc = hello.value("incarnation", std::string());
           std::lock_guard<std::mutex> l(mu_);
+          if (inc != wk.incarnation) {
+            // A restarted worker has none of its per-worker values: create
+            // them all again, in order, before it runs anything else.
+            wk.own.clear();
+            for (auto& r : wk.resources) {
+              {
+                std::lock_guard<std::mutex> cl(r->mu);
+                r->status = RemoteValueStatus::kScheduled;
+                r->worker = -1;
+              }
+              wk.own.push_back(r);
+            }
+            if (!wk.resources.empty())
+              detail::logger("ps")->info("coordinator: {} restarted; creating its {} per-worker value(s) again", who,
+                                         wk.resources.size());
+            wk.incarnation = inc;
+          }
           wk.alive = true;
           detail::logger("ps")->warn("coordinator: {} is back", who);
         } catch (const std::exception& e) {
@@ -254,10 +343,13 @@ class CoordinatorCore : public std::enable_shared_from_this<CoordinatorCore> {
       std::shared_ptr<ClosureState> c;
       {
         std::unique_lock<std::mutex> l(mu_);
-        cv_.wait_for(l, std::chrono::milliseconds(200), [&] { return shutting_down_ || !queue_.empty(); });
-        if (shutting_down_ || queue_.empty()) continue;
-        c = queue_.front();
-        queue_.pop_front();
+        cv_.wait_for(l, std::chrono::milliseconds(200),
+                     [&] { return shutting_down_ || !wk.own.empty() || !queue_.empty(); });
+        if (shutting_down_) continue;
+        std::deque<std::shared_ptr<ClosureState>>& from = !wk.own.empty() ? wk.own : queue_;
+        if (from.empty()) continue;
+        c = from.front();
+        from.pop_front();
         ++inflight_;
       }
       {
@@ -266,7 +358,7 @@ class CoordinatorCore : public std::enable_shared_from_this<CoordinatorCore> {
         c->worker = w;
       }
       try {
-        Frame r = wk.dispatch->call(kExecute, c->args,
+        Frame r = wk.dispatch->call(c->kind, c->args,
                                     static_cast<std::int64_t>(opt_.join_timeout_s * 1000), &shutting_down_);
         Reader rd(r.payload);
         finish(*c, RemoteValueStatus::kReady, STRATA_OK, "", rd.value());
@@ -283,7 +375,7 @@ class CoordinatorCore : public std::enable_shared_from_this<CoordinatorCore> {
           }
           std::lock_guard<std::mutex> l(mu_);
           wk.alive = false;
-          queue_.push_front(c);
+          (c->kind == kPerWorkerCreate ? wk.own : queue_).push_front(c);
           --inflight_;
           cv_.notify_all();
           continue;
@@ -318,7 +410,8 @@ class CoordinatorCore : public std::enable_shared_from_this<CoordinatorCore> {
     while (!shutting_down_) {
       for (int p = 0; p < num_ps_ && !shutting_down_; ++p) {
         try {
-          rt_->ps_channel(p)->call(kPing, "", t);
+          (void)t;
+          rt_->ps_call(p, kPing, "");
         } catch (const Error& e) {
           std::lock_guard<std::mutex> l(ps_mu_);
           if (ps_error_.empty()) {
@@ -349,6 +442,8 @@ class CoordinatorCore : public std::enable_shared_from_this<CoordinatorCore> {
   int num_workers_ = 0;
   int num_ps_ = 0;
   std::set<std::string> functions_;
+  std::set<std::string> dataset_functions_;
+  std::uint64_t next_resource_ = 1;
   std::vector<std::unique_ptr<Worker>> workers_;
   std::vector<std::thread> threads_;
   std::mutex mu_;
@@ -439,7 +534,7 @@ Tensor RemoteVariable::read() const {
   if (v.shards.size() == 1) {  // the shard is the variable: no concatenation
     ps_detail::Writer w;
     w.u64(v.shards[0].id);
-    ps_detail::Frame r = rt->ps_channel(v.shards[0].ps)->call(ps_detail::kVarRead, w.take(), rt->op_timeout_ms());
+    ps_detail::Frame r = rt->ps_call(v.shards[0].ps, ps_detail::kVarRead, w.take());
     ps_detail::Reader rd(r.payload);
     Tensor t = rd.tensor();
     STRATA_ENFORCE(t.shape() == v.shape && t.dtype() == v.dtype, STRATA_ERR_DATA_LOSS, "variable '", v.name,
@@ -450,7 +545,7 @@ Tensor RemoteVariable::read() const {
   for (const auto& s : v.shards) {
     ps_detail::Writer w;
     w.u64(s.id);
-    ps_detail::Frame r = rt->ps_channel(s.ps)->call(ps_detail::kVarRead, w.take(), rt->op_timeout_ms());
+    ps_detail::Frame r = rt->ps_call(s.ps, ps_detail::kVarRead, w.take());
     ps_detail::Reader rd(r.payload);
     const ps_detail::Reader::TensorBytes piece = rd.tensor_bytes();
     const std::size_t off = static_cast<std::size_t>(s.row_offset) * rb;
@@ -478,11 +573,15 @@ void RemoteVariable::update(std::uint32_t op, const Tensor& value) const {
   for (const auto& s : v.shards) {
     const std::size_t rows = s.shape.empty() ? 1 : static_cast<std::size_t>(s.shape[0]);
     const char* src = base + (v.shape.empty() ? 0 : static_cast<std::size_t>(s.row_offset) * rb);
-    ps_detail::Writer w;
-    w.u64(s.id);
-    w.u32(op);
-    w.tensor_raw(v.dtype, s.shape, src, v.shape.empty() ? value.nbytes() : rows * rb);
-    rt->ps_channel(s.ps)->call(ps_detail::kVarUpdate, w.take(), rt->op_timeout_ms());
+    const auto key = rt->request_key();  // applied once even when a blip makes us resend it
+    rt->ps_call(s.ps, ps_detail::kVarUpdateOnce, [&] {
+      ps_detail::Writer w;
+      ps_detail::Runtime::write_request_key(w, key);
+      w.u64(s.id);
+      w.u32(op);
+      w.tensor_raw(v.dtype, s.shape, src, v.shape.empty() ? value.nbytes() : rows * rb);
+      return w.take();
+    });
   }
 }
 
@@ -516,5 +615,31 @@ const Value& ClusterCoordinator::fetch(const RemoteValue& remote) {
   return remote.fetch();
 }
 void ClusterCoordinator::stop_servers() { core_->stop_servers(); }
+
+std::vector<std::reference_wrapper<const Value>> ClusterCoordinator::fetch(const PerWorkerValues& values) {
+  STRATA_ENFORCE(values.defined(), STRATA_ERR_FAILED_PRECONDITION,
+                 "empty PerWorkerValues; get one from create_per_worker_values or create_per_worker_dataset");
+  core_->raise_ps_failure();
+  std::vector<std::reference_wrapper<const Value>> out;
+  for (const auto& r : values.values()) out.emplace_back(r.fetch());
+  return out;
+}
+
+PerWorkerDataset ClusterCoordinator::create_per_worker_dataset(const std::string& dataset_fn) {
+  return PerWorkerDataset(core_->create_per_worker(PerWorkerKind::kDataset, dataset_fn, 0, {}));
+}
+
+PerWorkerValues ClusterCoordinator::create_per_worker_values(const std::string& fn, Args args) {
+  return core_->create_per_worker(PerWorkerKind::kValue, fn, 0, std::move(args));
+}
+
+PerWorkerIterator PerWorkerDataset::iter() const {
+  STRATA_ENFORCE(defined(), STRATA_ERR_FAILED_PRECONDITION,
+                 "empty PerWorkerDataset; get one from ClusterCoordinator::create_per_worker_dataset");
+  auto core = coordinator_.lock();
+  STRATA_ENFORCE(core != nullptr, STRATA_ERR_FAILED_PRECONDITION,
+                 "the ClusterCoordinator of this per-worker dataset was destroyed");
+  return PerWorkerIterator(core->create_per_worker(PerWorkerKind::kIterator, std::string(), ref_.id, {}));
+}
 
 }  // namespace strata

@@ -9,6 +9,8 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -27,6 +29,9 @@ namespace strata::ps_detail {
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
+class Runtime;
+class Reader;
+
 // Message kinds. A response carries the request's kind and id, and a
 // status (0 ok; else a strata status code whose message is the payload).
 enum Kind : std::uint32_t {
@@ -37,9 +42,43 @@ enum Kind : std::uint32_t {
   kVarCreate = 5,  // ps: id + tensor
   kVarRead = 6,    // ps: id; reply tensor
   kVarUpdate = 7,  // ps: id + op + tensor
+  // worker: resource id, PerWorkerKind, function name, parent id, args;
+  // reply: the value (kValue) or none
+  kPerWorkerCreate = 8,
+  // ps, applied at most once: request key (client token, sequence), then as
+  // kVarUpdate / scatter (id, op, n, n row indices, rows tensor)
+  kVarUpdateOnce = 9,
+  kVarScatterOnce = 10,
 };
 
 enum UpdateOp : std::uint32_t { kAssign = 0, kAssignAdd = 1, kAssignSub = 2 };
+
+// Apply a scatter (kVarScatterOnce's body after the request key and shard
+// id: op, n, n local row indices, rows) to `shard`. `who` names the ps task.
+void apply_scatter(Tensor& shard, std::uint64_t shard_id, Reader& r, const std::string& who);
+
+// Remembers the responses of ps requests that must be applied at most once
+// (kVarUpdateOnce, kVarScatterOnce), by (client token, sequence): a retry
+// of a request already applied (or being applied) gets the first answer.
+class OnceTable {
+ public:
+  // Run `fn` for `key` unless it ran; a concurrent duplicate waits for it.
+  std::string run(std::uint64_t token, std::uint64_t seq, const std::function<std::string()>& fn);
+
+ private:
+  struct Entry {
+    bool done = false;
+    std::int32_t code = 0;
+    std::string response;
+  };
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::pair<std::uint64_t, std::uint64_t>, Entry> entries_;
+  std::deque<std::pair<std::uint64_t, std::uint64_t>> order_;
+};
+
+// Worker side of per-worker values: create resource (kPerWorkerCreate).
+std::string per_worker_create(const Runtime& rt, const std::string& payload);
 
 struct Frame {
   std::uint32_t kind = 0;
@@ -193,6 +232,22 @@ class Runtime {
   // The shared channel of this process to ps task `ps` (opened on first use,
   // reopened after a failure). Callers serialise through Channel::call.
   std::shared_ptr<Channel> ps_channel(int ps);
+  // call() on ps task `ps`, tolerating a blip (ps_retry.cc): a lost
+  // connection or an attempt past the operation deadline reconnects and
+  // resends the same payload until ps_grace_ms() passed since the first
+  // failure, then UnavailableError naming the ps task. Only idempotent
+  // requests go through it (reads, pings, *Once updates with a request key).
+  Frame ps_call(int ps, std::uint32_t kind, const std::string& payload);
+  // The same, with the payload made by `make` for each attempt (moved into
+  // the first one: a large update is not copied once more for a retry that
+  // rarely happens). `make` must give the same bytes every time.
+  Frame ps_call(int ps, std::uint32_t kind, const std::function<std::string()>& make);
+  // A request key for a *Once request: this process's token and a new
+  // sequence number; write it with write_request_key.
+  std::pair<std::uint64_t, std::uint64_t> request_key() { return {token_, next_seq_.fetch_add(1)}; }
+  static void write_request_key(Writer& w, const std::pair<std::uint64_t, std::uint64_t>& key);
+  std::int64_t ps_grace_ms() const { return ps_grace_ms_; }
+  void set_ps_grace_ms(std::int64_t ms) { ps_grace_ms_ = ms; }
 
   const strata_transport_vtable* vt() const { return vt_; }
   strata_transport_t transport() const { return static_cast<strata_transport_t>(transport_.handle()); }
@@ -213,6 +268,15 @@ class Runtime {
   std::int64_t rendezvous_ms_ = 120000;
   std::mutex mu_;
   std::map<int, std::shared_ptr<Channel>> ps_;
+  // ps_retry.cc: the grace period, the request token and sequence, and the
+  // incarnation each ps task had at first contact (a different one after a
+  // reconnect means it restarted and lost its variables).
+  void load_ps_timeouts();
+  std::shared_ptr<Channel> reconnect_ps(int ps, const std::shared_ptr<Channel>& broken, std::int64_t timeout_ms);
+  std::int64_t ps_grace_ms_ = 5000;
+  std::uint64_t token_ = 0;
+  std::atomic<std::uint64_t> next_seq_{1};
+  std::map<int, std::string> ps_incarnation_;
 };
 
 // Store keys of a server task.
@@ -233,6 +297,9 @@ struct ClosureState {
   std::string error;
   int worker = -1;
   double fetch_timeout_s = 3600;
+  // kExecute, or kPerWorkerCreate for a per-worker value's closure (which
+  // runs on its own worker only, again after that worker restarts).
+  std::uint32_t kind = kExecute;
   // The coordinator's ps failure (UnavailableError), checked by fetch.
   std::weak_ptr<CoordinatorCore> coordinator;
 };

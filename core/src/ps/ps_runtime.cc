@@ -6,8 +6,11 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 #include <thread>
 #include <typeinfo>
+
+#include <unistd.h>
 
 #include "log.h"
 #include "ps/ps_internal.h"
@@ -118,6 +121,10 @@ void Writer::value(const Value& v) {
       write_variable(*this, *rv.info());
       break;
     }
+    case 6:
+      u64(std::get<6>(v).id);
+      u8(static_cast<std::uint8_t>(std::get<6>(v).kind));
+      break;
     default: STRATA_THROW(STRATA_ERR_INTERNAL, "unknown Value kind ", v.index());
   }
 }
@@ -191,6 +198,15 @@ Value Reader::value() {
     case 3: return Value(str());
     case 4: return Value(tensor());
     case 5: return Value(RemoteVariable(read_variable(*this)));
+    case 6: {
+      PerWorkerRef ref;
+      ref.id = u64();
+      const std::uint8_t kind = u8();
+      STRATA_ENFORCE(kind <= static_cast<std::uint8_t>(PerWorkerKind::kIterator), STRATA_ERR_DATA_LOSS,
+                     "parameter-server message has an unknown per-worker kind ", int(kind));
+      ref.kind = static_cast<PerWorkerKind>(kind);
+      return Value(ref);
+    }
     default: STRATA_THROW(STRATA_ERR_DATA_LOSS, "parameter-server message has an unknown value kind ", int(k));
   }
 }
@@ -479,6 +495,7 @@ std::shared_ptr<Runtime> Runtime::start(const std::string& job_override, int ind
                  "parameter-server training needs \"worker\" tasks in the cluster ", rt->spec_.dump());
   if (auto v = job_config("/timeouts/rendezvous_s"); v && v->is_number() && v->get<double>() > 0)
     rt->rendezvous_ms_ = static_cast<std::int64_t>(v->get<double>() * 1000);
+  rt->load_ps_timeouts();
   // The chief serves the rendezvous store on its address; every task talks to it.
   if (host.store_address().empty()) {
     StoreConfig cfg;
@@ -501,6 +518,18 @@ std::shared_ptr<Runtime> Runtime::start(const std::string& job_override, int ind
   detail::logger("ps")->info("{} {}: cluster {} via resolver '{}', transport '{}'", rt->job_, rt->index_,
                              rt->spec_.dump(), choice.name, tname);
   return rt;
+}
+
+// /timeouts/ps_grace_s (how long a ps task may be away before it counts as
+// failed) and /timeouts/ps_op_s (one ps operation's deadline, on workers;
+// the coordinator takes CoordinatorOptions::op_timeout_s).
+void Runtime::load_ps_timeouts() {
+  if (auto v = job_config("/timeouts/ps_grace_s"); v && v->is_number() && v->get<double>() >= 0)
+    ps_grace_ms_ = static_cast<std::int64_t>(v->get<double>() * 1000);
+  if (auto v = job_config("/timeouts/ps_op_s"); v && v->is_number() && v->get<double>() > 0)
+    op_timeout_ms_ = static_cast<std::int64_t>(v->get<double>() * 1000);
+  std::random_device rd;
+  token_ = (static_cast<std::uint64_t>(rd()) << 32) ^ rd() ^ static_cast<std::uint64_t>(::getpid());
 }
 
 Runtime::~Runtime() {
@@ -565,7 +594,9 @@ std::shared_ptr<Channel> Runtime::ps_channel(int ps) {
                    "from its last checkpoint");
     return it->second;
   }
-  std::shared_ptr<Channel> ch = connect("ps", ps, job_, rendezvous_ms_);
+  json hello;
+  std::shared_ptr<Channel> ch = connect("ps", ps, job_, rendezvous_ms_, &hello);
+  ps_incarnation_.emplace(ps, hello.value("incarnation", std::string()));
   ps_[ps] = ch;
   return ch;
 }
@@ -582,6 +613,7 @@ const char* value_kind_name(const Value& v) {
     case 3: return "string";
     case 4: return "tensor";
     case 5: return "remote variable";
+    case 6: return "per-worker value";
     default: return "unknown";
   }
 }

@@ -158,6 +158,8 @@ class ServerCore : public std::enable_shared_from_this<ServerCore> {
         }
         json reply{{"job", rt_->job()}, {"index", rt_->index()}, {"incarnation", incarnation_}};
         reply["functions"] = rt_->job() == "worker" ? registered_functions() : std::vector<std::string>{};
+        reply["dataset_functions"] =
+            rt_->job() == "worker" ? registered_dataset_functions() : std::vector<std::string>{};
         return reply.dump();
       }
       case kPing: return std::string();
@@ -173,6 +175,14 @@ class ServerCore : public std::enable_shared_from_this<ServerCore> {
         auto shard = std::make_shared<Shard>();
         shard->value = r.tensor();
         std::lock_guard<std::mutex> l(vars_mu_);
+        if (auto it = vars_.find(id); it != vars_.end()) {
+          // A create resent after a blip (ps_call) finds its own first copy.
+          std::lock_guard<std::mutex> sl(it->second->mu);
+          const Tensor& have = it->second->value;
+          if (have.dtype() == shard->value.dtype() && have.shape() == shard->value.shape() &&
+              std::memcmp(have.raw_data(), shard->value.raw_data(), have.nbytes()) == 0)
+            return std::string();
+        }
         STRATA_ENFORCE(vars_.count(id) == 0, STRATA_ERR_ALREADY_EXISTS, who, ": variable shard ", id,
                        " exists already");
         vars_[id] = std::move(shard);
@@ -190,40 +200,65 @@ class ServerCore : public std::enable_shared_from_this<ServerCore> {
       case kVarUpdate: {
         require_ps("update a variable");
         Reader r(req.payload);
-        const std::uint64_t id = r.u64();
-        const std::uint32_t op = r.u32();
-        const Reader::TensorBytes delta = r.tensor_bytes();
-        auto shard = find(id);
-        std::lock_guard<std::mutex> l(shard->mu);
-        STRATA_ENFORCE(delta.dtype == shard->value.dtype() && delta.shape == shard->value.shape(),
-                       STRATA_ERR_INVALID_ARGUMENT, who, ": update of shard ", id, " has dtype ",
-                       dtype_name(delta.dtype), " and ", delta.nbytes, " bytes but the shard has ",
-                       dtype_name(shard->value.dtype()), " and ", shard->value.nbytes());
-        if (op == kAssign) {
-          std::memcpy(shard->value.raw_data(), delta.data, delta.nbytes);
-          return std::string();
-        }
-        STRATA_ENFORCE(op == kAssignAdd || op == kAssignSub, STRATA_ERR_INVALID_ARGUMENT, who,
-                       ": unknown update op ", op);
-        void* d = shard->value.raw_data();
-        const void* s = delta.data;
-        const std::int64_t n = shard->value.numel();
-        switch (delta.dtype) {
-          case DType::kFloat32: apply_typed<float>(d, s, n, op); break;
-          case DType::kFloat64: apply_typed<double>(d, s, n, op); break;
-          case DType::kInt32: apply_typed<std::int32_t>(d, s, n, op); break;
-          case DType::kInt64: apply_typed<std::int64_t>(d, s, n, op); break;
-          case DType::kUInt8: apply_typed<std::uint8_t>(d, s, n, op); break;
-          default:
-            STRATA_THROW(STRATA_ERR_UNIMPLEMENTED, who, ": assign_add/assign_sub of ", dtype_name(delta.dtype),
-                         " variables is not supported; use float32, float64, int32, int64 or uint8");
-        }
-        return std::string();
+        return apply_update(r);
       }
+      case kVarUpdateOnce:
+      case kVarScatterOnce: {
+        require_ps("update a variable");
+        Reader r(req.payload);
+        const std::uint64_t token = r.u64();
+        const std::uint64_t seq = r.u64();
+        return once_.run(token, seq, [&]() -> std::string {
+          if (req.kind == kVarUpdateOnce) return apply_update(r);
+          const std::uint64_t sid = r.u64();
+          auto shard = find(sid);
+          std::lock_guard<std::mutex> l(shard->mu);
+          apply_scatter(shard->value, sid, r, who);
+          return std::string();
+        });
+      }
+      case kPerWorkerCreate:
+        STRATA_ENFORCE(rt_->job() == "worker", STRATA_ERR_FAILED_PRECONDITION, who,
+                       " does not hold per-worker values; only worker tasks do");
+        return per_worker_create(*rt_, req.payload);
       default:
         STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, who, ": unknown request kind ", req.kind,
                      "; the client speaks another protocol version");
     }
+  }
+
+  // kVarUpdate's body (after the kind): shard id, op, tensor.
+  std::string apply_update(Reader& r) {
+    const std::string who = task_name(rt_->job(), rt_->index());
+    const std::uint64_t id = r.u64();
+    const std::uint32_t op = r.u32();
+    const Reader::TensorBytes delta = r.tensor_bytes();
+    auto shard = find(id);
+    std::lock_guard<std::mutex> l(shard->mu);
+    STRATA_ENFORCE(delta.dtype == shard->value.dtype() && delta.shape == shard->value.shape(),
+                   STRATA_ERR_INVALID_ARGUMENT, who, ": update of shard ", id, " has dtype ",
+                   dtype_name(delta.dtype), " and ", delta.nbytes, " bytes but the shard has ",
+                   dtype_name(shard->value.dtype()), " and ", shard->value.nbytes());
+    if (op == kAssign) {
+      std::memcpy(shard->value.raw_data(), delta.data, delta.nbytes);
+      return std::string();
+    }
+    STRATA_ENFORCE(op == kAssignAdd || op == kAssignSub, STRATA_ERR_INVALID_ARGUMENT, who,
+                   ": unknown update op ", op);
+    void* d = shard->value.raw_data();
+    const void* s = delta.data;
+    const std::int64_t n = shard->value.numel();
+    switch (delta.dtype) {
+      case DType::kFloat32: apply_typed<float>(d, s, n, op); break;
+      case DType::kFloat64: apply_typed<double>(d, s, n, op); break;
+      case DType::kInt32: apply_typed<std::int32_t>(d, s, n, op); break;
+      case DType::kInt64: apply_typed<std::int64_t>(d, s, n, op); break;
+      case DType::kUInt8: apply_typed<std::uint8_t>(d, s, n, op); break;
+      default:
+        STRATA_THROW(STRATA_ERR_UNIMPLEMENTED, who, ": assign_add/assign_sub of ", dtype_name(delta.dtype),
+                     " variables is not supported; use float32, float64, int32, int64 or uint8");
+    }
+    return std::string();
   }
 
   std::string execute(const Frame& req) {
@@ -291,6 +326,7 @@ class ServerCore : public std::enable_shared_from_this<ServerCore> {
   std::vector<std::thread> conns_;
   std::mutex vars_mu_;
   std::map<std::uint64_t, std::shared_ptr<Shard>> vars_;
+  OnceTable once_;
 };
 
 }  // namespace ps_detail
