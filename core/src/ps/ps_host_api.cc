@@ -79,7 +79,7 @@ strata_status_t host_ps_variable_create(const strata_host_api*, const char* name
                      options_json);
     }
     const Partitioner part = partitioner_from_json(o.value("partitioner", json()));
-    const Tensor value = Tensor::copy_of(TensorView(*initial));
+    const Tensor value = Tensor::borrow(TensorView(*initial));  // create_variable copies it
     RemoteVariable rv = create_variable_on_coordinator(vname, value, part, o.value("synchronization", 0u),
                                                        o.value("aggregation", 0u), o.value("trainable", true));
     Writer w;
@@ -103,7 +103,7 @@ strata_status_t host_ps_variable_update(const strata_host_api*, const void* ref,
   return guarded(err, "ps_variable_update", [&] {
     STRATA_ENFORCE(value != nullptr, STRATA_ERR_INVALID_ARGUMENT, "ps_variable_update: value is NULL");
     RemoteVariable rv(decode(ref, ref_len));
-    const Tensor v = Tensor::copy_of(TensorView(*value));
+    const Tensor v = Tensor::borrow(TensorView(*value));  // no copy: the update reads it in place
     switch (op) {
       case kAssign: rv.assign(v); break;
       case kAssignAdd: rv.assign_add(v); break;
