@@ -292,7 +292,8 @@ TEST(PsStrategyTest, AggregationOfReplicaUpdatesRunReduceAndErrorsFollowTfDistri
   ASSERT_FALSE(r.contains("fatal")) << r.dump(2) << "\n" << log;
   EXPECT_EQ(r["num_replicas_in_sync"], 2);  // TF: the local replicas of one worker
   EXPECT_EQ(r["worker_replicas"], json({2, 2}));
-  // Two workers each ran agg_step once; replica k contributed (k+1)*[1,2,3].
+  // agg_step ran twice (one closure per worker, on whichever worker took it);
+  // in each run replica k contributed (k+1)*[1,2,3].
   EXPECT_EQ(r["values"]["sum"], json({16, 32, 48}));    // += 2 * (1+2) * [1,2,3]
   EXPECT_EQ(r["values"]["mean"], json({13, 26, 39}));   // += 2 * 1.5 * [1,2,3]
   EXPECT_EQ(r["values"]["first"], json({12, 24, 36}));  // += 2 * 1 * [1,2,3]
