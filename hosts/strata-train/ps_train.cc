@@ -4,7 +4,6 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
-#include <mutex>
 #include <optional>
 
 #include <nlohmann/json.hpp>
@@ -25,14 +24,17 @@ struct WorkerState {
   std::optional<SyntheticData> data;
 };
 
+// Built on the first closure (a worker runs one closure at a time) and
+// destroyed when the server stops, so that the strategy's replica threads
+// end before the process does.
+WorkerState g_worker;
+
 WorkerState& worker_state() {
-  static WorkerState s;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    s.strategy.emplace(Strategy::from_config(Config::from_json(g_args.config_json)));
-    s.data.emplace(g_args.model, g_args.dataset_size, g_args.seed);
-  });
-  return s;
+  if (!g_worker.strategy) {
+    g_worker.strategy.emplace(Strategy::from_config(Config::from_json(g_args.config_json)));
+    g_worker.data.emplace(g_args.model, g_args.dataset_size, g_args.seed);
+  }
+  return g_worker;
 }
 
 // One training step on this worker. Args: step, lr, W1, b1, W2, b2.
@@ -163,6 +165,7 @@ int train_parameter_server(const PsTrainArgs& a) {
   if (role == "worker" || role == "ps") {
     Server server = Server::from_env();
     server.join();
+    g_worker.strategy.reset();
     return 0;
   }
   // The chief (or a process outside any cluster: the strategy then says

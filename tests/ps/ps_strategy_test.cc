@@ -24,6 +24,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -44,11 +45,14 @@ constexpr const char* kStrategyOptions =
 
 // ---- the worker side ----
 
-// Created on first use, kept for the life of the process (as a user's
-// worker program keeps its strategy).
+// Created on the first closure (closures of one worker run one at a time),
+// destroyed when the server stops: its replica threads must end before the
+// process does (LSan reports the thread-local state of threads still alive).
+std::optional<strata::Strategy> g_worker_strategy;
+
 strata::Strategy& worker_strategy() {
-  static strata::Strategy* s = new strata::Strategy(strata::Strategy::create("parameter_server", kStrategyOptions));
-  return *s;
+  if (!g_worker_strategy) g_worker_strategy.emplace(strata::Strategy::create("parameter_server", kStrategyOptions));
+  return *g_worker_strategy;
 }
 
 std::vector<strata::Variable> attach(const strata::Args& a, std::size_t first, std::size_t count) {
@@ -130,6 +134,7 @@ int serve() {
   load_config();
   strata::Server s = strata::Server::from_env();
   s.join();
+  g_worker_strategy.reset();
   return 0;
 }
 
