@@ -34,6 +34,7 @@
 
 #include "mlp.h"
 #include "mlp_trainer.h"
+#include "ps_train.h"
 #include "strata/strata.hpp"
 #include "train_callbacks.h"
 
@@ -164,8 +165,35 @@ int fault_kill_step(const Args& a, int worker) {
   }
 }
 
+// --strategy parameter_server: asynchronous training with a coordinator
+// (ps_train.h); the options that need Trainer::fit are not available there.
+int train_parameter_server(const Args& a, const strata::Config& cfg) {
+  const std::pair<bool, const char*> unsupported[] = {
+      {!a.data.empty(), "--data"},           {!a.save.empty(), "--save"},
+      {!a.checkpoint_dir.empty(), "--checkpoint-dir"}, {!a.restore.empty(), "--restore"},
+      {!a.switch_transport.empty(), "--switch-transport"}, {!a.fault_kill_at.empty(), "--fault-kill-at"}};
+  for (const auto& [set, flag] : unsupported)
+    if (set)
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, flag,
+                   " is not supported with --strategy parameter_server (asynchronous training through a "
+                   "ClusterCoordinator); drop it, or use a synchronous strategy");
+  strata::train::PsTrainArgs p;
+  p.config_json = cfg.json();
+  p.steps = a.steps;
+  p.global_batch = a.global_batch;
+  p.lr = a.lr;
+  p.seed = a.seed;
+  p.dataset_size = a.dataset_size;
+  p.eval_size = a.eval_size;
+  p.model = a.model;
+  p.quiet = a.quiet;
+  return strata::train::train_parameter_server(p);
+}
+
 int train(const Args& a) {
   using strata::train::steps_per_epoch;
+  if (const strata::Config cfg = make_config(a); cfg.name("strategy") == "parameter_server")
+    return train_parameter_server(a, cfg);
   if (a.global_batch <= 0 || a.steps < 0 || a.dataset_size <= 0)
     STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "--global-batch and --dataset-size must be positive and --steps non-negative");
   if (a.validation_freq < 1)
@@ -280,6 +308,7 @@ int main(int argc, char** argv) {
       "  strata-train --config job.json --save weights.json\n"
       "  STRATA_STRATEGY=central_storage strata-train --devices cpu:0,cpu:1\n"
       "  strata-run -n 4 -- strata-train --strategy multi_worker_mirrored   (4 processes over TCP)\n"
+      "  strata-run --chief 1 --workers 2 --ps 1 -- strata-train --strategy parameter_server   (asynchronous)\n"
       "  strata-run -n 4 -- strata-train --strategy multi_worker_mirrored --switch-transport 100:tcp,300:tcp \\\n"
       "    --switch-transport '200:libfabric:{\"provider\": \"shm\"}'   (change transport while training)\n"
       "  strata-train --export-data /tmp/mlp --export-files 4 && \\\n"
@@ -287,7 +316,8 @@ int main(int argc, char** argv) {
       "Without --config, the file named by $STRATA_CONFIG is used when set.\n"};
   Args a;
   app.add_option("--config", a.config_file, "Job config (JSON): strategy, cross_device_ops, timeouts, ...")->check(CLI::ExistingFile);
-  app.add_option("--strategy", a.strategy, "Strategy plugin name (overrides the config): one_device, mirrored, central_storage, multi_worker_mirrored, default");
+  app.add_option("--strategy", a.strategy, "Strategy plugin name (overrides the config): one_device, mirrored, central_storage, multi_worker_mirrored, "
+                 "parameter_server (under strata-run --chief 1 --workers N --ps M), default");
   app.add_option("--devices", a.devices, "Comma-separated devices, e.g. cpu:0,cpu:1 (one per replica)");
   app.add_option("--steps", a.steps, "Training steps")->capture_default_str();
   app.add_option("--global-batch", a.global_batch, "Global batch size, split across all replicas in sync")->capture_default_str();

@@ -50,7 +50,7 @@ static_assert(offsetof(strata_collective_fingerprint, dtype) == 40, "strata_coll
 static_assert(offsetof(strata_collective_fingerprint, count) == 48, "strata_collective_fingerprint.count moved");
 static_assert(offsetof(strata_collective_fingerprint, rank) == 56, "strata_collective_fingerprint.rank moved");
 static_assert(offsetof(strata_collective_fingerprint, peer) == 60, "strata_collective_fingerprint.peer moved");
-static_assert(sizeof(strata_host_api) == 128, "strata_host_api size changed: the ABI is frozen; append fields and bump STRATA_ABI_MINOR");
+static_assert(sizeof(strata_host_api) == 152, "strata_host_api size changed: the ABI is frozen; append fields and bump STRATA_ABI_MINOR");
 static_assert(offsetof(strata_host_api, struct_size) == 0, "strata_host_api.struct_size moved");
 static_assert(offsetof(strata_host_api, abi_minor) == 4, "strata_host_api.abi_minor moved");
 static_assert(offsetof(strata_host_api, ext) == 8, "strata_host_api.ext moved");
@@ -68,6 +68,10 @@ static_assert(offsetof(strata_host_api, now_ns) == 96, "strata_host_api.now_ns m
 static_assert(offsetof(strata_host_api, abort_requested) == 104, "strata_host_api.abort_requested moved");
 static_assert(offsetof(strata_host_api, record_collective) == 112, "strata_host_api.record_collective moved");
 static_assert(offsetof(strata_host_api, request_abort) == 120, "strata_host_api.request_abort moved");
+static_assert(offsetof(strata_host_api, ps_variable_create) == 128, "strata_host_api.ps_variable_create moved");
+static_assert(offsetof(strata_host_api, ps_variable_read) == 136, "strata_host_api.ps_variable_read moved");
+static_assert(offsetof(strata_host_api, ps_variable_update) == 144, "strata_host_api.ps_variable_update moved");
+static_assert(STRATA_HOST_API_STRUCT_SIZE_1_2 == 128, "1.2 host table size moved");
 static_assert(sizeof(strata_plugin_component) == 48, "strata_plugin_component size changed: the ABI is frozen; append fields and bump STRATA_ABI_MINOR");
 static_assert(offsetof(strata_plugin_component, struct_size) == 0, "strata_plugin_component.struct_size moved");
 static_assert(offsetof(strata_plugin_component, abi_minor) == 4, "strata_plugin_component.abi_minor moved");
@@ -86,7 +90,7 @@ static_assert(offsetof(strata_plugin_desc, num_components) == 32, "strata_plugin
 static_assert(offsetof(strata_plugin_desc, components) == 40, "strata_plugin_desc.components moved");
 static_assert(offsetof(strata_plugin_desc, init) == 48, "strata_plugin_desc.init moved");
 static_assert(offsetof(strata_plugin_desc, shutdown) == 56, "strata_plugin_desc.shutdown moved");
-static_assert(sizeof(strata_variable_desc) == 40, "strata_variable_desc size changed: the ABI is frozen; append fields and bump STRATA_ABI_MINOR");
+static_assert(sizeof(strata_variable_desc) == 56, "strata_variable_desc size changed: the ABI is frozen; append fields and bump STRATA_ABI_MINOR");
 static_assert(offsetof(strata_variable_desc, struct_size) == 0, "strata_variable_desc.struct_size moved");
 static_assert(offsetof(strata_variable_desc, abi_minor) == 4, "strata_variable_desc.abi_minor moved");
 static_assert(offsetof(strata_variable_desc, ext) == 8, "strata_variable_desc.ext moved");
@@ -94,7 +98,9 @@ static_assert(offsetof(strata_variable_desc, name) == 16, "strata_variable_desc.
 static_assert(offsetof(strata_variable_desc, synchronization) == 24, "strata_variable_desc.synchronization moved");
 static_assert(offsetof(strata_variable_desc, aggregation) == 28, "strata_variable_desc.aggregation moved");
 static_assert(offsetof(strata_variable_desc, trainable) == 32, "strata_variable_desc.trainable moved");
-static_assert(sizeof(strata_strategy_vtable) == 160, "strata_strategy_vtable size changed: the ABI is frozen; append fields and bump STRATA_ABI_MINOR");
+static_assert(offsetof(strata_variable_desc, attach_ref) == 40, "strata_variable_desc.attach_ref moved");
+static_assert(offsetof(strata_variable_desc, attach_ref_len) == 48, "strata_variable_desc.attach_ref_len moved");
+static_assert(sizeof(strata_strategy_vtable) == 168, "strata_strategy_vtable size changed: the ABI is frozen; append fields and bump STRATA_ABI_MINOR");
 static_assert(offsetof(strata_strategy_vtable, struct_size) == 0, "strata_strategy_vtable.struct_size moved");
 static_assert(offsetof(strata_strategy_vtable, abi_minor) == 4, "strata_strategy_vtable.abi_minor moved");
 static_assert(offsetof(strata_strategy_vtable, ext) == 8, "strata_strategy_vtable.ext moved");
@@ -116,6 +122,8 @@ static_assert(offsetof(strata_strategy_vtable, variable_view) == 128, "strata_st
 static_assert(offsetof(strata_strategy_vtable, save_state) == 136, "strata_strategy_vtable.save_state moved");
 static_assert(offsetof(strata_strategy_vtable, restore_state) == 144, "strata_strategy_vtable.restore_state moved");
 static_assert(offsetof(strata_strategy_vtable, set_transport) == 152, "strata_strategy_vtable.set_transport moved");
+static_assert(offsetof(strata_strategy_vtable, variable_ref) == 160, "strata_strategy_vtable.variable_ref moved");
+static_assert(STRATA_STRATEGY_VTABLE_STRUCT_SIZE_1_2 == 160, "1.2 strategy vtable size moved");
 static_assert(sizeof(strata_cross_device_ops_vtable) == 96, "strata_cross_device_ops_vtable size changed: the ABI is frozen; append fields and bump STRATA_ABI_MINOR");
 static_assert(offsetof(strata_cross_device_ops_vtable, struct_size) == 0, "strata_cross_device_ops_vtable.struct_size moved");
 static_assert(offsetof(strata_cross_device_ops_vtable, abi_minor) == 4, "strata_cross_device_ops_vtable.abi_minor moved");
@@ -218,7 +226,10 @@ static_assert(offsetof(strata_input_generator, next) == 32, "strata_input_genera
 static_assert(offsetof(strata_input_generator, finish) == 40, "strata_input_generator.finish moved");
 
 static_assert(STRATA_ABI_MAJOR == 1, "ABI major");
-static_assert(STRATA_ABI_MINOR == 2, "ABI minor: add pinned numbers for the new fields when raising it");
+static_assert(STRATA_ABI_MINOR == 3, "ABI minor: add pinned numbers for the new fields when raising it");
+// 1.2 sizes: what a 1.2 build hands out (1.3 appended the ps_variable_* host entries,
+// strategy variable_ref and strata_variable_desc.attach_ref/attach_ref_len).
+static_assert(offsetof(strata_variable_desc, attach_ref) == 40, "strata_variable_desc 1.2 size");
 static_assert(STRATA_HOST_API_STRUCT_SIZE_1_0 == 120, "host table 1.0 size");
 static_assert(STRATA_STRATEGY_VTABLE_STRUCT_SIZE_1_0 == 128, "strategy vtable 1.0 size");
 static_assert(STRATA_CROSS_DEVICE_OPS_VTABLE_STRUCT_SIZE_1_0 == 88, "cross_device_ops vtable 1.0 size");
@@ -269,7 +280,7 @@ const Layout kLayout[] = {
     {"strata_collective_fingerprint", "count", offsetof(strata_collective_fingerprint, count), 48},
     {"strata_collective_fingerprint", "rank", offsetof(strata_collective_fingerprint, rank), 56},
     {"strata_collective_fingerprint", "peer", offsetof(strata_collective_fingerprint, peer), 60},
-    {"strata_host_api", nullptr, sizeof(strata_host_api), 128},
+    {"strata_host_api", nullptr, sizeof(strata_host_api), 152},
     {"strata_host_api", "struct_size", offsetof(strata_host_api, struct_size), 0},
     {"strata_host_api", "abi_minor", offsetof(strata_host_api, abi_minor), 4},
     {"strata_host_api", "ext", offsetof(strata_host_api, ext), 8},
@@ -287,6 +298,9 @@ const Layout kLayout[] = {
     {"strata_host_api", "abort_requested", offsetof(strata_host_api, abort_requested), 104},
     {"strata_host_api", "record_collective", offsetof(strata_host_api, record_collective), 112},
     {"strata_host_api", "request_abort", offsetof(strata_host_api, request_abort), 120},
+    {"strata_host_api", "ps_variable_create", offsetof(strata_host_api, ps_variable_create), 128},
+    {"strata_host_api", "ps_variable_read", offsetof(strata_host_api, ps_variable_read), 136},
+    {"strata_host_api", "ps_variable_update", offsetof(strata_host_api, ps_variable_update), 144},
     {"strata_plugin_component", nullptr, sizeof(strata_plugin_component), 48},
     {"strata_plugin_component", "struct_size", offsetof(strata_plugin_component, struct_size), 0},
     {"strata_plugin_component", "abi_minor", offsetof(strata_plugin_component, abi_minor), 4},
@@ -305,7 +319,7 @@ const Layout kLayout[] = {
     {"strata_plugin_desc", "components", offsetof(strata_plugin_desc, components), 40},
     {"strata_plugin_desc", "init", offsetof(strata_plugin_desc, init), 48},
     {"strata_plugin_desc", "shutdown", offsetof(strata_plugin_desc, shutdown), 56},
-    {"strata_variable_desc", nullptr, sizeof(strata_variable_desc), 40},
+    {"strata_variable_desc", nullptr, sizeof(strata_variable_desc), 56},
     {"strata_variable_desc", "struct_size", offsetof(strata_variable_desc, struct_size), 0},
     {"strata_variable_desc", "abi_minor", offsetof(strata_variable_desc, abi_minor), 4},
     {"strata_variable_desc", "ext", offsetof(strata_variable_desc, ext), 8},
@@ -313,7 +327,9 @@ const Layout kLayout[] = {
     {"strata_variable_desc", "synchronization", offsetof(strata_variable_desc, synchronization), 24},
     {"strata_variable_desc", "aggregation", offsetof(strata_variable_desc, aggregation), 28},
     {"strata_variable_desc", "trainable", offsetof(strata_variable_desc, trainable), 32},
-    {"strata_strategy_vtable", nullptr, sizeof(strata_strategy_vtable), 160},
+    {"strata_variable_desc", "attach_ref", offsetof(strata_variable_desc, attach_ref), 40},
+    {"strata_variable_desc", "attach_ref_len", offsetof(strata_variable_desc, attach_ref_len), 48},
+    {"strata_strategy_vtable", nullptr, sizeof(strata_strategy_vtable), 168},
     {"strata_strategy_vtable", "struct_size", offsetof(strata_strategy_vtable, struct_size), 0},
     {"strata_strategy_vtable", "abi_minor", offsetof(strata_strategy_vtable, abi_minor), 4},
     {"strata_strategy_vtable", "ext", offsetof(strata_strategy_vtable, ext), 8},
@@ -335,6 +351,7 @@ const Layout kLayout[] = {
     {"strata_strategy_vtable", "save_state", offsetof(strata_strategy_vtable, save_state), 136},
     {"strata_strategy_vtable", "restore_state", offsetof(strata_strategy_vtable, restore_state), 144},
     {"strata_strategy_vtable", "set_transport", offsetof(strata_strategy_vtable, set_transport), 152},
+    {"strata_strategy_vtable", "variable_ref", offsetof(strata_strategy_vtable, variable_ref), 160},
     {"strata_cross_device_ops_vtable", nullptr, sizeof(strata_cross_device_ops_vtable), 96},
     {"strata_cross_device_ops_vtable", "struct_size", offsetof(strata_cross_device_ops_vtable, struct_size), 0},
     {"strata_cross_device_ops_vtable", "abi_minor", offsetof(strata_cross_device_ops_vtable, abi_minor), 4},
@@ -446,7 +463,7 @@ TEST(AbiTest, LayoutMatchesThePinnedNumbers) {
       EXPECT_EQ(l.actual, l.pinned) << "sizeof(" << l.type << ")";
     }
   }
-  EXPECT_EQ(rows, 191u);
+  EXPECT_EQ(rows, 197u);
 }
 
 TEST(AbiTest, EnumValuesArePinned) {

@@ -42,6 +42,8 @@
 
 namespace strata {
 
+class RemoteVariable;
+
 /// tf.VariableSynchronization.
 enum class Synchronization { AUTO, ON_WRITE, ON_READ, NONE };
 /// tf.VariableAggregation.
@@ -66,6 +68,16 @@ class STRATA_API Variable {
   /// Create under the current strategy (see the file comment) with a copy
   /// of `initial`.
   explicit Variable(const TensorView& initial, VariableOptions options = {});
+  /// parameter_server strategy, on a worker: this process's handle on a
+  /// variable the chief created under the strategy's scope and passed to a
+  /// scheduled function (get_arg<RemoteVariable>). Under the current
+  /// strategy (a parameter_server strategy), outside run(); name,
+  /// synchronization, aggregation and trainable are the chief's. Updates in
+  /// replica context aggregate the local replicas' values per the
+  /// aggregation and apply the result once on the ps task.
+  /// InvalidArgumentError when the current strategy keeps its variables in
+  /// this process.
+  explicit Variable(const RemoteVariable& remote);
   Variable(Variable&& o) noexcept;
   Variable& operator=(Variable&& o) noexcept;
   Variable(const Variable&) = delete;
@@ -90,6 +102,10 @@ class STRATA_API Variable {
   Synchronization synchronization() const;
   Aggregation aggregation() const;
   bool trainable() const;
+  /// parameter_server strategy: the variable as a RemoteVariable, to pass
+  /// to ClusterCoordinator::schedule. FailedPreconditionError naming the
+  /// strategy when its variables live in this process only.
+  RemoteVariable remote() const;
   /// The strategy the variable belongs to (a non-owning handle).
   Strategy& strategy() const;
 

@@ -460,7 +460,9 @@ Strategy Strategy::create(const std::string& name, const std::string& options_js
     json options = options_json.empty() ? json::object() : json::parse(options_json, nullptr, false);
     if (options.is_object()) {  // otherwise the plugin reports the malformed options
       if (!options.contains("cluster")) options["cluster"] = detail::resolve_cluster();
-      detail::join_rendezvous(options["cluster"]);
+      // parameter_server's processes meet through the rendezvous store that
+      // its ClusterCoordinator / strata::Server connects; they run no collectives.
+      if (name != "parameter_server") detail::join_rendezvous(options["cluster"]);
       if (!options.contains("transport")) {
         if (auto t = detail::job_config("/transport"); t && t->is_object() && t->contains("name")) {
           json part{{"name", t->at("name")}};

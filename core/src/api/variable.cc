@@ -6,6 +6,7 @@
 #include "api/default_strategy.h"
 #include "api/kernels.h"
 #include "api/strategy_impl.h"
+#include "ps/ps_internal.h"
 
 namespace strata {
 
@@ -89,6 +90,67 @@ Variable::Variable(const TensorView& initial, VariableOptions options) : state_(
   detail::CrossReplicaLock lock(s);
   detail::check(s.vt->variable_create(s.handle, &desc, &initial.dl(), &state_->handle, &err), err,
                 ("creating variable '" + state_->options.name + "' in strategy '" + s.name + "'").c_str());
+}
+
+namespace {
+bool has_variable_ref(const detail::StrategyImpl& s) {
+  return STRATA_HAS_FIELD(s.vt, strata_strategy_vtable, variable_ref) && s.vt->variable_ref != nullptr;
+}
+void append_bytes(void* user, const char* data, std::uint64_t len) {
+  static_cast<std::string*>(user)->append(data, static_cast<std::size_t>(len));
+}
+}  // namespace
+
+Variable::Variable(const RemoteVariable& remote) : state_(std::make_unique<State>()) {
+  STRATA_ENFORCE(remote.defined(), STRATA_ERR_INVALID_ARGUMENT,
+                 "Variable(RemoteVariable): the RemoteVariable is empty; pass one the chief created");
+  detail::StrategyImpl& s = detail::current_impl();
+  const detail::ThreadState& t = detail::tls();
+  const ps_detail::VariableInfo& info = *remote.info();
+  STRATA_ENFORCE(t.merge != nullptr || t.replica == nullptr, STRATA_ERR_FAILED_PRECONDITION, "variable '",
+                 info.name, "' attached inside a replica function; attach it before calling run");
+  STRATA_ENFORCE(has_variable_ref(s), STRATA_ERR_INVALID_ARGUMENT, "variable '", info.name,
+                 "' lives on the ps tasks but the current strategy '", s.name,
+                 "' keeps its variables in this process; attach it under a parameter_server strategy's scope");
+  state_->strategy = s.shared_from_this();
+  state_->options.name = info.name;
+  state_->options.synchronization = static_cast<Synchronization>(info.synchronization);
+  state_->options.aggregation = static_cast<Aggregation>(info.aggregation);
+  state_->options.trainable = info.trainable;
+  state_->dtype = info.dtype;
+  state_->shape = info.shape;
+  ps_detail::Writer w;
+  ps_detail::write_variable(w, info);
+  const std::string ref = w.take();
+  strata_variable_desc desc{};
+  STRATA_INIT_HEADER(&desc, strata_variable_desc);
+  desc.name = state_->options.name.c_str();
+  desc.synchronization = info.synchronization;
+  desc.aggregation = info.aggregation;
+  desc.trainable = info.trainable ? 1 : 0;
+  desc.attach_ref = ref.data();
+  desc.attach_ref_len = ref.size();
+  strata_error err;
+  strata_error_init(&err);
+  detail::CrossReplicaLock lock(s);
+  detail::check(s.vt->variable_create(s.handle, &desc, nullptr, &state_->handle, &err), err,
+                ("attaching to variable '" + info.name + "' in strategy '" + s.name + "'").c_str());
+}
+
+RemoteVariable Variable::remote() const {
+  STRATA_ENFORCE(state_ != nullptr, STRATA_ERR_FAILED_PRECONDITION, "use of a moved-from Variable");
+  detail::StrategyImpl& s = *state_->strategy;
+  STRATA_ENFORCE(has_variable_ref(s), STRATA_ERR_FAILED_PRECONDITION, "variable '", state_->options.name,
+                 "' belongs to strategy '", s.name,
+                 "', whose variables live in this process only; create it under a parameter_server strategy's "
+                 "scope to use it in scheduled functions");
+  std::string ref;
+  strata_error err;
+  strata_error_init(&err);
+  detail::check(s.vt->variable_ref(s.handle, state_->handle, &append_bytes, &ref, &err), err,
+                ("referencing variable '" + state_->options.name + "'").c_str());
+  ps_detail::Reader r(ref);
+  return RemoteVariable(ps_detail::read_variable(r));
 }
 
 Variable::Variable(Variable&& o) noexcept = default;

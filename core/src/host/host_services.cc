@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "host/host_state.h"
+#include "ps/ps_host_api.h"
 #include "log.h"
 #include "strata/error.hpp"
 #include "strata/plugin_host.hpp"
@@ -338,6 +339,9 @@ HostShared::HostShared() {
   a.abort_requested = api_abort_requested;
   a.record_collective = api_record_collective;
   a.request_abort = api_request_abort;
+  a.ps_variable_create = ps_detail::host_ps_variable_create;
+  a.ps_variable_read = ps_detail::host_ps_variable_read;
+  a.ps_variable_update = ps_detail::host_ps_variable_update;
   table.shared = this;
   static_assert(std::is_standard_layout_v<HostTable>, "HostTable must map back from its first member");
 }

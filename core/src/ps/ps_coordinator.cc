@@ -17,6 +17,8 @@
 namespace strata {
 namespace ps_detail {
 
+void set_current_coordinator(const std::shared_ptr<CoordinatorCore>& core);
+
 class CoordinatorCore : public std::enable_shared_from_this<CoordinatorCore> {
  public:
   CoordinatorCore(std::shared_ptr<Runtime> rt, CoordinatorOptions opt)
@@ -466,6 +468,50 @@ void check_ps_failure(const std::shared_ptr<CoordinatorCore>& core) {
   if (core) core->raise_ps_failure();
 }
 
+namespace {
+std::mutex g_coordinator_mu;
+std::weak_ptr<CoordinatorCore> g_coordinator;  // this process's, for the parameter_server strategy
+}  // namespace
+
+void set_current_coordinator(const std::shared_ptr<CoordinatorCore>& core) {
+  std::lock_guard<std::mutex> l(g_coordinator_mu);
+  g_coordinator = core;
+}
+
+RemoteVariable create_variable_on_coordinator(const std::string& name, const Tensor& initial,
+                                              const Partitioner& partitioner, std::uint32_t synchronization,
+                                              std::uint32_t aggregation, bool trainable) {
+  std::shared_ptr<CoordinatorCore> core;
+  {
+    std::lock_guard<std::mutex> l(g_coordinator_mu);
+    core = g_coordinator.lock();
+  }
+  if (core == nullptr) {
+    std::shared_ptr<Runtime> rt;
+    try {
+      rt = Runtime::current();
+    } catch (const Error&) {
+    }
+    // A worker creating a variable inside a scheduled function: TF refuses
+    // too (variables are created once, on the coordinator).
+    STRATA_ENFORCE(rt == nullptr || rt->job() == "chief", STRATA_ERR_FAILED_PRECONDITION, "variable '", name,
+                   "' cannot be created on ", task_name(rt->job(), rt->index()),
+                   ": this process runs no ClusterCoordinator, and only the chief's places variables on the ps "
+                   "tasks; create it on the chief under the parameter_server strategy's scope and pass "
+                   "variable.remote() to schedule()");
+  }
+  STRATA_ENFORCE(core != nullptr, STRATA_ERR_FAILED_PRECONDITION, "variable '", name,
+                 "' cannot be placed on the ps tasks: this process runs no ClusterCoordinator; create the "
+                 "strata::ClusterCoordinator on the chief before creating variables under the parameter_server "
+                 "strategy's scope (workers attach to the chief's variables with Variable(RemoteVariable))");
+  RemoteVariable rv = core->create_variable(name, initial, partitioner);
+  auto info = std::make_shared<VariableInfo>(*rv.info());
+  info->synchronization = synchronization;
+  info->aggregation = aggregation;
+  info->trainable = trainable;
+  return RemoteVariable(info);
+}
+
 }  // namespace ps_detail
 
 // ---- RemoteValue ----
@@ -595,6 +641,7 @@ ClusterCoordinator::ClusterCoordinator(CoordinatorOptions options) {
   auto rt = ps_detail::Runtime::start("", -1, false);
   core_ = std::make_shared<ps_detail::CoordinatorCore>(rt, options);
   core_->start();
+  ps_detail::set_current_coordinator(core_);
 }
 
 ClusterCoordinator::~ClusterCoordinator() {

@@ -153,6 +153,12 @@ struct VariableInfo {
   std::vector<std::int64_t> shape;
   bool sharded = false;
   std::vector<ShardRef> shards;
+  // The strategy's policy for the variable (strata_var_sync,
+  // strata_var_aggregation), so that a worker attaching to it under the
+  // parameter_server strategy aggregates replica updates as the chief asked.
+  std::uint32_t synchronization = 0;
+  std::uint32_t aggregation = 0;
+  bool trainable = true;
 };
 
 void write_variable(Writer& w, const VariableInfo& v);
@@ -303,6 +309,13 @@ struct ClosureState {
   // The coordinator's ps failure (UnavailableError), checked by fetch.
   std::weak_ptr<CoordinatorCore> coordinator;
 };
+
+// Create a variable through this process's ClusterCoordinator (for the
+// parameter_server strategy's host-API entry); FailedPreconditionError
+// naming the fix when none is running.
+RemoteVariable create_variable_on_coordinator(const std::string& name, const Tensor& initial,
+                                              const Partitioner& partitioner, std::uint32_t synchronization,
+                                              std::uint32_t aggregation, bool trainable);
 
 // Raise the ps failure of `core`, if any (for RemoteValue::fetch).
 void check_ps_failure(const std::shared_ptr<CoordinatorCore>& core);

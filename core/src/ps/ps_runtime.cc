@@ -225,6 +225,9 @@ void write_variable(Writer& w, const VariableInfo& v) {
     w.u32(static_cast<std::uint32_t>(s.shape.size()));
     for (auto d : s.shape) w.i64(d);
   }
+  w.u32(v.synchronization);
+  w.u32(v.aggregation);
+  w.u8(v.trainable ? 1 : 0);
 }
 
 std::shared_ptr<const VariableInfo> read_variable(Reader& r) {
@@ -242,6 +245,9 @@ std::shared_ptr<const VariableInfo> read_variable(Reader& r) {
     s.shape.resize(r.u32());
     for (auto& d : s.shape) d = r.i64();
   }
+  v->synchronization = r.u32();
+  v->aggregation = r.u32();
+  v->trainable = r.u8() != 0;
   return v;
 }
 

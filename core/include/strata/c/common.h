@@ -33,8 +33,9 @@ extern "C" {
 #define STRATA_ABI_MAJOR 1
 /** ABI minor: raised whenever a field is appended to any struct or vtable.
  *  1.0: initial layout. 1.1: appended the fields marked "since 1.1".
- *  1.2: appended the fields marked "since 1.2" (set_transport). */
-#define STRATA_ABI_MINOR 2
+ *  1.2: appended the fields marked "since 1.2" (set_transport).
+ *  1.3: appended the fields marked "since 1.3" (parameter-server variables). */
+#define STRATA_ABI_MINOR 3
 
 #if defined(_WIN32)
 #define STRATA_EXPORT __declspec(dllexport)

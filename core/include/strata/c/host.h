@@ -146,11 +146,43 @@ typedef struct strata_host_api {
   /** Ask every component of this job to stop: sets the flag read by
    *  abort_requested and logs `reason`. Never blocks. */
   void (*request_abort)(const struct strata_host_api* host, const char* reason);
+
+  /* ---- since 1.3: variables on parameter-server tasks ----
+   * For the parameter_server strategy: the host owns the connections to the
+   * ps tasks (the ClusterCoordinator's on the chief, the strata::Server's on
+   * a worker), so a strategy plugin reaches them through these entries.
+   * A variable is named by an opaque reference (bytes the host writes at
+   * creation; the plugin keeps them and passes them back). Every call blocks
+   * up to the host's parameter-server operation deadline and fails with
+   * UNAVAILABLE naming the ps task when it is gone, FAILED_PRECONDITION when
+   * this process runs neither a ClusterCoordinator nor a Server. */
+
+  /** Create a variable on the ps tasks with a copy of `initial` (host
+   *  memory, compact), placed round robin in creation order; with
+   *  `options_json` {"partitioner": {"name": "fixed_shards"|"min_size"|
+   *  "max_size", ...}, "synchronization": s, "aggregation": a,
+   *  "trainable": t} (NULL = {}) sharded along axis 0. Only on the chief.
+   *  Writes the reference through `write`. */
+  strata_status_t (*ps_variable_create)(const struct strata_host_api* host, const char* name,
+                                        const DLTensor* initial, const char* options_json,
+                                        strata_write_fn write, void* user, strata_error* err);
+  /** Read the value of the variable `ref` names (all shards concatenated);
+   *  the result is owned by the caller (call its deleter). */
+  strata_status_t (*ps_variable_read)(const struct strata_host_api* host, const void* ref,
+                                      uint64_t ref_len, DLManagedTensor** out, strata_error* err);
+  /** Apply strata_var_update_op `op` with `value` (same dtype and shape,
+   *  host memory) to the variable `ref` names; atomic per shard. */
+  strata_status_t (*ps_variable_update)(const struct strata_host_api* host, const void* ref,
+                                        uint64_t ref_len, uint32_t op, const DLTensor* value,
+                                        strata_error* err);
 } strata_host_api;
 
 /** Size of the host table at ABI 1.0 (the last 1.0 field is record_collective). */
 #define STRATA_HOST_API_STRUCT_SIZE_1_0 \
   ((uint32_t)(offsetof(strata_host_api, record_collective) + sizeof(void*)))
+/** Size of the host table at ABI 1.2 (the last field then was request_abort). */
+#define STRATA_HOST_API_STRUCT_SIZE_1_2 \
+  ((uint32_t)(offsetof(strata_host_api, request_abort) + sizeof(void*)))
 #define STRATA_HOST_API_STRUCT_SIZE ((uint32_t)sizeof(strata_host_api))
 
 #ifdef __cplusplus

@@ -67,6 +67,15 @@ typedef struct strata_variable_desc {
   uint32_t synchronization; /**< strata_var_sync */
   uint32_t aggregation;     /**< strata_var_aggregation */
   int32_t trainable;        /**< non-zero when trainable */
+  /* ---- since 1.3 ---- */
+  /** Non-NULL: do not create a variable but attach to the existing one this
+   *  reference names (what variable_ref wrote in another process of the
+   *  job, e.g. a parameter_server variable created on the chief and passed
+   *  to a worker's scheduled function); `initial` is then NULL and
+   *  synchronization/aggregation/trainable come from the reference. A
+   *  strategy that cannot attach returns INVALID_ARGUMENT. Borrowed. */
+  const void* attach_ref;
+  uint64_t attach_ref_len; /**< bytes at attach_ref */
 } strata_variable_desc;
 
 #define STRATA_VARIABLE_DESC_STRUCT_SIZE ((uint32_t)sizeof(strata_variable_desc))
@@ -198,6 +207,16 @@ typedef struct strata_strategy_vtable {
    *  the strategy. */
   strata_status_t (*set_transport)(strata_strategy_t s, const char* name, const char* options_json,
                                    strata_error* err);
+
+  /* ---- since 1.3 (optional) ---- */
+
+  /** Write, through `write`, a reference by which another process of the
+   *  job can attach to variable `v` (strata_variable_desc.attach_ref) and
+   *  the host can address it (parameter_server: the host's ps variable
+   *  reference). NULL = the strategy's variables live in this process only.
+   *  Never blocks. */
+  strata_status_t (*variable_ref)(strata_strategy_t s, strata_variable_t v, strata_write_fn write,
+                                  void* user, strata_error* err);
 } strata_strategy_vtable;
 
 /** Size of the vtable at ABI 1.0 (up to variable_update). */
@@ -206,6 +225,9 @@ typedef struct strata_strategy_vtable {
 /** Size of the vtable at ABI 1.1 (up to restore_state). */
 #define STRATA_STRATEGY_VTABLE_STRUCT_SIZE_1_1 \
   ((uint32_t)(offsetof(strata_strategy_vtable, restore_state) + sizeof(void*)))
+/** Size of the vtable at ABI 1.2 (up to set_transport). */
+#define STRATA_STRATEGY_VTABLE_STRUCT_SIZE_1_2 \
+  ((uint32_t)(offsetof(strata_strategy_vtable, set_transport) + sizeof(void*)))
 #define STRATA_STRATEGY_VTABLE_STRUCT_SIZE ((uint32_t)sizeof(strata_strategy_vtable))
 
 #ifdef __cplusplus

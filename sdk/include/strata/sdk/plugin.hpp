@@ -135,6 +135,8 @@ STRATA_SDK_HAS_MEMBER_(HasIwrite, iwrite)
 STRATA_SDK_HAS_MEMBER_(HasDetect, detect)
 STRATA_SDK_HAS_MEMBER_(HasCardinality, cardinality)
 STRATA_SDK_HAS_MEMBER_(HasSetTransport, set_transport)
+STRATA_SDK_HAS_MEMBER_(HasVariableRef, variable_ref)
+STRATA_SDK_HAS_MEMBER_(HasVariableAttach, variable_attach)
 STRATA_SDK_HAS_MEMBER_(HasSubsystem, kSubsystem)
 
 template <class T>
@@ -153,6 +155,10 @@ Host make_host(const strata_host_api* host, const char* kind) {
 ///   void restore_state(const void* data, uint64_t len);
 ///   void set_transport(const std::string& name, const std::string& options_json);  (ABI 1.2;
 ///       options_json is "{}" when the caller passed NULL or "")
+///   std::string variable_ref(strata_variable_t v);  (ABI 1.3)
+///   strata_variable_t variable_attach(const strata_variable_desc& desc);  (ABI 1.3: called
+///       instead of variable_create when desc.attach_ref is set; without it such a
+///       desc is INVALID_ARGUMENT)
 class StrategyBase {
  public:
   virtual ~StrategyBase() = default;
@@ -256,7 +262,18 @@ struct StrategyAdapter {
                            const DLTensor* initial, strata_variable_t* out, strata_error* err) {
       return guard(err, [&] {
         auto& o = detail::deref(out, "out");
-        o = self(s).variable_create(detail::deref(desc, "variable desc"), detail::deref(initial, "initial value"));
+        const strata_variable_desc& d = detail::deref(desc, "variable desc");
+        if (STRATA_HAS_FIELD(&d, strata_variable_desc, attach_ref) && d.attach_ref != nullptr) {
+          if constexpr (detail::HasVariableAttach<T>::value) {
+            o = self(s).variable_attach(d);
+            return;
+          } else {
+            STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "variable '", d.name != nullptr ? d.name : "",
+                         "': this strategy cannot attach to a variable of another process; create it under "
+                         "the parameter_server strategy's scope");
+          }
+        }
+        o = self(s).variable_create(d, detail::deref(initial, "initial value"));
       });
     };
     v.variable_destroy = [](strata_strategy_t s, strata_variable_t var) {
@@ -292,6 +309,12 @@ struct StrategyAdapter {
     if constexpr (detail::HasRestoreState<T>::value) {
       v.restore_state = [](strata_strategy_t s, const void* data, uint64_t len, strata_error* err) {
         return guard(err, [&] { self(s).restore_state(data, len); });
+      };
+    }
+    if constexpr (detail::HasVariableRef<T>::value) {
+      v.variable_ref = [](strata_strategy_t s, strata_variable_t var, strata_write_fn write, void* user,
+                          strata_error* err) {
+        return guard(err, [&] { detail::write_string(write, user, self(s).variable_ref(var)); });
       };
     }
     if constexpr (detail::HasSetTransport<T>::value) {
