@@ -37,6 +37,7 @@
 
 #include "strata/sdk/options.hpp"
 #include "wire.h"
+#include "../common/wait_pacer.h"
 
 namespace strata::transport::libfabric {
 
@@ -1386,10 +1387,10 @@ uint64_t LfComm::wait(strata_request_t h, int64_t timeout_ms) {
   if (timeout_ms < 0) timeout_ms = static_cast<int64_t>(opts_.timeout_s * 1000.0);
   const auto start = Clock::now();
   const auto deadline = start + std::chrono::milliseconds(timeout_ms);
-  // Spin briefly (a reply often comes within microseconds), then back off
-  // to sleeps of up to 1 ms so that waiting ranks leave the cores to others.
-  auto pause = std::chrono::microseconds(0);
-  for (int iter = 0;; ++iter) {
+  // This thread drives progress itself; between polls it busy-waits, yields
+  // or sleeps as the machine's load allows (wait_pacer.h).
+  transport::WaitPacer pacer;
+  for (;;) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       Request* r = lookup_locked(h);
@@ -1401,13 +1402,7 @@ uint64_t LfComm::wait(strata_request_t h, int64_t timeout_ms) {
                      " ms; the peer may be stalled or has not posted the matching ",
                      r->kind == Request::kRecv ? "isend" : "irecv", " (the request is still pending)");
     }
-    if (iter < 200) {
-      std::this_thread::yield();
-      continue;
-    }
-    pause = std::min<std::chrono::microseconds>(std::chrono::microseconds(1000),
-                                                pause + std::chrono::microseconds(20));
-    std::this_thread::sleep_for(std::min<Clock::duration>(pause, deadline - Clock::now()));
+    pacer.pause(deadline);
   }
 }
 
