@@ -321,8 +321,28 @@ struct InMsg {
   uint64_t kind = kMsg;
   uint64_t tag = 0, total = 0, first_seq = 0, nchunks = 0, chunk = 0;
   uint64_t ctrl_seq = 0;
-  std::vector<char> payload;  // eager payload
+  std::vector<char> payload;  // eager payload, once kept past its delivery
+  // The eager payload still in the control receive slot: valid only while
+  // the message is delivered from its completion (a receive already posted
+  // gets it with one copy); keep() moves it into `payload` otherwise.
+  const char* inline_data = nullptr;
+
+  void keep() {
+    if (inline_data == nullptr) return;
+    payload.assign(inline_data, inline_data + total);
+    inline_data = nullptr;
+  }
+  const char* bytes() const { return inline_data != nullptr ? inline_data : payload.data(); }
 };
+
+// Per-tag queues that became empty stay in their map (and keep their
+// storage) while the map is this small, so that a tag used again and again
+// (the ring's step 0, a pingpong) allocates nothing per message.
+constexpr size_t kKeptEmptyQueues = 16;
+template <class Map, class It>
+void erase_if_empty(Map& map, It it) {
+  if (it->second.empty() && map.size() > kKeptEmptyQueues) map.erase(it);
+}
 
 struct Peer {
   fi_addr_t addr = FI_ADDR_UNSPEC;
@@ -797,7 +817,7 @@ void LfComm::unpost_locked(Request* r) {
   auto pq = peer.posted.find(r->tag);
   if (pq == peer.posted.end()) return;
   pq->second.erase(std::remove(pq->second.begin(), pq->second.end(), r), pq->second.end());
-  if (pq->second.empty()) peer.posted.erase(pq);
+  erase_if_empty(peer.posted, pq);
 }
 
 uint64_t LfComm::release_locked(Request* r) {
@@ -1143,9 +1163,10 @@ void LfComm::on_ctrl_locked(Op* op) {
   m.chunk = h.chunk;
   m.kind = h.kind;
   m.ctrl_seq = h.ctrl_seq;
-  if (h.nchunks == 0 && h.total > 0) m.payload.assign(op->buf + sizeof h, op->buf + sizeof h + h.total);
+  if (h.nchunks == 0 && h.total > 0) m.inline_data = op->buf + sizeof h;
   // Deliver in the sender's order, whatever order the provider used.
   if (h.ctrl_seq != peer.recv_ctrl_next) {
+    m.keep();  // the slot is reposted when this returns
     peer.early.emplace(h.ctrl_seq, std::move(m));
     return;
   }
@@ -1174,20 +1195,27 @@ void LfComm::drop_ctrl_locked(const std::string& what) {
 void LfComm::deliver_locked(int p, InMsg&& m) {
   Peer& peer = peers_[p];
   if (m.kind == kCts) return on_cts_locked(p, m.tag);
-  if (m.kind != kMsg) return peer_closed_locked(p, m);
+  if (m.kind != kMsg) {
+    m.keep();
+    return peer_closed_locked(p, m);
+  }
   if (peer.failed) {
     if (m.nchunks != 0) drain_locked(p, m);
-    else peer.unexpected[m.tag].push_back(std::move(m));
+    else {
+      m.keep();
+      peer.unexpected[m.tag].push_back(std::move(m));
+    }
     return;
   }
   auto pq = peer.posted.find(m.tag);
   if (pq == peer.posted.end() || pq->second.empty()) {
+    m.keep();
     peer.unexpected[m.tag].push_back(std::move(m));
     return;
   }
   Request* r = pq->second.front();
   pq->second.pop_front();
-  if (pq->second.empty()) peer.posted.erase(pq);
+  erase_if_empty(peer.posted, pq);
   match_locked(r, std::move(m));
 }
 
@@ -1200,7 +1228,7 @@ void LfComm::match_locked(Request* r, InMsg&& m) {
     return;
   }
   if (m.nchunks == 0) {
-    if (m.total > 0) std::memcpy(r->data, m.payload.data(), m.total);
+    if (m.total > 0) std::memcpy(r->data, m.bytes(), m.total);
     r->moved = m.total;
     finish_locked(r, STRATA_OK, "");
     return;
@@ -1367,7 +1395,7 @@ strata_request_t LfComm::irecv(int32_t peer, uint64_t tag, const strata_buffer& 
   if (it != p.unexpected.end() && !it->second.empty()) {
     InMsg m = std::move(it->second.front());
     it->second.pop_front();
-    if (it->second.empty()) p.unexpected.erase(it);
+    erase_if_empty(p.unexpected, it);
     match_locked(r, std::move(m));
   } else if (p.failed || p.closed) {
     finish_locked(r, p.failed ? p.fail_code : STRATA_ERR_UNAVAILABLE,
