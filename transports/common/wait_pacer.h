@@ -14,8 +14,10 @@
 //     busy-polls with a CPU pause between polls, no system call;
 //   - when they do not, it yields the core (sched_yield) between polls, so
 //     that the peer it waits for can run;
-//   - after the spin budget (kSpinNs busy, kYieldNs yielding) it sleeps with
-//     a back-off from 20 us to 1 ms, so a long wait leaves the cores alone.
+//   - after the spin budget (kSpinNs busy, kYieldNs yielding) without any
+//     progress (the caller reports completions with progressed(), which
+//     restarts the budget) it sleeps with a back-off from 20 us to 1 ms, so
+//     a long idle wait leaves the cores alone.
 // Every pause is bounded by the caller's deadline: pause() never sleeps past
 // it, and the caller checks the deadline after every poll.
 //
@@ -98,6 +100,13 @@ class WaitPacer {
     if ((polls_ & 63) == 0) yield_ = oversubscribed();
     return !yield_ && sleeping_ == std::chrono::microseconds(0) &&
            Clock::now() - start_ < std::chrono::nanoseconds(kSpinNs);
+  }
+
+  /// The caller saw progress (a completion): the spin budget starts again,
+  /// so a wait sleeps only after kSpinNs + kYieldNs without any.
+  void progressed() {
+    start_ = Clock::now();
+    sleeping_ = std::chrono::microseconds(0);
   }
 
   /// Between two polls: pause, yield or sleep (never past `deadline`).

@@ -610,6 +610,7 @@ class LfComm : public sdk::CommBase {
   bool setup_done_ = false;  // setup() returned: peers know this endpoint
   size_t data_recvs_ = 0;  // kDataRecv ops alive (posted or backlogged)
   bool starved_ = false;   // a matched receive waits for room under kMaxDataRecvs
+  uint64_t completions_ = 0;  // provider completions read so far (wait's pacer: progress is being made)
 
   std::mutex abort_mu_;
   std::atomic<bool> aborted_{false};
@@ -1010,6 +1011,7 @@ void LfComm::progress_locked() {
         Op* op = static_cast<Op*>(entries[i].op_context);
         if (op == nullptr) continue;
         op->got = entries[i].len;
+        ++completions_;
         on_completion_locked(op, 0, "");
       }
       continue;
@@ -1422,11 +1424,19 @@ uint64_t LfComm::wait(strata_request_t h, int64_t timeout_ms) {
   // This thread drives progress itself; between polls it busy-waits, yields
   // or sleeps as the machine's load allows (wait_pacer.h).
   transport::WaitPacer pacer;
+  uint64_t seen = 0;
   for (;;) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       Request* r = lookup_locked(h);
       progress_locked();
+      // While completions keep coming (a long message in segments, which
+      // the provider moves only while both sides poll), keep polling:
+      // sleeping now would stall the peer too.
+      if (completions_ != seen) {
+        seen = completions_;
+        pacer.progressed();
+      }
       if (visible(*r)) return release_locked(r);
       if (Clock::now() >= deadline && r->finished) return release_locked(r);
       if (Clock::now() >= deadline)
