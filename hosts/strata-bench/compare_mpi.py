@@ -8,7 +8,10 @@ By default Strata's ring over tcp against Open MPI restricted to TCP
 --mpi-btl lets Open MPI choose, which on one host is its shared-memory path
 (the peer for Strata's same-host path). Alternates the two programs --runs
 times (the machines are shared and noisy) and prints, per rank count and
-size, the median time and busbw of each with the ratios. Build the MPI side
+size, the median time and busbw of each with the ratios, and the machine's
+1-minute load average read before each block (min-max over the blocks of
+that row; above the core count the machine is oversubscribed and polling
+peers such as Open MPI lose most). Build the MPI side
 as /work/shared/bench/README.md says:
     mpicc -O2 -o /tmp/mpi_coll_bench /work/shared/bench/mpi_coll_bench.c
 Examples:
@@ -17,6 +20,7 @@ Examples:
 """
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -38,8 +42,15 @@ def main():
     ranks = [int(x) for x in a.ranks.split(',')]
     sizes = [int(x) for x in a.sizes.split(',')]
     res = {}
+    loads = {}
+
+    def load(n):
+        with open('/proc/loadavg') as f:
+            loads.setdefault(n, []).append(float(f.read().split()[0]))
+
     for run in range(a.runs):
         for n in ranks:
+            load(n)
             out = subprocess.run([a.bench, 'allreduce', '--transport', a.transport, '-n', str(n), '--sizes', a.sizes,
                                   '--json'] + options, capture_output=True, text=True, timeout=900)
             if out.returncode != 0:
@@ -48,6 +59,7 @@ def main():
                 if r['wrong'] != 0:
                     sys.exit('strata-bench: %d wrong elements at %d bytes' % (r['wrong'], r['bytes']))
                 res.setdefault(('strata', n, r['bytes']), []).append((r['time_us'], r['busbw_gbps']))
+            load(n)
             out = subprocess.run(['mpirun', '--allow-run-as-root', '--oversubscribe'] + mpi_btl +
                                  ['-np', str(n), a.mpi_bench, '-c', 'allreduce', '-s', a.sizes],
                                  capture_output=True, text=True, timeout=900)
@@ -61,8 +73,9 @@ def main():
                     sys.exit('mpi_coll_bench: wrong result at %s bytes' % f[0])
                 res.setdefault(('mpi', n, int(f[0])), []).append((float(f[2]), float(f[6])))
         print('run %d of %d done' % (run + 1, a.runs), file=sys.stderr)
-    print('%5s %10s | %11s %9s | %11s %9s | %9s %9s | %s' % ('ranks', 'bytes', 'strata(us)', 'busbw', 'mpi(us)',
-                                                             'busbw', 'time s/m', 'busbw s/m', 'runs'))
+    print('# %d cores; load = 1-minute load average before each block, min-max' % len(os.sched_getaffinity(0)))
+    print('%5s %10s | %11s %9s | %11s %9s | %9s %9s | %4s | %s' % ('ranks', 'bytes', 'strata(us)', 'busbw', 'mpi(us)',
+                                                                   'busbw', 'time s/m', 'busbw s/m', 'runs', 'load'))
     for n in ranks:
         for b in sizes:
             s = res.get(('strata', n, b), [])
@@ -71,8 +84,9 @@ def main():
                 continue
             st, sb = statistics.median(x[0] for x in s), statistics.median(x[1] for x in s)
             mt, mb = statistics.median(x[0] for x in m), statistics.median(x[1] for x in m)
-            print('%5d %10d | %11.1f %9.3f | %11.1f %9.3f | %9.2f %9.2f | %d+%d' % (n, b, st, sb, mt, mb, st / mt,
-                                                                                   sb / mb, len(s), len(m)))
+            ld = loads.get(n, [0.0])
+            print('%5d %10d | %11.1f %9.3f | %11.1f %9.3f | %9.2f %9.2f | %d+%d | %.1f-%.1f' % (
+                n, b, st, sb, mt, mb, st / mt, sb / mb, len(s), len(m), min(ld), max(ld)))
 
 
 if __name__ == '__main__':

@@ -317,6 +317,12 @@ int main(int argc, char** argv) {
                     "--option 'provider=\"tcp;ofi_rxm\"' --option 'iface=\"lo\"'");
     if (sub != pingpong)
       sub->add_option("--dtype", mp.dtype, "float32, float64, int32 or int64")->capture_default_str();
+    if (sub == pingpong) {
+      auto* noref = sub->add_flag("--no-socket-reference",
+                                  "Skip the plain loopback TCP socket references (busy-polling and blocking recv) "
+                                  "that are timed beside the transport in the same processes");
+      noref->each([&mp](const std::string&) { mp.socket_reference = false; });
+    }
     sub->add_option("--iters", mp.iters, "Operations per timed batch (0 = about 256 MiB per batch, 5..1000)")
         ->capture_default_str()
         ->check(CLI::NonNegativeNumber);

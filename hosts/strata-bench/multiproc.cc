@@ -3,7 +3,9 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -449,6 +451,93 @@ class P2P {
   std::vector<strata_mem_region_t> regions_;
 };
 
+// The references that `pingpong` measures beside the transport, in the
+// same processes and run: a plain loopback TCP socket pair (TCP_NODELAY)
+// bouncing the same bytes, received once by busy-polling (recv with
+// MSG_DONTWAIT until complete: the floor for a transport whose waiting
+// thread polls) and once by blocking recv (what a thread that sleeps in the
+// kernel pays). Every socket call has a deadline (poll/SO_RCVTIMEO).
+class SocketRef {
+ public:
+  // Rank 0 listens on 127.0.0.1 and sends its port to rank 1 through `p2p`.
+  template <class P2P>
+  SocketRef(P2P& p2p, int rank, double timeout_s) : timeout_s_(timeout_s) {
+    std::uint64_t port = 0;
+    strata_buffer pb = p2p.buffer(&port, sizeof port);
+    if (rank == 0) {
+      const int ls = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (ls < 0) fail("socket");
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      socklen_t len = sizeof a;
+      if (::bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(ls, 1) != 0 ||
+          ::getsockname(ls, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+        ::close(ls);
+        fail("bind/listen on 127.0.0.1");
+      }
+      port = ntohs(a.sin_port);
+      p2p.wait(p2p.isend(1, 1, pb), "socket reference: sending the port");
+      pollfd pf{ls, POLLIN, 0};
+      const int n = ::poll(&pf, 1, int(timeout_s * 1000));
+      fd_ = n == 1 ? ::accept4(ls, nullptr, nullptr, SOCK_CLOEXEC) : -1;
+      ::close(ls);
+      if (fd_ < 0) fail("accept (rank 1 did not connect in time)");
+    } else {
+      p2p.wait(p2p.irecv(0, 1, pb), "socket reference: receiving the port");
+      fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      a.sin_port = htons(std::uint16_t(port));
+      if (fd_ < 0 || ::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) fail("connect to rank 0");
+    }
+    const int one = 1;
+    ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    timeval tv{};
+    tv.tv_sec = static_cast<time_t>(timeout_s);
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    ::setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  }
+  ~SocketRef() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  SocketRef(const SocketRef&) = delete;
+  SocketRef& operator=(const SocketRef&) = delete;
+
+  void send_all(const unsigned char* p, std::uint64_t n) {
+    while (n > 0) {
+      const ssize_t k = ::send(fd_, p, n, MSG_NOSIGNAL);
+      if (k < 0 && errno == EINTR) continue;
+      if (k <= 0) fail("send");
+      p += k;
+      n -= std::uint64_t(k);
+    }
+  }
+  void recv_all(unsigned char* p, std::uint64_t n, bool busy) {
+    const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s_);
+    while (n > 0) {
+      const ssize_t k = ::recv(fd_, p, n, busy ? MSG_DONTWAIT : 0);
+      if (k > 0) {
+        p += k;
+        n -= std::uint64_t(k);
+        continue;
+      }
+      if (k == 0) fail("recv (rank closed the socket)");
+      if (errno == EINTR) continue;
+      if ((errno == EAGAIN || errno == EWOULDBLOCK) && Clock::now() < deadline) continue;
+      fail("recv");
+    }
+  }
+
+ private:
+  [[noreturn]] static void fail(const char* what) {
+    STRATA_THROW(STRATA_ERR_UNAVAILABLE, "pingpong socket reference: ", what, " failed (", std::strerror(errno), ")");
+  }
+  int fd_ = -1;
+  double timeout_s_;
+};
+
 // Rank 0 and rank 1 bounce one message of each size (see multiproc.h).
 int pingpong_body(const MultiProcOptions& o, int rank) {
   P2P p2p(o, rank);
@@ -467,10 +556,19 @@ int pingpong_body(const MultiProcOptions& o, int rank) {
     p2p.wait(p2p.isend(peer, 0, sync_send), "pingpong sync send");
     p2p.wait(r, "pingpong sync receive");
   };
+  std::unique_ptr<SocketRef> sock;
+  if (o.socket_reference) sock = std::make_unique<SocketRef>(p2p, rank, o.timeout_s);
   if (rank == 0 && !o.json) {
     std::printf("# pingpong, transport=%s, options=%s, trials=%d (one-way time = median round trip / 2)\n",
                 o.transport.c_str(), transport_options(o).dump().c_str(), o.trials);
-    std::printf("%10s %10s %12s %12s %8s\n", "size", "iters", "time(us)", "bw(GB/s)", "wrong");
+    if (sock)
+      std::printf("# sock_busy/sock_block: plain loopback TCP sockets between the same two processes, same sizes "
+                  "and iterations, recv busy-polling (MSG_DONTWAIT) / blocking; x_busy, x_block = time / that\n");
+    if (sock)
+      std::printf("%10s %10s %12s %12s %8s %14s %14s %8s %8s\n", "size", "iters", "time(us)", "bw(GB/s)", "wrong",
+                  "sock_busy(us)", "sock_block(us)", "x_busy", "x_block");
+    else
+      std::printf("%10s %10s %12s %12s %8s\n", "size", "iters", "time(us)", "bw(GB/s)", "wrong");
     std::fflush(stdout);
   }
   nlohmann::json results = nlohmann::json::array();
@@ -513,6 +611,41 @@ int pingpong_body(const MultiProcOptions& o, int rank) {
       for (std::int64_t i = 0; i < iters; ++i) round_trip();
       times[std::size_t(t)] = std::chrono::duration<double>(Clock::now() - t0).count() / double(iters) / 2;
     }
+    // The socket references, with the same bytes and iterations (the peer's
+    // pattern is checked once more on the busy-polling exchange).
+    double sock_med[2] = {0, 0};
+    if (sock) {
+      std::vector<double> st(std::size_t(o.trials));
+      for (int mode = 0; mode < 2; ++mode) {
+        const bool busy = mode == 0;
+        auto sock_trip = [&] {
+          if (rank == 0) {
+            sock->send_all(sp, bytes);
+            sock->recv_all(rp, bytes, busy);
+          } else {
+            sock->recv_all(rp, bytes, busy);
+            sock->send_all(sp, bytes);
+          }
+        };
+        std::memset(rp, 0, bytes);
+        sync();
+        sock_trip();
+        for (std::uint64_t i = 0; i < bytes; ++i)
+          wrong += rp[i] != static_cast<unsigned char>((i * 7 + std::uint64_t(peer) * 13) & 0xff);
+        for (std::int64_t i = 0; i < warmup; ++i) sock_trip();
+        for (int t = 0; t < o.trials; ++t) {
+          sync();
+          const auto t0 = Clock::now();
+          for (std::int64_t i = 0; i < iters; ++i) sock_trip();
+          st[std::size_t(t)] = std::chrono::duration<double>(Clock::now() - t0).count() / double(iters) / 2;
+        }
+        std::sort(st.begin(), st.end());
+        sock_med[mode] = st[st.size() / 2];
+      }
+      if (wrong != 0)
+        STRATA_THROW(STRATA_ERR_DATA_LOSS, "pingpong socket reference of ", bytes, " bytes: ", wrong,
+                     " byte(s) on rank ", rank, " differ from what rank ", peer, " sent");
+    }
     if (rank != 0) continue;
     std::vector<double> sorted = times;
     std::sort(sorted.begin(), sorted.end());
@@ -523,6 +656,15 @@ int pingpong_body(const MultiProcOptions& o, int rank) {
                          {"bytes", bytes}, {"iters", iters}, {"trials", o.trials}, {"time_us", med * 1e6},
                          {"time_min_us", sorted.front() * 1e6}, {"time_max_us", sorted.back() * 1e6},
                          {"bw_gbps", bw}, {"wrong", wrong}});
+      if (sock) {
+        results.back()["socket_busy_poll_us"] = sock_med[0] * 1e6;
+        results.back()["socket_blocking_us"] = sock_med[1] * 1e6;
+      }
+    } else if (sock) {
+      std::printf("%10s %10lld %12.2f %12.3f %8lld %14.2f %14.2f %8.2f %8.2f\n", format_size(bytes).c_str(),
+                  static_cast<long long>(iters), med * 1e6, bw, static_cast<long long>(wrong), sock_med[0] * 1e6,
+                  sock_med[1] * 1e6, med / sock_med[0], med / sock_med[1]);
+      std::fflush(stdout);
     } else {
       std::printf("%10s %10lld %12.2f %12.3f %8lld\n", format_size(bytes).c_str(), static_cast<long long>(iters),
                   med * 1e6, bw, static_cast<long long>(wrong));

@@ -38,6 +38,7 @@ struct MultiProcOptions {
   std::int64_t warmup = -1;        ///< untimed operations after the checked one; -1 = iters / 5
   int trials = 7;                  ///< timed batches per size; the median is reported
   bool json = false;
+  bool socket_reference = true;    ///< pingpong: also time plain loopback sockets (busy-poll, blocking)
   double timeout_s = 120;          ///< deadline of every collective and of the rendezvous
   std::string ring_options = "{}";       ///< extra options of the ring cross_device_ops (JSON object)
   std::string transport_options = "{}";  ///< options of the transport (JSON object)

@@ -6,11 +6,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <cstring>
 #include <fstream>
 #include <map>
 #include <mutex>
-#include <unordered_set>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -137,7 +137,17 @@ struct AutoRequest {
   int sub;
   strata_request_t req;
   int32_t peer;
+  uintptr_t gen = 0;   // bumped at each reuse of the slot: stale handles fail lookup
+  size_t index = 0;    // its slot
+  bool live = false;
 };
+
+// Request handles are slot numbers and generations, not pointers, so that a
+// pool of slots (no allocation per message) can still reject a handle that
+// was released: the low kSlotBits hold slot + 1, the rest the generation.
+constexpr unsigned kSlotBits = 24;
+constexpr uintptr_t kSlotMask = (uintptr_t(1) << kSlotBits) - 1;
+constexpr uintptr_t kGenMask = ~uintptr_t(0) >> kSlotBits;
 
 struct AutoRegion {
   uint64_t magic = kRegionMagic;
@@ -194,17 +204,39 @@ class AutoComm : public sdk::CommBase {
   }
   strata_request_t post(bool send, int32_t peer, uint64_t tag, const strata_buffer& buf);
   AutoRequest* lookup(strata_request_t h) {
-    auto* r = reinterpret_cast<AutoRequest*>(h);
+    const auto v = reinterpret_cast<uintptr_t>(h);
+    const uintptr_t slot = v & kSlotMask;
     std::lock_guard<std::mutex> lock(mu_);
-    if (h == nullptr || live_.count(r) == 0)
+    if (slot == 0 || slot > slots_.size() || !slots_[slot - 1].live || slots_[slot - 1].gen != (v >> kSlotBits))
       STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "request ", static_cast<void*>(h), " is not a live request of auto "
                    "communicator '", name_, "' rank ", rank_, " (already completed, failed or cancelled?)");
-    return r;
+    return &slots_[slot - 1];
+  }
+  // Takes a free slot (the pool only grows while more requests are live
+  // than ever before) and returns its handle.
+  strata_request_t acquire(AutoRequest*& out) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (free_.empty()) {
+      if (slots_.size() >= kSlotMask)
+        STRATA_THROW(STRATA_ERR_INTERNAL, "auto communicator '", name_, "' rank ", rank_, ": more than ", kSlotMask,
+                     " requests live at once; wait for some before posting more");
+      slots_.emplace_back();
+      slots_.back().index = slots_.size() - 1;
+      free_.push_back(slots_.size() - 1);
+    }
+    const size_t i = free_.back();
+    free_.pop_back();
+    AutoRequest& r = slots_[i];
+    r.gen = (r.gen + 1) & kGenMask;
+    r.live = true;
+    out = &r;
+    return reinterpret_cast<strata_request_t>((r.gen << kSlotBits) | uintptr_t(i + 1));
   }
   void release(AutoRequest* r) noexcept {
     std::lock_guard<std::mutex> lock(mu_);
-    live_.erase(r);
-    delete r;
+    r->live = false;
+    r->req = nullptr;
+    free_.push_back(r->index);
   }
 
   sdk::Host host_;
@@ -215,7 +247,8 @@ class AutoComm : public sdk::CommBase {
   std::vector<Route> routes_;
   std::vector<std::string> host_of_;  // display label of each rank's host
   std::mutex mu_;
-  std::unordered_set<AutoRequest*> live_;  // guarded by mu_
+  std::deque<AutoRequest> slots_;  // guarded by mu_; a deque keeps addresses stable as it grows
+  std::vector<size_t> free_;       // guarded by mu_; free slots
 };
 
 AutoComm::~AutoComm() {
@@ -223,7 +256,6 @@ AutoComm::~AutoComm() {
   // the wrappers of requests the caller abandoned safe to free.
   for (Sub& s : subs_)
     if (s.comm != nullptr) s.t->ref.vtable()->comm_destroy(s.comm);
-  for (AutoRequest* r : live_) delete r;
 }
 
 void AutoComm::setup(const SubTransport& local, const SubTransport& remote, const std::string& identity,
@@ -412,16 +444,22 @@ strata_request_t AutoComm::post(bool send, int32_t peer, uint64_t tag, const str
                    "register the buffer with the same communicator");
     b.mr = reg->sub[rt.sub];
   }
-  auto req = std::make_unique<AutoRequest>(AutoRequest{rt.sub, nullptr, peer});
+  AutoRequest* req = nullptr;
+  const strata_request_t handle = acquire(req);
+  req->sub = rt.sub;
+  req->peer = peer;
   strata_error e;
   strata_error_init(&e);
   const Sub& s = subs_[rt.sub];
-  const strata_status_t st = send ? vt(rt.sub)->isend(s.comm, rt.sub_rank, tag, &b, &req->req, &e)
-                                  : vt(rt.sub)->irecv(s.comm, rt.sub_rank, tag, &b, &req->req, &e);
-  if (st != STRATA_OK) fail_peer(st, e, peer);
-  std::lock_guard<std::mutex> lock(mu_);
-  live_.insert(req.get());
-  return reinterpret_cast<strata_request_t>(req.release());
+  strata_request_t sub_req = nullptr;
+  const strata_status_t st = send ? vt(rt.sub)->isend(s.comm, rt.sub_rank, tag, &b, &sub_req, &e)
+                                  : vt(rt.sub)->irecv(s.comm, rt.sub_rank, tag, &b, &sub_req, &e);
+  if (st != STRATA_OK) {
+    release(req);
+    fail_peer(st, e, peer);
+  }
+  req->req = sub_req;
+  return handle;
 }
 
 bool AutoComm::test(strata_request_t h, uint64_t* bytes) {

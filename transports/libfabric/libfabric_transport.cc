@@ -37,6 +37,7 @@
 
 #include "strata/sdk/options.hpp"
 #include "wire.h"
+#include "../common/wait_pacer.h"
 
 namespace strata::transport::libfabric {
 
@@ -46,7 +47,11 @@ using detail::str_cat;
 namespace {
 
 constexpr uint32_t kApiVersion = FI_VERSION(1, 10);
-constexpr uint64_t kEagerBytes = 4096;  // payloads up to this ride in the control message
+// Payloads up to this ride in the control message: 8 KiB plus room for a
+// caller's own header (the ring's step-0 fingerprint is 80 bytes), so that
+// a 4 or 8 KiB collective travels as one message instead of a control
+// message and a data message that the receiver must match first.
+constexpr uint64_t kEagerBytes = 8192 + 256;
 constexpr uint64_t kKeyMagic = 0x53544d52454b4559ull;
 constexpr int kCtrlRecvSlots = 64;
 constexpr int kSendSlotsPerSlab = 64;
@@ -316,8 +321,28 @@ struct InMsg {
   uint64_t kind = kMsg;
   uint64_t tag = 0, total = 0, first_seq = 0, nchunks = 0, chunk = 0;
   uint64_t ctrl_seq = 0;
-  std::vector<char> payload;  // eager payload
+  std::vector<char> payload;  // eager payload, once kept past its delivery
+  // The eager payload still in the control receive slot: valid only while
+  // the message is delivered from its completion (a receive already posted
+  // gets it with one copy); keep() moves it into `payload` otherwise.
+  const char* inline_data = nullptr;
+
+  void keep() {
+    if (inline_data == nullptr) return;
+    payload.assign(inline_data, inline_data + total);
+    inline_data = nullptr;
+  }
+  const char* bytes() const { return inline_data != nullptr ? inline_data : payload.data(); }
 };
+
+// Per-tag queues that became empty stay in their map (and keep their
+// storage) while the map is this small, so that a tag used again and again
+// (the ring's step 0, a pingpong) allocates nothing per message.
+constexpr size_t kKeptEmptyQueues = 16;
+template <class Map, class It>
+void erase_if_empty(Map& map, It it) {
+  if (it->second.empty() && map.size() > kKeptEmptyQueues) map.erase(it);
+}
 
 struct Peer {
   fi_addr_t addr = FI_ADDR_UNSPEC;
@@ -585,6 +610,7 @@ class LfComm : public sdk::CommBase {
   bool setup_done_ = false;  // setup() returned: peers know this endpoint
   size_t data_recvs_ = 0;  // kDataRecv ops alive (posted or backlogged)
   bool starved_ = false;   // a matched receive waits for room under kMaxDataRecvs
+  uint64_t completions_ = 0;  // provider completions read so far (wait's pacer: progress is being made)
 
   std::mutex abort_mu_;
   std::atomic<bool> aborted_{false};
@@ -792,7 +818,7 @@ void LfComm::unpost_locked(Request* r) {
   auto pq = peer.posted.find(r->tag);
   if (pq == peer.posted.end()) return;
   pq->second.erase(std::remove(pq->second.begin(), pq->second.end(), r), pq->second.end());
-  if (pq->second.empty()) peer.posted.erase(pq);
+  erase_if_empty(peer.posted, pq);
 }
 
 uint64_t LfComm::release_locked(Request* r) {
@@ -985,6 +1011,7 @@ void LfComm::progress_locked() {
         Op* op = static_cast<Op*>(entries[i].op_context);
         if (op == nullptr) continue;
         op->got = entries[i].len;
+        ++completions_;
         on_completion_locked(op, 0, "");
       }
       continue;
@@ -1138,9 +1165,10 @@ void LfComm::on_ctrl_locked(Op* op) {
   m.chunk = h.chunk;
   m.kind = h.kind;
   m.ctrl_seq = h.ctrl_seq;
-  if (h.nchunks == 0 && h.total > 0) m.payload.assign(op->buf + sizeof h, op->buf + sizeof h + h.total);
+  if (h.nchunks == 0 && h.total > 0) m.inline_data = op->buf + sizeof h;
   // Deliver in the sender's order, whatever order the provider used.
   if (h.ctrl_seq != peer.recv_ctrl_next) {
+    m.keep();  // the slot is reposted when this returns
     peer.early.emplace(h.ctrl_seq, std::move(m));
     return;
   }
@@ -1169,20 +1197,27 @@ void LfComm::drop_ctrl_locked(const std::string& what) {
 void LfComm::deliver_locked(int p, InMsg&& m) {
   Peer& peer = peers_[p];
   if (m.kind == kCts) return on_cts_locked(p, m.tag);
-  if (m.kind != kMsg) return peer_closed_locked(p, m);
+  if (m.kind != kMsg) {
+    m.keep();
+    return peer_closed_locked(p, m);
+  }
   if (peer.failed) {
     if (m.nchunks != 0) drain_locked(p, m);
-    else peer.unexpected[m.tag].push_back(std::move(m));
+    else {
+      m.keep();
+      peer.unexpected[m.tag].push_back(std::move(m));
+    }
     return;
   }
   auto pq = peer.posted.find(m.tag);
   if (pq == peer.posted.end() || pq->second.empty()) {
+    m.keep();
     peer.unexpected[m.tag].push_back(std::move(m));
     return;
   }
   Request* r = pq->second.front();
   pq->second.pop_front();
-  if (pq->second.empty()) peer.posted.erase(pq);
+  erase_if_empty(peer.posted, pq);
   match_locked(r, std::move(m));
 }
 
@@ -1195,7 +1230,7 @@ void LfComm::match_locked(Request* r, InMsg&& m) {
     return;
   }
   if (m.nchunks == 0) {
-    if (m.total > 0) std::memcpy(r->data, m.payload.data(), m.total);
+    if (m.total > 0) std::memcpy(r->data, m.bytes(), m.total);
     r->moved = m.total;
     finish_locked(r, STRATA_OK, "");
     return;
@@ -1362,7 +1397,7 @@ strata_request_t LfComm::irecv(int32_t peer, uint64_t tag, const strata_buffer& 
   if (it != p.unexpected.end() && !it->second.empty()) {
     InMsg m = std::move(it->second.front());
     it->second.pop_front();
-    if (it->second.empty()) p.unexpected.erase(it);
+    erase_if_empty(p.unexpected, it);
     match_locked(r, std::move(m));
   } else if (p.failed || p.closed) {
     finish_locked(r, p.failed ? p.fail_code : STRATA_ERR_UNAVAILABLE,
@@ -1386,14 +1421,22 @@ uint64_t LfComm::wait(strata_request_t h, int64_t timeout_ms) {
   if (timeout_ms < 0) timeout_ms = static_cast<int64_t>(opts_.timeout_s * 1000.0);
   const auto start = Clock::now();
   const auto deadline = start + std::chrono::milliseconds(timeout_ms);
-  // Spin briefly (a reply often comes within microseconds), then back off
-  // to sleeps of up to 1 ms so that waiting ranks leave the cores to others.
-  auto pause = std::chrono::microseconds(0);
-  for (int iter = 0;; ++iter) {
+  // This thread drives progress itself; between polls it busy-waits, yields
+  // or sleeps as the machine's load allows (wait_pacer.h).
+  transport::WaitPacer pacer;
+  uint64_t seen = 0;
+  for (;;) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       Request* r = lookup_locked(h);
       progress_locked();
+      // While completions keep coming (a long message in segments, which
+      // the provider moves only while both sides poll), keep polling:
+      // sleeping now would stall the peer too.
+      if (completions_ != seen) {
+        seen = completions_;
+        pacer.progressed();
+      }
       if (visible(*r)) return release_locked(r);
       if (Clock::now() >= deadline && r->finished) return release_locked(r);
       if (Clock::now() >= deadline)
@@ -1401,13 +1444,7 @@ uint64_t LfComm::wait(strata_request_t h, int64_t timeout_ms) {
                      " ms; the peer may be stalled or has not posted the matching ",
                      r->kind == Request::kRecv ? "isend" : "irecv", " (the request is still pending)");
     }
-    if (iter < 200) {
-      std::this_thread::yield();
-      continue;
-    }
-    pause = std::min<std::chrono::microseconds>(std::chrono::microseconds(1000),
-                                                pause + std::chrono::microseconds(20));
-    std::this_thread::sleep_for(std::min<Clock::duration>(pause, deadline - Clock::now()));
+    pacer.pause(deadline);
   }
 }
 

@@ -36,7 +36,7 @@
 // time) under "<name>/lf/proc/<rank>", reads every other rank's within the
 // deadline and inserts them into the AV. A message is a small control
 // message (sender rank, user tag, size, per-pair sequence number, the
-// pair's key; payloads up to 4 KiB ride along) plus, for larger payloads,
+// pair's key; payloads up to 8 KiB + 256 B ride along) plus, for larger payloads,
 // data messages sent straight from the user's buffer with a wire tag unique
 // to (sender, data sequence). The receiver matches control messages to
 // receives per (peer, user tag) in posting order, in the sender's order
@@ -75,7 +75,7 @@
 //
 // Memory. Every operation gets its own fi_context2 (FI_CONTEXT/FI_CONTEXT2
 // providers). Caps report STRATA_TRANSPORT_CAP_REQUIRES_MR when the provider
-// asks for FI_MR_LOCAL. Buffers without a region (beyond the 4 KiB that ride
+// asks for FI_MR_LOCAL. Buffers without a region (beyond the 8 KiB + 256 B that ride
 // in control messages) are registered through a per-communicator cache keyed
 // by page-aligned address range (64 entries, least recently used evicted
 // when idle), whatever the provider needs, so that the registered path runs

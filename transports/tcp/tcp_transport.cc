@@ -23,6 +23,7 @@
 #include <openssl/rand.h>
 
 #include "frame.h"
+#include "../common/wait_pacer.h"
 #include "strata/sdk/options.hpp"
 #include "strata/sdk/rendezvous.hpp"
 
@@ -799,9 +800,20 @@ bool TcpComm::test(strata_request_t h, uint64_t* bytes) {
 
 uint64_t TcpComm::wait(strata_request_t h, int64_t timeout_ms) {
   if (timeout_ms < 0) timeout_ms = static_cast<int64_t>(opts_.timeout_s * 1000.0);
+  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
   std::unique_lock<std::mutex> lock(mu_);
   Request* r = lookup_locked(h);
-  if (!cv_.wait_until(lock, Clock::now() + std::chrono::milliseconds(timeout_ms), [&] { return visible(*r); })) {
+  // Poll briefly before sleeping on the condition: a reply that the io
+  // thread completes within the spin budget then costs this thread no
+  // wake-up (the io thread's own wake-up from epoll remains). Only while
+  // the cores are not oversubscribed: then the io thread needs the core.
+  transport::WaitPacer pacer;
+  while (!visible(*r) && pacer.busy_polling() && Clock::now() < deadline) {
+    lock.unlock();
+    pacer.pause(deadline);
+    lock.lock();
+  }
+  if (!cv_.wait_until(lock, deadline, [&] { return visible(*r); })) {
     const Link link = peers_[r->peer].link;
     if (link != Link::kReady)
       STRATA_THROW(STRATA_ERR_DEADLINE_EXCEEDED, describe(*r), ": not complete after ", timeout_ms, " ms: ",

@@ -170,16 +170,22 @@ json to_json(const OpRecord& r) {
 
 // ------------------------------------------------------- FlightRecorder ---
 
-void FlightRecorder::start(uint64_t seq, std::string op, uint64_t bytes) {
-  OpRecord r;
-  r.seq = seq;
-  r.op = std::move(op);
-  r.bytes = bytes;
-  r.state = "started";
-  r.start_ms = epoch_ms();
+void FlightRecorder::start(uint64_t seq, const std::string& op, uint64_t bytes) {
+  const int64_t now = epoch_ms();
   std::lock_guard<std::mutex> lock(mu_);
+  OpRecord r;
+  if (records_.size() >= kTraceLength) {
+    r = std::move(records_.front());  // its strings keep their capacity
+    records_.pop_front();
+  }
+  r.seq = seq;
+  r.op.assign(op);
+  r.bytes = bytes;
+  r.state.assign("started");
+  r.start_ms = now;
+  r.end_ms = 0;
+  r.error.clear();
   records_.push_back(std::move(r));
-  while (records_.size() > kTraceLength) records_.pop_front();
 }
 
 void FlightRecorder::finish(uint64_t seq, bool ok, const std::string& error) {

@@ -67,7 +67,9 @@ nlohmann::json to_json(const OpRecord& r);
 /// Thread-safe ring of the last kTraceLength collectives.
 class FlightRecorder {
  public:
-  void start(uint64_t seq, std::string op, uint64_t bytes);
+  /// Reuses the oldest record's storage once kTraceLength are kept, so a
+  /// warm recorder allocates nothing per collective.
+  void start(uint64_t seq, const std::string& op, uint64_t bytes);
   void finish(uint64_t seq, bool ok, const std::string& error);
   std::vector<OpRecord> snapshot() const;
   /// The newest record (seq = UINT64_MAX when there is none).

@@ -98,11 +98,28 @@ std::string describe(const CollectiveDesc& d) {
 
 // One collective in flight: its sequence number, the requests it posted and
 // the cleanup when it fails (abort the communicator, cancel what is live).
+struct RingComm::OpReq {
+  strata_request_t req = nullptr;
+  int32_t peer = -1;
+  bool send = false;
+  bool live = false;
+  uint64_t step = 0;
+  uint64_t chunk = 0;
+  uint64_t expect = 0;
+  uint64_t bytes = 0;
+};
+
 class RingComm::Op {
  public:
-  struct Req;
+  using Req = OpReq;
   Op(RingComm& c, const CollectiveDesc& d) : c_(c), d_(d), uncaught_(std::uncaught_exceptions()) {
     c.check_usable();
+    // The request lists keep their capacity from one collective to the next
+    // (no allocation per collective once warm).
+    reqs_.swap(c.reqs_cache_);
+    live_sends_.swap(c.sends_cache_);
+    reqs_.clear();
+    live_sends_.clear();
     seq_ = c.sequence_++;
     strata_collective_fingerprint fp{};
     STRATA_INIT_HEADER(&fp, strata_collective_fingerprint);
@@ -116,7 +133,7 @@ class RingComm::Op {
     fp.peer = d.op == STRATA_COLL_BROADCAST ? 0 : -1;
     c.host_.record_collective(fp);
     c.failed_op_ = false;
-    c.recorder_.start(seq_, describe(d), d.count * ((uint64_t(d.dtype.bits) * d.dtype.lanes + 7) / 8));
+    c.recorder_.start(seq_, c.describe_cached(d), d.count * ((uint64_t(d.dtype.bits) * d.dtype.lanes + 7) / 8));
   }
   Op(const Op&) = delete;
   Op& operator=(const Op&) = delete;
@@ -137,6 +154,8 @@ class RingComm::Op {
     }
     for (Req& q : reqs_)
       if (q.live) c_.vt_->cancel(c_.comm_, q.req);
+    c_.reqs_cache_.swap(reqs_);
+    c_.sends_cache_.swap(live_sends_);
   }
 
   uint64_t seq() const { return seq_; }
@@ -282,16 +301,6 @@ class RingComm::Op {
     STRATA_THROW(code, failure_);
   }
 
-  struct Req {
-    strata_request_t req = nullptr;
-    int32_t peer = -1;
-    bool send = false;
-    bool live = false;
-    uint64_t step = 0;
-    uint64_t chunk = 0;
-    uint64_t expect = 0;
-    uint64_t bytes = 0;
-  };
   const Req& req(size_t i) const { return reqs_[i]; }
 
  private:
@@ -331,11 +340,29 @@ class RingComm::Op {
   int uncaught_;
   uint64_t seq_ = 0;
   std::vector<Req> reqs_;
-  std::deque<size_t> live_sends_;
+  std::vector<size_t> live_sends_;  // oldest first; at most send_window_ long
   std::string failure_;
   std::string kind_ = "error";
   int32_t peer_ = -1;
 };
+
+namespace {
+// Both ring neighbours (one when there are two ranks).
+std::vector<int32_t> neighbours(int32_t r, int32_t n) {
+  const int32_t left = (r + n - 1) % n, right = (r + 1) % n;
+  std::vector<int32_t> v{left};
+  if (right != left) v.push_back(right);
+  return v;
+}
+// Every other rank, ring neighbours first.
+std::vector<int32_t> everyone(int32_t r, int32_t n) {
+  std::vector<int32_t> v = neighbours(r, n);
+  for (int32_t p = 0; p < n; ++p)
+    if (p != r && std::find(v.begin(), v.end(), p) == v.end()) v.push_back(p);
+  return v;
+}
+int32_t mod(int64_t x, int32_t n) { return int32_t(((x % n) + n) % n); }
+}  // namespace
 
 // ------------------------------------------------------------- RingComm ---
 
@@ -388,6 +415,19 @@ RingComm::RingComm(sdk::Host host, const strata_transport_vtable* vt, strata_tra
   if (opt_.world_size > 1) {
     watcher_ = std::make_unique<Watcher>(host_, diag_options(), recorder_);
   }
+  neighbours_ = neighbours(opt_.rank, opt_.world_size);
+  everyone_ = everyone(opt_.rank, opt_.world_size);
+}
+
+const std::string& RingComm::describe_cached(const CollectiveDesc& d) {
+  const CollectiveDesc& c = described_;
+  if (description_.empty() || c.op != d.op || c.reduce_op != d.reduce_op || c.dtype.code != d.dtype.code ||
+      c.dtype.bits != d.dtype.bits || c.dtype.lanes != d.dtype.lanes || c.count != d.count || c.outer != d.outer ||
+      c.inner != d.inner) {
+    described_ = d;
+    description_ = describe(d);
+  }
+  return description_;
 }
 
 DiagOptions RingComm::diag_options() const {
@@ -520,10 +560,11 @@ void RingComm::step0(Op& op, const std::vector<int32_t>& send_to, const std::vec
   std::memcpy(hdr_send_.mem.data(), &mine, kHdr);
   if (payload_bytes != 0) std::memcpy(static_cast<char*>(hdr_send_.mem.data()) + kHdr, payload, payload_bytes);
 
-  std::vector<size_t> recvs;
-  recvs.reserve(recv_from.size());
+  std::vector<size_t>& recvs = step0_recvs_;
+  recvs.clear();
   for (int32_t p : recv_from) recvs.push_back(op.post(false, p, 0, 0, buffer_of(hdr_recv_, slot * size_t(p), slot)));
-  std::vector<size_t> sends;
+  std::vector<size_t>& sends = step0_sends_;
+  sends.clear();
   for (int32_t p : send_to) sends.push_back(op.post(true, p, 0, 0, buffer_of(hdr_send_, 0, kHdr + payload_bytes)));
 
   auto check = [&](int32_t p, uint64_t bytes) {
@@ -593,33 +634,17 @@ void RingComm::step0(Op& op, const std::vector<int32_t>& send_to, const std::vec
     for (size_t s : sends) op.wait(s);
 }
 
-namespace {
-// Both ring neighbours (one when there are two ranks).
-std::vector<int32_t> neighbours(int32_t r, int32_t n) {
-  const int32_t left = (r + n - 1) % n, right = (r + 1) % n;
-  std::vector<int32_t> v{left};
-  if (right != left) v.push_back(right);
-  return v;
-}
-// Every other rank, ring neighbours first.
-std::vector<int32_t> everyone(int32_t r, int32_t n) {
-  std::vector<int32_t> v = neighbours(r, n);
-  for (int32_t p = 0; p < n; ++p)
-    if (p != r && std::find(v.begin(), v.end(), p) == v.end()) v.push_back(p);
-  return v;
-}
-int32_t mod(int64_t x, int32_t n) { return int32_t(((x % n) + n) % n); }
-}  // namespace
 
 void RingComm::direct_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop, size_t count) {
   const int32_t n = opt_.world_size, r = opt_.rank;
   const size_t bytes = count * sdk::dtype_size(wire);
-  const std::vector<int32_t> peers = everyone(r, n);
+  const std::vector<int32_t>& peers = everyone_;
   step0(op, peers, peers, work_.data(), bytes, 0);
   // Every rank folds the same n buffers in rank order, so the results are
   // bit-identical everywhere.
   const size_t slot = round_up(kHdr + opt_.direct_max_bytes, 64);
-  std::vector<const void*> ptrs(static_cast<size_t>(n));
+  std::vector<const void*>& ptrs = reduce_ptrs_;
+  ptrs.resize(static_cast<size_t>(n));
   for (int32_t k = 0; k < n; ++k)
     ptrs[size_t(k)] = k == r ? work_.data()
                              : static_cast<const char*>(hdr_recv_.mem.data()) + slot * size_t(k) + kHdr;
@@ -638,7 +663,7 @@ void RingComm::direct_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop, 
 void RingComm::doubling_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop, size_t count) {
   const int32_t n = opt_.world_size, r = opt_.rank;
   const size_t bytes = count * sdk::dtype_size(wire);
-  const std::vector<int32_t> nb = neighbours(r, n);
+  const std::vector<int32_t>& nb = neighbours_;
   step0(op, nb, nb, nullptr, 0, 0);
   int32_t p = 1, rounds = 0;
   while (p * 2 <= n) {
@@ -826,8 +851,7 @@ void RingComm::all_reduce_impl(const CollectiveDesc& d, DLDataType wire, strata_
     doubling_all_reduce(op, wire, rop, count);
     return;
   }
-  const int32_t n = opt_.world_size, r = opt_.rank;
-  const std::vector<int32_t> nb = neighbours(r, n);
+  const std::vector<int32_t>& nb = neighbours_;
   step0(op, nb, nb, nullptr, 0, 0);
   ring_reduce_scatter(op, wire, rop, count, 0);
   ring_all_gather(op, sdk::dtype_size(wire), count, 0);
@@ -844,7 +868,7 @@ void RingComm::reduce_scatter_impl(const CollectiveDesc& d, DLDataType wire, str
     op.raise(STRATA_ERR_INVALID_ARGUMENT, op.prefix(), ": ", count, " elements do not split into ",
              opt_.world_size, " equal parts");
   ensure(work_, count * sdk::dtype_size(wire));
-  const std::vector<int32_t> nb = neighbours(opt_.rank, opt_.world_size);
+  const std::vector<int32_t>& nb = neighbours_;
   step0(op, nb, nb, nullptr, 0, 0);
   // Shift -1: rank r ends up owning segment r.
   ring_reduce_scatter(op, wire, rop, count, -1);
@@ -859,11 +883,11 @@ void RingComm::broadcast_impl(const CollectiveDesc& d, size_t bytes) {
   Op op(*this, d);
   ensure(work_, bytes);
   const int32_t n = opt_.world_size, r = opt_.rank;
-  std::vector<int32_t> nb = neighbours(r, n);
+  const std::vector<int32_t>& nb = neighbours_;
   if (bytes <= opt_.direct_max_bytes) {
     // Rank 0 sends the value with its fingerprint to everyone.
     if (r == 0) {
-      step0(op, everyone(r, n), nb, work_.mem.data(), bytes, 0);
+      step0(op, everyone_, nb, work_.mem.data(), bytes, 0);
     } else {
       std::vector<int32_t> from = nb;
       if (std::find(from.begin(), from.end(), 0) == from.end()) from.push_back(0);
@@ -910,7 +934,7 @@ const void* RingComm::all_gather_impl(const CollectiveDesc& d, size_t block_byte
   const size_t esize = sdk::dtype_size(d.dtype);
   const uint64_t row = d.outer * d.inner * esize;  // bytes per unit of axis length
   ensure(work_, block_bytes);
-  const std::vector<int32_t> peers = everyone(r, n);
+  const std::vector<int32_t>& peers = everyone_;
   const bool inline_mine = block_bytes <= opt_.direct_max_bytes;
   step0(op, peers, peers, work_.mem.data(), inline_mine ? block_bytes : 0, axis_len);
 
@@ -978,7 +1002,7 @@ void RingComm::barrier_impl() {
   Op op(*this, d);
   const int32_t n = opt_.world_size, r = opt_.rank;
   if (n <= opt_.direct_max_ranks) {
-    const std::vector<int32_t> peers = everyone(r, n);
+    const std::vector<int32_t>& peers = everyone_;
     step0(op, peers, peers, nullptr, 0, 0);
   } else {
     // A dissemination barrier: in round k every rank tells rank + 2^k and

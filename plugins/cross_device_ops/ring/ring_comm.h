@@ -135,6 +135,7 @@ class RingComm {
     char* data() const { return borrowed != nullptr ? borrowed : static_cast<char*>(mem.data()); }
   };
   struct Pending;
+  struct OpReq;
   class Op;
 
   void all_reduce_impl(const CollectiveDesc& d, DLDataType wire, strata_reduce_op op, size_t count);
@@ -174,6 +175,20 @@ class RingComm {
   uint32_t recv_window_ = 4;   // staged receives in flight per ring step
   uint32_t send_window_ = 64;  // sends in flight before the oldest is waited for
   uint64_t sequence_ = 0;
+
+  // Per-communicator scratch so that a warm collective allocates nothing:
+  // the Op's request lists (swapped in and out), the peer lists (fixed for
+  // the communicator) and step 0's and the direct reduction's index lists.
+  std::vector<OpReq> reqs_cache_;
+  std::vector<size_t> sends_cache_;
+  std::vector<int32_t> neighbours_;  // ring neighbours (one when there are two ranks)
+  std::vector<int32_t> everyone_;    // every other rank, ring neighbours first
+  std::vector<size_t> step0_recvs_, step0_sends_;
+  std::vector<const void*> reduce_ptrs_;
+  // describe() of the last collective, reused while the next one matches it.
+  CollectiveDesc described_;
+  std::string description_;
+  const std::string& describe_cached(const CollectiveDesc& d);
 
   Buffer work_;
   Buffer stage_;      // recv_window_ chunk slots for reduce-scatter

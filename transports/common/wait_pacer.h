@@ -1,0 +1,139 @@
+// SPDX-License-Identifier: Apache-2.0
+// WaitPacer: how a thread that waits for a transport request spends the time
+// between two progress polls, shared by the transports that let the waiting
+// thread drive progress itself (libfabric, and tcp's polling wait).
+//
+// Why. A thread that sleeps in the kernel pays a wake-up (about 40 us on a
+// loaded 2-core guest, ../shared/bench/README.md) per message, which is what
+// made small collectives slow; Open MPI's progress engine and Gloo's pairs
+// poll instead. Polling only pays while it does not take the core from the
+// process that must answer, so the pacer adapts, as Open MPI does with
+// mpi_yield_when_idle under oversubscription:
+//   - while runnable threads (/proc/loadavg, sampled at most every 10 ms per
+//     process) fit in the cores this process may use (sched_getaffinity), it
+//     busy-polls with a CPU pause between polls, no system call;
+//   - when they do not, it yields the core (sched_yield) between polls, so
+//     that the peer it waits for can run;
+//   - after the spin budget (kSpinNs busy, kYieldNs yielding) without any
+//     progress (the caller reports completions with progressed(), which
+//     restarts the budget) it sleeps with a back-off from 20 us to 1 ms, so
+//     a long idle wait leaves the cores alone.
+// Every pause is bounded by the caller's deadline: pause() never sleeps past
+// it, and the caller checks the deadline after every poll.
+//
+// Threads: one WaitPacer per wait call (not shared); the load sample is a
+// process-wide relaxed atomic, safe from any thread.
+#pragma once
+
+#include <sched.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <thread>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+namespace strata::transport {
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
+/// Cores this process may run on (affinity mask), at least 1.
+inline int usable_cores() {
+  static const int n = [] {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+    return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  }();
+  return n;
+}
+
+/// Runnable threads on this machine right now (the 4th field of
+/// /proc/loadavg, which counts the reader), sampled at most every 10 ms;
+/// 0 when unknown.
+inline int runnable_threads() {
+  using Clock = std::chrono::steady_clock;
+  static std::atomic<int64_t> next_ns{0};
+  static std::atomic<int> last{0};
+  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+  if (now < next_ns.load(std::memory_order_relaxed)) return last.load(std::memory_order_relaxed);
+  next_ns.store(now + 10'000'000, std::memory_order_relaxed);
+  int running = 0;
+  if (FILE* f = std::fopen("/proc/loadavg", "re")) {
+    double a, b, c;
+    int total = 0;
+    if (std::fscanf(f, "%lf %lf %lf %d/%d", &a, &b, &c, &running, &total) != 5) running = 0;
+    std::fclose(f);
+  }
+  last.store(running, std::memory_order_relaxed);
+  return running;
+}
+
+/// True when more threads want to run than this process has cores.
+inline bool oversubscribed() { return runnable_threads() > usable_cores(); }
+
+class WaitPacer {
+ public:
+  using Clock = std::chrono::steady_clock;
+  static constexpr int64_t kSpinNs = 200'000;   // busy-poll budget while cores are free
+  static constexpr int64_t kYieldNs = 200'000;  // yield-poll budget while they are not
+
+  WaitPacer() : start_(Clock::now()) {}
+
+  /// True while busy-polling pays: within kSpinNs and the cores are not
+  /// oversubscribed. For a caller whose progress needs another thread of
+  /// this process (tcp's io thread), yielding would only compete with that
+  /// thread, so it polls only while this holds and then blocks on its
+  /// condition. Call pause() between polls as usual.
+  bool busy_polling() {
+    if ((polls_ & 63) == 0) yield_ = oversubscribed();
+    return !yield_ && sleeping_ == std::chrono::microseconds(0) &&
+           Clock::now() - start_ < std::chrono::nanoseconds(kSpinNs);
+  }
+
+  /// The caller saw progress (a completion): the spin budget starts again,
+  /// so a wait sleeps only after kSpinNs + kYieldNs without any.
+  void progressed() {
+    start_ = Clock::now();
+    sleeping_ = std::chrono::microseconds(0);
+  }
+
+  /// Between two polls: pause, yield or sleep (never past `deadline`).
+  void pause(Clock::time_point deadline) {
+    if (sleeping_ == std::chrono::microseconds(0)) {
+      const int64_t spent = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start_).count();
+      if ((++polls_ & 63) == 1) yield_ = oversubscribed();
+      if (!yield_ && spent < kSpinNs) {
+        for (int i = 0; i < 16; ++i) cpu_relax();
+        return;
+      }
+      if (spent < kSpinNs + kYieldNs) {
+        sched_yield();
+        return;
+      }
+    }
+    sleeping_ = std::min<std::chrono::microseconds>(std::chrono::microseconds(1000),
+                                                    sleeping_ + std::chrono::microseconds(20));
+    const auto now = Clock::now();
+    if (now < deadline) std::this_thread::sleep_for(std::min<Clock::duration>(sleeping_, deadline - now));
+  }
+
+ private:
+  Clock::time_point start_;
+  std::chrono::microseconds sleeping_{0};
+  uint32_t polls_ = 0;
+  bool yield_ = false;
+};
+
+}  // namespace strata::transport
