@@ -6,8 +6,10 @@
 #pragma once
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,11 +19,13 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <random>
 #include <string>
 #include <system_error>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace strata::test {
@@ -107,6 +111,43 @@ inline int reap(pid_t pid, int ms) {
   ::kill(pid, SIGKILL);
   ::waitpid(pid, &status, 0);
   return -1;
+}
+
+/// The whole text of file `path` ("" when it cannot be read).
+inline std::string read_text(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+/// Runs `argv` (argv[0] a path) to its end within `deadline_s`, with this
+/// process's environment less the variables in `unset`, plus `env`; the
+/// child dies with the test (PR_SET_PDEATHSIG). Returns {exit code (as
+/// reap), its stdout and stderr}.
+inline std::pair<int, std::string> run_to_end(const std::vector<std::string>& argv,
+                                              const std::map<std::string, std::string>& env, int deadline_s,
+                                              const std::vector<std::string>& unset = {"TF_CONFIG"}) {
+  TempDir dir;
+  const std::string out = dir.str() + "/out.log";
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);
+    const int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    for (const auto& k : unset) ::unsetenv(k.c_str());
+    for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    ::execv(args[0], args.data());
+    ::_exit(127);
+  }
+  const int code = reap(pid, deadline_s * 1000);
+  return {code, read_text(out)};
 }
 
 /// Kills (waking a stopped one first) and reaps every child it holds on

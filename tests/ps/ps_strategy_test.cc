@@ -240,13 +240,6 @@ std::string self_path() {
   return n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : std::string();
 }
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 // Runs `argv` with the test environment plus `env` (no TF_CONFIG unless
 // `env` has it) to its end within `deadline_s`; {exit code, output}.
 std::pair<int, std::string> run_to_end(const std::vector<std::string>& argv, std::map<std::string, std::string> env,
@@ -254,27 +247,7 @@ std::pair<int, std::string> run_to_end(const std::vector<std::string>& argv, std
   env.emplace("STRATA_PLUGIN_PATH", STRATA_PS_PLUGIN_DIR);
   env.emplace("STRATA_LOG_LEVEL", "warn");
   env.emplace("STRATA_RENDEZVOUS_TIMEOUT_S", "60");
-  strata::test::TempDir dir;
-  const std::string out = dir.str() + "/out.log";
-  const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(127);
-    const int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-    ::unsetenv("TF_CONFIG");
-    ::unsetenv("STRATA_CONFIG");
-    for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    ::execv(args[0], args.data());
-    ::_exit(127);
-  }
-  const int code = strata::test::reap(pid, deadline_s * 1000);
-  return {code, slurp(out)};
+  return strata::test::run_to_end(argv, env, deadline_s, {"TF_CONFIG", "STRATA_CONFIG"});
 }
 
 json chief_result(const std::string& log) {

@@ -570,12 +570,7 @@ std::string self_path() {
   return n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : std::string();
 }
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+std::string slurp(const std::string& path) { return strata::test::read_text(path); }
 
 struct Proc {
   pid_t pid = -1;
@@ -1047,26 +1042,7 @@ TEST(PsTest, ServersExitWhenTheCoordinatorIsKilled) {
 // `deadline_s`; returns {exit code, stdout and stderr}.
 std::pair<int, std::string> run_to_end(const std::vector<std::string>& argv,
                                        const std::map<std::string, std::string>& env, int deadline_s = 60) {
-  strata::test::TempDir dir;
-  const std::string out = dir.str() + "/out.log";
-  const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(127);
-    const int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-    ::unsetenv("TF_CONFIG");
-    for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    ::execv(args[0], args.data());
-    ::_exit(127);
-  }
-  const int code = strata::test::reap(pid, deadline_s * 1000);
-  return {code, slurp(out)};
+  return strata::test::run_to_end(argv, env, deadline_s);
 }
 
 TEST(PsTest, StrataServerRejectsBadTasksWithAClearError) {
