@@ -6,15 +6,18 @@
 // resolver. Runs until the coordinator says stop (exit 0), SIGTERM/SIGINT
 // (exit 0), or the coordinator has not been heard from for
 // --coordinator-timeout seconds (exit 3, so no server outlives its job).
-// A worker started this way runs only the functions registered in this
-// binary and the libraries it links; to run your own functions, call
-// strata::Server::from_env().join() from your program instead.
+// A worker runs the functions registered in this binary, the libraries it
+// links and the shared libraries named by --load (dlopen'ed before it
+// serves, so their STRATA_REGISTER_FUNCTION registrations run); or call
+// strata::Server::from_env().join() from your own program instead.
+#include <dlfcn.h>
 #include <signal.h>
 
 #include <cstdio>
 #include <iostream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -33,6 +36,14 @@ int main(int argc, char** argv) {
                  "exit when the coordinator has been silent this many seconds")
       ->check(CLI::PositiveNumber);
   app.add_option("--config", config_path, "job config JSON (default: STRATA_CONFIG)");
+  std::vector<std::string> libraries;
+  app.add_option("--load", libraries,
+                 "shared library with your STRATA_REGISTER_FUNCTION steps, loaded before serving (repeatable); "
+                 "build it with add_library(NAME SHARED ...) linking strata::core");
+  app.footer(
+      "A worker task runs the functions the coordinator schedules by name: those registered in the program that "
+      "serves (your own binary calling strata::Server::from_env().join()), or in a library given to --load:\n"
+      "  strata-server --job worker --index 0 --load ./libmy_steps.so");
   CLI11_PARSE(app, argc, argv);
   if ((opts.job.empty()) != (opts.index < 0)) {
     std::cerr << "strata-server: pass --job and --index together (or neither, to take the task from TF_CONFIG)\n";
@@ -44,6 +55,26 @@ int main(int argc, char** argv) {
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  for (const std::string& lib : libraries) {
+    const std::size_t before = strata::registered_functions().size();
+    if (::dlopen(lib.c_str(), RTLD_NOW | RTLD_GLOBAL) == nullptr) {
+      const char* why = ::dlerror();
+      std::fprintf(stderr,
+                   "strata-server: cannot load --load %s: %s; give the path of a shared library built with "
+                   "add_library(NAME SHARED ...) that links strata::core (a path without '/' is searched on "
+                   "LD_LIBRARY_PATH)\n",
+                   lib.c_str(), why != nullptr ? why : "unknown error");
+      return 2;
+    }
+    const std::vector<std::string> names = strata::registered_functions();
+    std::string list;
+    for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+    if (names.size() == before)
+      std::fprintf(stderr, "strata-server: warning: %s registered no function (registered: %s)\n", lib.c_str(),
+                   list.empty() ? "none" : list.c_str());
+    else
+      std::fprintf(stderr, "strata-server: loaded %s (registered: %s)\n", lib.c_str(), list.c_str());
+  }
   try {
     if (config_path.empty())
       if (const char* p = std::getenv("STRATA_CONFIG"); p != nullptr && p[0] != '\0') config_path = p;

@@ -542,6 +542,17 @@ int coordinate(const std::string& scenario) {
         for (auto& r : more) rejoined = rejoined || r.worker() == died;
       }
       out["rejoined"] = rejoined;
+    } else if (scenario == "lib") {
+      std::vector<strata::RemoteValue> cubes;
+      for (int i = 0; i < 6; ++i) cubes.push_back(c.schedule_fn("lib_cube", i));
+      c.join();
+      for (auto& r : cubes) out["cubes"].push_back(std::get<std::int64_t>(c.fetch(r)));
+      try {
+        c.schedule_fn("square", 3);  // only the test binary registers it
+        out["square"] = "scheduled";
+      } catch (const strata::Error& e) {
+        out["square"] = e.what();
+      }
     } else if (scenario == "coordinator_kill") {
       auto a = c.create_variable("a", strata::Tensor::zeros({1}, strata::DType::kInt64));
       c.schedule_fn("add_one", a);
@@ -597,6 +608,8 @@ class PsCluster {
   }
 
   std::string dir() const { return dir_.str(); }
+  // The command of every worker task (default: this binary with --serve).
+  std::vector<std::string> worker_cmd;
 
   std::map<std::string, std::string> env(const std::string& type, int index) const {
     json tf{{"cluster", spec_}, {"task", {{"type", type}, {"index", index}}}};
@@ -612,7 +625,8 @@ class PsCluster {
     for (int i = 0; i < workers_; ++i) {
       auto e = env("worker", i);
       if (auto it = extra.find("worker" + std::to_string(i)); it != extra.end()) e.insert(it->second.begin(), it->second.end());
-      worker_.push_back(start({self_path(), "--serve"}, e, "worker" + std::to_string(i)));
+      worker_.push_back(start(worker_cmd.empty() ? std::vector<std::string>{self_path(), "--serve"} : worker_cmd, e,
+                              "worker" + std::to_string(i)));
     }
     for (int i = 0; i < ps_; ++i) {
       // TF_CONFIG names the task; --job/--index say the same explicitly.
@@ -1072,6 +1086,27 @@ TEST(PsTest, StrataServerRejectsBadTasksWithAClearError) {
     EXPECT_EQ(code, 1) << out;
     EXPECT_NE(out.find("needs a \"chief\" task"), std::string::npos) << out;
   }
+}
+
+// How a user ships steps to workers without writing a serving program:
+// strata-server --load a shared library that registers them.
+TEST(PsTest, StrataServerLoadsAStepLibrary) {
+  PsCluster c(1, 1);
+  c.worker_cmd = {STRATA_SERVER_BIN, "--load", PS_STEPS_LIB, "--coordinator-timeout", "10"};
+  const json r = run_scenario(c, "lib");
+  ASSERT_TRUE(r.is_object());
+  EXPECT_EQ(r["cubes"], json({0, 1, 8, 27, 64, 125})) << c.logs();
+  EXPECT_NE(r["square"].get<std::string>().find("lib_cube"), std::string::npos)
+      << "scheduling a function the worker lacks names what it has: " << r.dump();
+  EXPECT_NE(slurp(c.proc(c.worker(0)).log).find("loaded " + std::string(PS_STEPS_LIB) + " (registered: lib_cube"),
+            std::string::npos)
+      << c.logs();
+
+  auto env = c.env("worker", 0);
+  const auto [code, out] = run_to_end({STRATA_SERVER_BIN, "--load", "/nonexistent/libsteps.so"}, env);
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_NE(out.find("cannot load --load /nonexistent/libsteps.so"), std::string::npos) << out;
+  EXPECT_NE(out.find("add_library(NAME SHARED"), std::string::npos) << out;
 }
 
 TEST(PsTest, StrataBenchPsReportsClosuresAndPullPush) {
