@@ -24,7 +24,7 @@
 //
 // Lifetime: SIGINT/SIGTERM/SIGHUP are forwarded to every child (a second
 // one kills them). When a child exits non-zero or by a signal, the others
-// get kSettle (10 s) to fail by themselves, so that they diagnose the fault
+// get --settle seconds (10) to fail by themselves, so that they diagnose the fault
 // and write their verdict, then SIGTERM, then SIGKILL after --grace
 // seconds, and strata-run exits with
 // that child's code (128+signal for a signal). --timeout stops the job the
@@ -114,7 +114,8 @@ constexpr auto kDrainAfterExit = std::chrono::seconds(2);
 // with the window equal to it, survivors on a loaded machine were stopped
 // while still agreeing on the culprit and left no verdict (seen once in CI).
 // Survivors that finish sooner end the wait sooner.
-constexpr auto kSettle = std::chrono::seconds(10);
+// The default of --settle.
+constexpr double kSettleS = 10;
 
 struct RunError : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -311,6 +312,9 @@ struct Options {
   std::string config;
   double timeout_s = 0;
   double grace_s = 5;
+  // How long the others may take to fail by themselves after the first
+  // failure (--settle).
+  double settle_s = kSettleS;
   std::string host = "127.0.0.1";
   std::string trace_dir;  // --trace-dir, empty when not given
   int max_restarts = 0;
@@ -784,12 +788,13 @@ class Launcher {
     first_failure_ = Failure{c.rank, c.code, WIFSIGNALED(status) ? WTERMSIG(status) : 0};
     // The others usually fail within a second too, once they have agreed on
     // the culprit (a dead peer is named within 1 s); a SIGTERM now would cut
-    // that short and leave no verdict. They get kSettle to exit by
+    // that short and leave no verdict. They get --settle seconds to exit by
     // themselves, then are stopped.
     if (alive() == 0) return;
     for (Child& o : children_)
       if (o.pid > 0 && !o.exited) o.stop_signal_at_failure = o.stop_signal;
-    settle_deadline_ = Clock::now() + kSettle;
+    settle_deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(opt_.settle_s));
   }
 
   bool chief_alive() const {
@@ -1064,6 +1069,10 @@ int main(int argc, char** argv) {
   app.add_option("--config", opt.config, "job config (JSON) passed to every process as STRATA_CONFIG")
       ->check(CLI::ExistingFile);
   app.add_option("--timeout", opt.timeout_s, "stop the job and exit 124 after S seconds (0 = no limit)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--settle", opt.settle_s,
+                 "seconds the other processes get to fail by themselves (and agree on the culprit) after the first "
+                 "failure, before they are stopped (default 10; raise it on slow or oversubscribed machines)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--grace", opt.grace_s, "seconds between SIGTERM and SIGKILL when stopping (default 5)")
       ->check(CLI::NonNegativeNumber);
