@@ -113,7 +113,8 @@ constexpr auto kDrainAfterExit = std::chrono::seconds(2);
 // Longer than the ring's default diagnosis window (diagnosis_timeout_s, 5 s):
 // with the window equal to it, survivors on a loaded machine were stopped
 // while still agreeing on the culprit and left no verdict (seen once in CI).
-// Survivors that finish sooner end the wait sooner.
+// Survivors that finish sooner end the wait sooner; so does a job whose only
+// processes left are stopped (SIGSTOP), which cannot fail by themselves.
 // The default of --settle.
 constexpr double kSettleS = 10;
 
@@ -740,6 +741,14 @@ class Launcher {
                                                   [](const Child& c) { return c.pid > 0 && !c.exited; }));
   }
 
+  // Processes still running that are not stopped (SIGSTOP, SIGTSTP): only
+  // these can still fail by themselves during the settle time.
+  std::size_t alive_and_running() const {
+    return static_cast<std::size_t>(std::count_if(children_.begin(), children_.end(), [](const Child& c) {
+      return c.pid > 0 && !c.exited && c.stop_signal == 0;
+    }));
+  }
+
   void signal_all(int sig) {
     for (const Child& c : children_)
       if (c.pid > 0 && !c.exited) ::kill(c.pid, sig);
@@ -936,7 +945,7 @@ class Launcher {
         timed_out_ = true;
         stop_all(SIGTERM);
       }
-      if (settle_deadline_ && !stopping_ && (now >= *settle_deadline_ || alive() == 0)) {
+      if (settle_deadline_ && !stopping_ && (now >= *settle_deadline_ || alive_and_running() == 0)) {
         // (stop_signal_at_failure was taken when the first one failed.)
         stopping_ = true;
         signal_all(SIGTERM);

@@ -57,7 +57,9 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   for (const std::string& lib : libraries) {
     const std::size_t before = strata::registered_functions().size();
-    if (::dlopen(lib.c_str(), RTLD_NOW | RTLD_GLOBAL) == nullptr) {
+    // RTLD_LOCAL: the library links strata::core itself, so nothing needs
+    // its symbols; it stays loaded (the registry holds its functions).
+    if (::dlopen(lib.c_str(), RTLD_NOW | RTLD_LOCAL) == nullptr) {
       const char* why = ::dlerror();
       std::fprintf(stderr,
                    "strata-server: cannot load --load %s: %s; give the path of a shared library built with "
