@@ -121,6 +121,40 @@ inline std::string read_text(const std::filesystem::path& path) {
   return ss.str();
 }
 
+/// This test binary's own path (to start it again as a child role).
+inline std::string self_exe() {
+  char buf[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  return n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : std::string();
+}
+
+/// Fork and exec `argv` (argv[0] a path) with stdout and stderr to `log`,
+/// this process's environment less `unset`, plus `env`; the child dies with
+/// the test (PR_SET_PDEATHSIG). Returns its pid; reap it (reap()).
+inline pid_t spawn(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
+                   const std::string& log, const std::vector<std::string>& unset = {}) {
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      ::close(fd);
+    }
+    for (const auto& k : unset) ::unsetenv(k.c_str());
+    for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    ::execv(args[0], args.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
 /// Runs `argv` (argv[0] a path) to its end within `deadline_s`, with this
 /// process's environment less the variables in `unset`, plus `env`; the
 /// child dies with the test (PR_SET_PDEATHSIG). Returns {exit code (as
@@ -130,22 +164,7 @@ inline std::pair<int, std::string> run_to_end(const std::vector<std::string>& ar
                                               const std::vector<std::string>& unset = {"TF_CONFIG"}) {
   TempDir dir;
   const std::string out = dir.str() + "/out.log";
-  const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(127);
-    const int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-    for (const auto& k : unset) ::unsetenv(k.c_str());
-    for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    ::execv(args[0], args.data());
-    ::_exit(127);
-  }
+  const pid_t pid = spawn(argv, env, out, unset);
   const int code = reap(pid, deadline_s * 1000);
   return {code, read_text(out)};
 }

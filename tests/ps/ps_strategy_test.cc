@@ -234,11 +234,7 @@ int coordinate(const std::string& scenario) {
 
 // ---- the test side ----
 
-std::string self_path() {
-  char buf[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  return n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : std::string();
-}
+std::string self_path() { return strata::test::self_exe(); }
 
 // Runs `argv` with the test environment plus `env` (no TF_CONFIG unless
 // `env` has it) to its end within `deadline_s`; {exit code, output}.

@@ -575,11 +575,7 @@ int coordinate(const std::string& scenario) {
 
 // ---- the test side ----
 
-std::string self_path() {
-  char buf[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  return n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : std::string();
-}
+std::string self_path() { return strata::test::self_exe(); }
 
 std::string slurp(const std::string& path) { return strata::test::read_text(path); }
 
@@ -646,24 +642,7 @@ class PsCluster {
                const std::string& tag) {
     Proc p;
     p.log = dir_.str() + "/" + tag + ".log";
-    const pid_t parent = ::getpid();
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != parent) ::_exit(127);
-      const int fd = ::open(p.log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      if (fd >= 0) {
-        ::dup2(fd, 1);
-        ::dup2(fd, 2);
-        ::close(fd);
-      }
-      for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
-      std::vector<char*> args;
-      for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-      args.push_back(nullptr);
-      ::execv(args[0], args.data());
-      ::_exit(127);
-    }
+    const pid_t pid = strata::test::spawn(argv, env, p.log);
     p.pid = pid;
     procs_.push_back(p);
     return procs_.size() - 1;

@@ -15,11 +15,13 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "strata/error.hpp"
 #include "strata/c/strata.h"
 #include "strata/coordinator.hpp"
 #include "strata/plugin_host.hpp"
@@ -325,5 +327,23 @@ RemoteFunction find_function(const std::string& name);
 
 // The names of C++ exception types, for messages ("std::runtime_error").
 std::string demangled_type(const std::exception& e);
+
+// Run a user function (a scheduled closure, a dataset or per-worker value
+// function), turning its exception into a strata error of the matching
+// code whose message says `where`, the C++ type and what it said.
+template <class F>
+auto run_user(const std::string& where, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const Error& e) {
+    detail::throw_status(e.code(), where + " raised " + demangled_type(e) + ": " + e.what());
+  } catch (const std::invalid_argument& e) {
+    detail::throw_status(STRATA_ERR_INVALID_ARGUMENT, where + " raised " + demangled_type(e) + ": " + e.what());
+  } catch (const std::out_of_range& e) {
+    detail::throw_status(STRATA_ERR_OUT_OF_RANGE, where + " raised " + demangled_type(e) + ": " + e.what());
+  } catch (const std::exception& e) {
+    detail::throw_status(STRATA_ERR_INTERNAL, where + " raised " + demangled_type(e) + ": " + e.what());
+  }
+}
 
 }  // namespace strata::ps_detail

@@ -66,22 +66,6 @@ std::shared_ptr<LocalValue> find_local(std::uint64_t id, PerWorkerKind kind, con
   return it->second;
 }
 
-// Run a user function, reporting its exception with its type and where.
-template <class F>
-auto run_user(const std::string& where, F&& f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const Error& e) {
-    detail::throw_status(e.code(), where + " raised " + demangled_type(e) + ": " + e.what());
-  } catch (const std::invalid_argument& e) {
-    detail::throw_status(STRATA_ERR_INVALID_ARGUMENT, where + " raised " + demangled_type(e) + ": " + e.what());
-  } catch (const std::out_of_range& e) {
-    detail::throw_status(STRATA_ERR_OUT_OF_RANGE, where + " raised " + demangled_type(e) + ": " + e.what());
-  } catch (const std::exception& e) {
-    detail::throw_status(STRATA_ERR_INTERNAL, where + " raised " + demangled_type(e) + ": " + e.what());
-  }
-}
-
 std::string this_worker() {
   auto rt = Runtime::current();
   return task_name(rt->job(), rt->index());

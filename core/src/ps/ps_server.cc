@@ -275,18 +275,7 @@ class ServerCore : public std::enable_shared_from_this<ServerCore> {
     STRATA_ENFORCE(static_cast<bool>(fn), STRATA_ERR_NOT_FOUND, who, " has no function '", name,
                    "'; register it with STRATA_REGISTER_FUNCTION in the program the workers run");
     const std::string where = detail::str_cat("closure ", closure, " ('", name, "') on ", who);
-    Value result;
-    try {
-      result = fn(args);
-    } catch (const Error& e) {
-      detail::throw_status(e.code(), where + " raised " + demangled_type(e) + ": " + e.what());
-    } catch (const std::invalid_argument& e) {
-      detail::throw_status(STRATA_ERR_INVALID_ARGUMENT, where + " raised " + demangled_type(e) + ": " + e.what());
-    } catch (const std::out_of_range& e) {
-      detail::throw_status(STRATA_ERR_OUT_OF_RANGE, where + " raised " + demangled_type(e) + ": " + e.what());
-    } catch (const std::exception& e) {
-      detail::throw_status(STRATA_ERR_INTERNAL, where + " raised " + demangled_type(e) + ": " + e.what());
-    }
+    const Value result = run_user(where, [&] { return fn(args); });
     Writer w;
     w.value(result);
     return w.take();
