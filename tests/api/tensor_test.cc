@@ -203,3 +203,34 @@ TEST(TensorTest, DistributedValuesHoldOneTensorPerReplica) {
 
 }  // namespace
 }  // namespace strata
+
+// Large buffers of freed tensors are reused (BufferCache in tensor.cc): a
+// reused buffer must still come back cleared from zeros() and hold exactly
+// what from_bytes() and clone() put in it, at 64-byte alignment.
+TEST(TensorTest, ReusedLargeBuffersAreClearedAndFilledExactly) {
+  const std::vector<std::int64_t> shape{1000, 521};  // 2,084,000 bytes of float32: not a whole number of pages
+  const void* first = nullptr;
+  {
+    strata::Tensor a = strata::Tensor::zeros(shape, strata::DType::kFloat32);
+    first = a.raw_data();
+    float* p = a.data<float>();
+    for (std::int64_t i = 0; i < a.numel(); ++i) p[i] = 7.0f;
+  }
+  strata::Tensor z = strata::Tensor::zeros(shape, strata::DType::kFloat32);
+#if !defined(__SANITIZE_ADDRESS__)
+  EXPECT_EQ(z.raw_data(), first) << "a freed buffer of the same size was not reused";
+#endif
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(z.raw_data()) % 64, 0u);
+  for (float v : z.to_vector<float>()) ASSERT_EQ(v, 0.0f) << "zeros() handed out a reused buffer uncleared";
+  std::vector<float> pattern(static_cast<std::size_t>(z.numel()));
+  for (std::size_t i = 0; i < pattern.size(); ++i) pattern[i] = static_cast<float>(i % 977);
+  z = strata::Tensor();
+  const strata::Tensor b = strata::Tensor::from_vector(pattern, shape);
+  EXPECT_EQ(b.to_vector<float>(), pattern);
+  const strata::Tensor c = b.clone();
+  EXPECT_NE(c.raw_data(), b.raw_data());
+  EXPECT_EQ(c.to_vector<float>(), pattern);
+  // A different size does not get that buffer.
+  const strata::Tensor d = strata::Tensor::zeros({1024, 1024}, strata::DType::kFloat32);
+  for (float v : d.to_vector<float>()) ASSERT_EQ(v, 0.0f);
+}

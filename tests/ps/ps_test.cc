@@ -193,6 +193,27 @@ STRATA_REGISTER_FUNCTION("die_once_add", [](const strata::Args& a) -> strata::Va
   return add_one(a);
 });
 
+// bulk_add(v, k): add k to every element of a float32 variable (a large one
+// travels as the frame's bulk).
+STRATA_REGISTER_FUNCTION("bulk_add", [](const strata::Args& a) -> strata::Value {
+  const auto& v = strata::get_arg<strata::RemoteVariable>(a, 0);
+  const double k = strata::get_arg<double>(a, 1);
+  std::int64_t n = 1;
+  for (auto d : v.shape()) n *= d;
+  v.assign_add(strata::Tensor::from_vector(std::vector<float>(static_cast<std::size_t>(n), static_cast<float>(k)), v.shape()));
+  return strata::Value();
+});
+
+// bulk_read(v): read v and return its first element, or -1 when its
+// elements differ (a read saw an update half applied).
+STRATA_REGISTER_FUNCTION("bulk_read", [](const strata::Args& a) -> strata::Value {
+  const auto& v = strata::get_arg<strata::RemoteVariable>(a, 0);
+  const std::vector<float> x = v.read().to_vector<float>();
+  for (float e : x)
+    if (e != x.front()) return strata::Value(-1.0);
+  return strata::Value(static_cast<double>(x.front()));
+});
+
 void load_config() {
   strata::Config cfg;
   cfg.apply_env();
@@ -507,6 +528,60 @@ int coordinate(const std::string& scenario) {
       } catch (const strata::InvalidArgumentError& e) {
         out["worker_err"] = e.what();
       }
+    } else if (scenario == "bulk") {
+      // Variables whose shards are >= 64 KiB travel as bulk: 4 MiB
+      // unsharded, and 3 shards of ~80 KiB next to 2 shards of 52 KB (inline).
+      auto big = c.create_variable("big", strata::Tensor::zeros({1024, 1024}, strata::DType::kFloat32));
+      auto sharded = c.create_variable("sharded", strata::Tensor::zeros({300, 68}, strata::DType::kFloat32),
+                                       strata::FixedShardsPartitioner(3));
+      auto small = c.create_variable("small", strata::Tensor::zeros({130, 100}, strata::DType::kFloat32),
+                                     strata::FixedShardsPartitioner(2));
+      std::vector<strata::RemoteValue> reads;
+      for (int k = 0; k < 40; ++k) {
+        c.schedule_fn("bulk_add", big, 1.0);
+        c.schedule_fn("bulk_add", sharded, 2.0);
+        c.schedule_fn("bulk_add", small, 3.0);
+        reads.push_back(c.schedule_fn("bulk_read", big));
+      }
+      // The coordinator reads while the workers update: never a torn value.
+      int torn = 0;
+      for (int k = 0; k < 40; ++k) {
+        const std::vector<float> x = big.read().to_vector<float>();
+        for (float e : x)
+          if (e != x.front()) {
+            ++torn;
+            break;
+          }
+      }
+      c.join();
+      for (auto& r : reads)
+        if (std::get<double>(c.fetch(r)) < 0) ++torn;
+      out["torn"] = torn;
+      auto all_equal = [](const std::vector<float>& x) -> json {
+        for (float e : x)
+          if (e != x.front()) return "differ";
+        return x.front();
+      };
+      out["big"] = all_equal(big.read().to_vector<float>());
+      out["sharded"] = all_equal(sharded.read().to_vector<float>());
+      out["small"] = all_equal(small.read().to_vector<float>());
+      // assign of a pattern comes back exactly, on every shard.
+      std::vector<float> pattern(300 * 68);
+      for (std::size_t i = 0; i < pattern.size(); ++i) pattern[i] = static_cast<float>(i % 1000) - 500.0f;
+      sharded.assign(strata::Tensor::from_vector(pattern, {300, 68}));
+      out["pattern_ok"] = sharded.read().to_vector<float>() == pattern;
+      std::vector<float> big_pattern(1024 * 1024);
+      for (std::size_t i = 0; i < big_pattern.size(); ++i) big_pattern[i] = static_cast<float>(i % 4093);
+      big.assign(strata::Tensor::from_vector(big_pattern, {1024, 1024}));
+      out["big_pattern_ok"] = big.read().to_vector<float>() == big_pattern;
+      // A wrong shape is refused before anything is sent.
+      try {
+        big.assign(strata::Tensor::zeros({1024, 512}, strata::DType::kFloat32));
+        out["wrong_shape"] = "no error";
+      } catch (const strata::InvalidArgumentError& e) {
+        out["wrong_shape"] = e.what();
+      }
+      out["big_after_error_ok"] = big.read().to_vector<float>() == big_pattern;
     } else if (scenario == "ps_blip") {
       auto v = c.create_variable("blip", strata::Tensor::zeros({6, 3}, strata::DType::kInt64),
                                  strata::FixedShardsPartitioner(3));
@@ -984,6 +1059,24 @@ TEST(PsTest, ScatterUpdatesOnAThreeShardVariableAreExactAndBadIndicesAreClearErr
   has("err_scalar", "it is a scalar");
   has("worker_err", "indices[0] = 9 is not in [0, 7)");
   has("worker_err", "on worker task");
+}
+
+// Large shards travel as a frame's bulk straight between the tensors' memory
+// (no encoding copies) and a read sends a snapshot of the value while
+// updates go on (copy on write): no read may see an update half applied,
+// and no update may be lost.
+TEST(PsTest, LargeVariablesTravelAsBulkWithExactValuesAndNoTornReads) {
+  PsCluster c(2, 2);
+  const json r = run_scenario(c, "bulk");
+  ASSERT_TRUE(r.is_object() && !r.contains("fatal") && r.contains("big")) << r.dump();
+  EXPECT_EQ(r["torn"], 0) << r.dump();
+  EXPECT_EQ(r["big"], 40.0) << r.dump();
+  EXPECT_EQ(r["sharded"], 80.0) << r.dump();
+  EXPECT_EQ(r["small"], 120.0) << r.dump();
+  EXPECT_EQ(r["pattern_ok"], true);
+  EXPECT_EQ(r["big_pattern_ok"], true);
+  EXPECT_NE(r["wrong_shape"].get<std::string>().find("variable 'big' is float32"), std::string::npos) << r.dump();
+  EXPECT_EQ(r["big_after_error_ok"], true);
 }
 
 TEST(PsTest, PsBlipShorterThanTheGraceIsToleratedWithExactValues) {

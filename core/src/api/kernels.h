@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "strata/tensor.hpp"
 
@@ -29,6 +30,10 @@ std::string shape_string(const DLTensor& t);
 /// (float16/bfloat16 round to nearest even, integers truncate).
 double load_double(const DLTensor& t, std::int64_t i);
 void store_double(DLTensor& t, std::int64_t i, double v);
+
+/// A host tensor whose bytes are NOT cleared, for a caller that writes every
+/// byte next (a copy, a receive): saves Tensor::zeros' pass over memory.
+Tensor uninitialized_tensor(const std::vector<std::int64_t>& shape, DType dtype);
 
 /// dst = src (same dtype and shape, both compact; may alias).
 void copy_into(DLTensor& dst, const DLTensor& src);

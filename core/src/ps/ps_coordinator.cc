@@ -11,6 +11,7 @@
 #include <set>
 #include <thread>
 
+#include "api/kernels.h"
 #include "log.h"
 #include "ps/ps_internal.h"
 
@@ -573,32 +574,42 @@ int RemoteVariable::shard_ps_task(std::int64_t i) const {
   return v.shards[static_cast<std::size_t>(i)].ps;
 }
 
+namespace {
+// Read one shard into `dst` (`nbytes`, the shard's size): a large shard's
+// bytes land there straight from the ps (the frame's bulk), a small one's
+// come inside the answer.
+void read_shard(ps_detail::Runtime& rt, const ps_detail::VariableInfo& v, const ps_detail::ShardRef& s, void* dst,
+                std::size_t nbytes) {
+  const bool bulk = nbytes >= ps_detail::kBulkMinBytes;
+  ps_detail::Writer w;
+  w.u64(s.id);
+  w.u8(bulk ? 1 : 0);
+  const std::string req = w.take();
+  ps_detail::Frame r = rt.ps_call(s.ps, ps_detail::kVarRead, [&] { return req; }, nullptr, 0,
+                                  bulk ? ps_detail::BulkSink{dst, nbytes} : ps_detail::BulkSink{});
+  ps_detail::Reader rd(r.payload);
+  const bool got_bulk = rd.u8() != 0;
+  const ps_detail::Reader::TensorBytes piece = got_bulk ? rd.tensor_header() : rd.tensor_bytes();
+  STRATA_ENFORCE(piece.shape == s.shape && piece.dtype == v.dtype && piece.nbytes == nbytes &&
+                     got_bulk == (r.bulk_len > 0),
+                 STRATA_ERR_DATA_LOSS, "variable '", v.name, "': ps task ", s.ps,
+                 " returned a shard of another shape or dtype");
+  if (!got_bulk && nbytes > 0) std::memcpy(dst, piece.data, nbytes);
+}
+}  // namespace
+
 Tensor RemoteVariable::read() const {
   const auto& v = info_of(info_);
   auto rt = ps_detail::Runtime::current();
   const std::size_t rb = row_bytes(v);
-  if (v.shards.size() == 1) {  // the shard is the variable: no concatenation
-    ps_detail::Writer w;
-    w.u64(v.shards[0].id);
-    ps_detail::Frame r = rt->ps_call(v.shards[0].ps, ps_detail::kVarRead, w.take());
-    ps_detail::Reader rd(r.payload);
-    Tensor t = rd.tensor();
-    STRATA_ENFORCE(t.shape() == v.shape && t.dtype() == v.dtype, STRATA_ERR_DATA_LOSS, "variable '", v.name,
-                   "': ps task ", v.shards[0].ps, " returned a value of another shape or dtype");
-    return t;
-  }
-  Tensor out = Tensor::zeros(v.shape, v.dtype);
+  Tensor out = detail::uninitialized_tensor(v.shape, v.dtype);  // the shards cover every byte
   for (const auto& s : v.shards) {
-    ps_detail::Writer w;
-    w.u64(s.id);
-    ps_detail::Frame r = rt->ps_call(s.ps, ps_detail::kVarRead, w.take());
-    ps_detail::Reader rd(r.payload);
-    const ps_detail::Reader::TensorBytes piece = rd.tensor_bytes();
-    const std::size_t off = static_cast<std::size_t>(s.row_offset) * rb;
-    STRATA_ENFORCE(piece.shape == s.shape && piece.dtype == v.dtype && off + piece.nbytes <= out.nbytes(),
-                   STRATA_ERR_DATA_LOSS, "variable '", v.name, "': ps task ", s.ps,
-                   " returned a shard of another shape or dtype");
-    std::memcpy(static_cast<char*>(out.raw_data()) + off, piece.data, piece.nbytes);
+    const std::size_t rows = s.shape.empty() ? 1 : static_cast<std::size_t>(s.shape[0]);
+    const std::size_t off = v.shape.empty() ? 0 : static_cast<std::size_t>(s.row_offset) * rb;
+    const std::size_t nbytes = v.shape.empty() ? out.nbytes() : rows * rb;
+    STRATA_ENFORCE(off + nbytes <= out.nbytes(), STRATA_ERR_DATA_LOSS, "variable '", v.name, "': shard on ps task ",
+                   s.ps, " lies outside the variable's shape");
+    read_shard(*rt, v, s, static_cast<char*>(out.raw_data()) + off, nbytes);
   }
   return out;
 }
@@ -619,15 +630,24 @@ void RemoteVariable::update(std::uint32_t op, const Tensor& value) const {
   for (const auto& s : v.shards) {
     const std::size_t rows = s.shape.empty() ? 1 : static_cast<std::size_t>(s.shape[0]);
     const char* src = base + (v.shape.empty() ? 0 : static_cast<std::size_t>(s.row_offset) * rb);
+    const std::size_t nbytes = v.shape.empty() ? value.nbytes() : rows * rb;
+    // A large update's bytes go from `value` straight to the ps (the
+    // frame's bulk), a small one's inside the request.
+    const bool bulk = nbytes >= ps_detail::kBulkMinBytes;
     const auto key = rt->request_key();  // applied once even when a blip makes us resend it
-    rt->ps_call(s.ps, ps_detail::kVarUpdateOnce, [&] {
-      ps_detail::Writer w;
-      ps_detail::Runtime::write_request_key(w, key);
-      w.u64(s.id);
-      w.u32(op);
-      w.tensor_raw(v.dtype, s.shape, src, v.shape.empty() ? value.nbytes() : rows * rb);
-      return w.take();
-    });
+    rt->ps_call(
+        s.ps, ps_detail::kVarUpdateOnce,
+        [&] {
+          ps_detail::Writer w;
+          ps_detail::Runtime::write_request_key(w, key);
+          w.u64(s.id);
+          w.u32(op);
+          w.u8(bulk ? 1 : 0);
+          if (bulk) w.tensor_header(v.dtype, s.shape, nbytes);
+          else w.tensor_raw(v.dtype, s.shape, src, nbytes);
+          return w.take();
+        },
+        bulk ? src : nullptr, bulk ? nbytes : 0, ps_detail::BulkSink{});
   }
 }
 

@@ -87,6 +87,26 @@ struct Frame {
   std::int32_t status = 0;
   std::uint64_t id = 0;
   std::string payload;
+  // Bulk bytes (a large tensor's data) that travel after the payload as
+  // their own message, straight from the sender's memory into the
+  // receiver's (no encoding copy): the receiver posts its receive into the
+  // final destination, then clears the sender to go (one small message), so
+  // the transport never stages them. Sending: the source, which must stay
+  // valid until send() returns. Received: where they landed.
+  const void* bulk = nullptr;
+  std::uint64_t bulk_len = 0;
+};
+
+// Tensors of at least this many bytes travel as a frame's bulk; smaller
+// ones inside the payload (the clear-to-send round trip would cost more
+// than the copy).
+constexpr std::uint64_t kBulkMinBytes = 64 * 1024;
+
+// Where a call's answer may put its bulk: `len` bytes at `data` (the
+// answer's bulk must be exactly that long; DataLossError otherwise).
+struct BulkSink {
+  void* data = nullptr;
+  std::uint64_t len = 0;
 };
 
 // Byte-level writer/reader of the wire format (little-endian host order;
@@ -106,6 +126,9 @@ class Writer {
   void tensor(const Tensor& t);
   // A tensor from raw compact bytes (no intermediate Tensor).
   void tensor_raw(DType dtype, const std::vector<std::int64_t>& shape, const void* data, std::size_t nbytes);
+  // A tensor's header only (dtype, shape, byte count): its bytes travel as
+  // the frame's bulk (Reader::tensor_header).
+  void tensor_header(DType dtype, const std::vector<std::int64_t>& shape, std::size_t nbytes);
   void value(const Value& v);
   std::string take() { return std::move(out_); }
 
@@ -132,6 +155,8 @@ class Reader {
     std::size_t nbytes;
   };
   TensorBytes tensor_bytes();
+  // What tensor_header wrote (data is null).
+  TensorBytes tensor_header();
   Value value();
   bool at_end() const { return pos_ == in_.size(); }
 
@@ -178,15 +203,23 @@ class Channel {
   Channel(const Channel&) = delete;
   Channel& operator=(const Channel&) = delete;
 
-  // Send `f` (header, then payload) and wait until it left, within timeout_ms.
+  // Send `f` (header, payload, then f.bulk once the receiver is ready) and
+  // wait until it left, within timeout_ms.
   void send(const Frame& f, std::int64_t timeout_ms);
+  // Where a received frame's bulk goes: called with the frame (payload
+  // received) and the bulk's length; returns memory of at least that many
+  // bytes, valid until the frame has been handled.
+  using BulkPlace = std::function<void*(const Frame&, std::uint64_t len)>;
   // Receive the next frame. Returns false when `stop` became true first.
   // Throws DeadlineExceededError after timeout_ms (< 0: none), or the
-  // transport's error (UNAVAILABLE when the peer is gone).
-  bool recv(Frame& out, std::int64_t timeout_ms, const std::atomic<bool>* stop);
+  // transport's error (UNAVAILABLE when the peer is gone). A frame with a
+  // bulk and no `place` is DataLossError (the channel breaks).
+  bool recv(Frame& out, std::int64_t timeout_ms, const std::atomic<bool>* stop, const BulkPlace* place = nullptr);
   // send + recv of the response; a non-OK response is thrown as its error.
+  // `bulk`/`bulk_len`: the request's bulk; `sink`: where the answer's goes.
   Frame call(std::uint32_t kind, std::string payload, std::int64_t timeout_ms,
-             const std::atomic<bool>* stop = nullptr);
+             const std::atomic<bool>* stop = nullptr, const void* bulk = nullptr, std::uint64_t bulk_len = 0,
+             BulkSink sink = {});
   void abort(const std::string& reason);
   bool broken() const { return broken_.load(); }
   const std::string& peer() const { return peer_; }
@@ -196,6 +229,14 @@ class Channel {
             bool* stopped);
   void transfer(bool send, void* data, std::uint64_t bytes, std::uint64_t tag, std::int64_t timeout_ms,
                 const std::atomic<bool>* stop, bool* stopped);
+  // transfer() in two halves, for a receive that must be posted before the
+  // peer is told to send.
+  struct Posted {
+    strata_request_t req = nullptr;
+    strata_mem_region_t mr = nullptr;
+  };
+  Posted post(bool send, void* data, std::uint64_t bytes, std::uint64_t tag);
+  void finish(Posted p, bool send, std::int64_t timeout_ms, const std::atomic<bool>* stop, bool* stopped);
 
   const strata_transport_vtable* vt_;
   strata_comm_t comm_ = nullptr;
@@ -250,6 +291,10 @@ class Runtime {
   // the first one: a large update is not copied once more for a retry that
   // rarely happens). `make` must give the same bytes every time.
   Frame ps_call(int ps, std::uint32_t kind, const std::function<std::string()>& make);
+  // The same with a bulk: the request's (`bulk`, `bulk_len`: sent again as
+  // is on a retry) and where the answer's goes (`sink`).
+  Frame ps_call(int ps, std::uint32_t kind, const std::function<std::string()>& make, const void* bulk,
+                std::uint64_t bulk_len, BulkSink sink);
   // A request key for a *Once request: this process's token and a new
   // sequence number; write it with write_request_key.
   std::pair<std::uint64_t, std::uint64_t> request_key() { return {token_, next_seq_.fetch_add(1)}; }

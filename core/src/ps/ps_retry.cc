@@ -66,6 +66,11 @@ std::shared_ptr<Channel> Runtime::reconnect_ps(int ps, const std::shared_ptr<Cha
 }
 
 Frame Runtime::ps_call(int ps, std::uint32_t kind, const std::function<std::string()>& make) {
+  return ps_call(ps, kind, make, nullptr, 0, BulkSink{});
+}
+
+Frame Runtime::ps_call(int ps, std::uint32_t kind, const std::function<std::string()>& make, const void* bulk,
+                       std::uint64_t bulk_len, BulkSink sink) {
   STRATA_ENFORCE(ps >= 0 && ps < count("ps"), STRATA_ERR_INVALID_ARGUMENT, "ps task ", ps,
                  " is not in the cluster (", count("ps"), " ps tasks)");
   std::shared_ptr<Channel> ch;
@@ -88,7 +93,7 @@ Frame Runtime::ps_call(int ps, std::uint32_t kind, const std::function<std::stri
         const std::int64_t left = ps_grace_ms_ - ms_since(first_failure);
         ch = reconnect_ps(ps, ch, std::min<std::int64_t>(std::max<std::int64_t>(left, 1), op_timeout_ms_));
       }
-      Frame r = ch->call(kind, make(), op_timeout_ms_);
+      Frame r = ch->call(kind, make(), op_timeout_ms_, nullptr, bulk, bulk_len, sink);
       if (failed)
         detail::logger("ps")->warn("{} {}: {} answered again after {} ms and {} retries", job_, index_,
                                    task_name("ps", ps), ms_since(first_failure), attempt);

@@ -25,7 +25,9 @@ void append_to_string(void* user, const char* data, std::uint64_t len) {
 
 constexpr std::uint64_t kHeaderTag = 1;
 constexpr std::uint64_t kPayloadTag = 2;
-constexpr std::uint32_t kMagic = 0x53505331;  // "SPS1"
+constexpr std::uint64_t kClearTag = 3;  // the receiver of a bulk is ready for it
+constexpr std::uint64_t kBulkTag = 4;
+constexpr std::uint32_t kMagic = 0x53505332;  // "SPS2" (SPS1 had no bulk)
 
 struct WireHeader {
   std::uint32_t magic;
@@ -34,6 +36,7 @@ struct WireHeader {
   std::uint32_t reserved;
   std::uint64_t id;
   std::uint64_t len;
+  std::uint64_t bulk_len;
 };
 
 std::mutex g_runtime_mu;
@@ -94,6 +97,13 @@ void Writer::tensor_raw(DType dtype, const std::vector<std::int64_t>& shape, con
   u64(nbytes);
   out_.reserve(out_.size() + nbytes);
   raw(data, nbytes);
+}
+
+void Writer::tensor_header(DType dtype, const std::vector<std::int64_t>& shape, std::size_t nbytes) {
+  u32(static_cast<std::uint32_t>(dtype));
+  u32(static_cast<std::uint32_t>(shape.size()));
+  for (auto d : shape) i64(d);
+  u64(nbytes);
 }
 
 void Writer::tensor(const Tensor& t) {
@@ -162,6 +172,12 @@ std::string Reader::str() {
   return std::string(take(static_cast<std::size_t>(n)), static_cast<std::size_t>(n));
 }
 Reader::TensorBytes Reader::tensor_bytes() {
+  TensorBytes t = tensor_header();
+  t.data = take(t.nbytes);
+  return t;
+}
+
+Reader::TensorBytes Reader::tensor_header() {
   const std::uint32_t dt = u32();
   STRATA_ENFORCE(dt <= static_cast<std::uint32_t>(DType::kUInt8), STRATA_ERR_DATA_LOSS,
                  "parameter-server message names an unknown dtype ", dt);
@@ -180,7 +196,7 @@ Reader::TensorBytes Reader::tensor_bytes() {
   STRATA_ENFORCE(n == elems * dtype_size(t.dtype), STRATA_ERR_DATA_LOSS, "parameter-server message: a tensor of ",
                  elems, " ", dtype_name(t.dtype), " elements carries ", n, " bytes");
   t.nbytes = static_cast<std::size_t>(n);
-  t.data = take(t.nbytes);
+  t.data = nullptr;
   return t;
 }
 
@@ -330,8 +346,7 @@ void Channel::wait(strata_request_t req, std::int64_t timeout_ms, const std::ato
   }
 }
 
-void Channel::transfer(bool send, void* data, std::uint64_t bytes, std::uint64_t tag, std::int64_t timeout_ms,
-                       const std::atomic<bool>* stop, bool* stopped) {
+Channel::Posted Channel::post(bool send, void* data, std::uint64_t bytes, std::uint64_t tag) {
   STRATA_ENFORCE(!broken_.load(), STRATA_ERR_UNAVAILABLE, peer_,
                  ": the connection failed earlier; no more messages go through it");
   strata_buffer buf{};
@@ -354,25 +369,46 @@ void Channel::transfer(bool send, void* data, std::uint64_t bytes, std::uint64_t
     broken_ = true;
     detail::check_status(st, err, (peer_ + (send ? ": posting a send" : ": posting a receive")).c_str());
   }
+  return Posted{req, buf.mr};
+}
+
+void Channel::finish(Posted p, bool send, std::int64_t timeout_ms, const std::atomic<bool>* stop, bool* stopped) {
   try {
-    wait(req, timeout_ms, stop, send ? "sending a message" : "receiving a message", stopped);
+    wait(p.req, timeout_ms, stop, send ? "sending a message" : "receiving a message", stopped);
   } catch (...) {
-    if (buf.mr != nullptr) vt_->mem_deregister(comm_, buf.mr);
+    if (p.mr != nullptr) vt_->mem_deregister(comm_, p.mr);
     throw;
   }
-  if (buf.mr != nullptr) vt_->mem_deregister(comm_, buf.mr);
+  if (p.mr != nullptr) vt_->mem_deregister(comm_, p.mr);
+}
+
+void Channel::transfer(bool send, void* data, std::uint64_t bytes, std::uint64_t tag, std::int64_t timeout_ms,
+                       const std::atomic<bool>* stop, bool* stopped) {
+  finish(post(send, data, bytes, tag), send, timeout_ms, stop, stopped);
 }
 
 void Channel::send(const Frame& f, std::int64_t timeout_ms) {
-  WireHeader h{kMagic, f.kind, f.status, 0, f.id, f.payload.size()};
+  WireHeader h{kMagic, f.kind, f.status, 0, f.id, f.payload.size(), f.bulk_len};
   bool stopped = false;
   transfer(true, &h, sizeof h, kHeaderTag, timeout_ms, nullptr, &stopped);
   if (!f.payload.empty())
     transfer(true, const_cast<char*>(f.payload.data()), f.payload.size(), kPayloadTag, timeout_ms, nullptr,
              &stopped);
+  if (f.bulk_len > 0) {
+    // The receiver has posted its receive into the bulk's destination when
+    // it says so: the bytes then go straight there.
+    std::uint64_t ready = 0;
+    transfer(false, &ready, sizeof ready, kClearTag, timeout_ms, nullptr, &stopped);
+    if (ready != f.id) {
+      broken_ = true;
+      STRATA_THROW(STRATA_ERR_DATA_LOSS, peer_, ": cleared message ", ready, " to go while message ", f.id,
+                   " waited; the connection is out of step");
+    }
+    transfer(true, const_cast<void*>(f.bulk), f.bulk_len, kBulkTag, timeout_ms, nullptr, &stopped);
+  }
 }
 
-bool Channel::recv(Frame& out, std::int64_t timeout_ms, const std::atomic<bool>* stop) {
+bool Channel::recv(Frame& out, std::int64_t timeout_ms, const std::atomic<bool>* stop, const BulkPlace* place) {
   WireHeader h{};
   bool stopped = false;
   transfer(false, &h, sizeof h, kHeaderTag, timeout_ms, stop, &stopped);
@@ -380,29 +416,60 @@ bool Channel::recv(Frame& out, std::int64_t timeout_ms, const std::atomic<bool>*
   if (h.magic != kMagic) {
     broken_ = true;
     STRATA_THROW(STRATA_ERR_DATA_LOSS, peer_, ": received a message that is not a parameter-server frame (magic ",
-                 h.magic, "); is another program using this communicator?");
+                 h.magic, "); is another program or another Strata version using this communicator?");
   }
   out.kind = h.kind;
   out.status = h.status;
   out.id = h.id;
+  out.bulk = nullptr;
+  out.bulk_len = 0;
   out.payload.assign(static_cast<std::size_t>(h.len), '\0');
-  if (h.len > 0) {
-    // The payload follows its header at once: wait for it without `stop`.
-    transfer(false, out.payload.data(), h.len, kPayloadTag, timeout_ms < 0 ? 600000 : timeout_ms, nullptr, &stopped);
+  // The rest follows its header at once: wait for it without `stop`.
+  const std::int64_t rest_ms = timeout_ms < 0 ? 600000 : timeout_ms;
+  if (h.len > 0) transfer(false, out.payload.data(), h.len, kPayloadTag, rest_ms, nullptr, &stopped);
+  if (h.bulk_len > 0) {
+    void* dst = place != nullptr && *place ? (*place)(out, h.bulk_len) : nullptr;
+    if (dst == nullptr) {
+      broken_ = true;
+      STRATA_THROW(STRATA_ERR_DATA_LOSS, peer_, ": message ", h.id, " (kind ", h.kind, ") carries ", h.bulk_len,
+                   " bulk bytes that nothing here expects; the two sides speak different protocols");
+    }
+    Posted p = post(false, dst, h.bulk_len, kBulkTag);
+    std::uint64_t ready = h.id;
+    try {
+      transfer(true, &ready, sizeof ready, kClearTag, rest_ms, nullptr, &stopped);
+    } catch (...) {
+      vt_->cancel(comm_, p.req);
+      if (p.mr != nullptr) vt_->mem_deregister(comm_, p.mr);
+      throw;
+    }
+    finish(p, false, rest_ms, nullptr, &stopped);
+    out.bulk = dst;
+    out.bulk_len = h.bulk_len;
   }
   return true;
 }
 
-Frame Channel::call(std::uint32_t kind, std::string payload, std::int64_t timeout_ms,
-                    const std::atomic<bool>* stop) {
+Frame Channel::call(std::uint32_t kind, std::string payload, std::int64_t timeout_ms, const std::atomic<bool>* stop,
+                    const void* bulk, std::uint64_t bulk_len, BulkSink sink) {
   std::lock_guard<std::mutex> l(call_mu_);
   Frame req;
   req.kind = kind;
   req.id = next_id_++;
   req.payload = std::move(payload);
+  req.bulk = bulk;
+  req.bulk_len = bulk_len;
   send(req, timeout_ms);
   Frame resp;
-  if (!recv(resp, timeout_ms, stop)) {
+  const BulkPlace place = [&](const Frame& f, std::uint64_t len) -> void* {
+    if (sink.data == nullptr || len != sink.len) {
+      broken_ = true;
+      STRATA_THROW(STRATA_ERR_DATA_LOSS, peer_, ": answer ", f.id, " carries ", len, " bulk bytes where ",
+                   sink.len, " were expected");
+    }
+    return sink.data;
+  };
+  if (!recv(resp, timeout_ms, stop, &place)) {
     // The answer may still come; this channel can no longer pair them up.
     broken_ = true;
     STRATA_THROW(STRATA_ERR_CANCELLED, peer_, ": the call was cancelled (the caller is shutting down)");

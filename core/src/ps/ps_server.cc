@@ -9,6 +9,7 @@
 #include <random>
 #include <thread>
 
+#include "api/kernels.h"
 #include "log.h"
 #include "ps/ps_internal.h"
 
@@ -28,6 +29,50 @@ void apply_typed(void* dst, const void* src, std::int64_t n, std::uint32_t op) {
     d[i] = static_cast<T>(op == kAssignAdd ? d[i] + v : d[i] - v);
   }
 }
+
+// A shard's value is replaced, not written, while a read still sends it
+// (copy on write): reads answer without copying and without holding `mu`
+// while the bytes travel.
+struct Shard {
+  std::mutex mu;
+  std::shared_ptr<Tensor> value;
+};
+
+// The shape and dtype of a bulk assign's new value (kVarUpdateOnce with op
+// kAssign and its bytes in the bulk), read from the request's payload; false
+// for any other request.
+bool bulk_assign_layout(const Frame& f, DType* dtype, std::vector<std::int64_t>* shape) {
+  if (f.kind != kVarUpdateOnce) return false;
+  try {
+    Reader r(f.payload);
+    r.u64();  // request key
+    r.u64();
+    r.u64();  // shard id
+    if (r.u32() != kAssign || r.u8() == 0) return false;
+    const Reader::TensorBytes t = r.tensor_header();
+    *dtype = t.dtype;
+    *shape = t.shape;
+    return true;
+  } catch (const Error&) {
+    return false;  // malformed: apply_update says what is wrong
+  }
+}
+
+// A read's hold on a shard's value while its bytes are sent. It lets go
+// under the shard's mutex, so that an update that then finds the value
+// unshared (writable) happens after the send's last read of it.
+struct Snapshot {
+  std::shared_ptr<Shard> shard;
+  std::shared_ptr<const Tensor> value;
+  Snapshot() = default;
+  Snapshot(const Snapshot&) = delete;
+  Snapshot& operator=(const Snapshot&) = delete;
+  ~Snapshot() {
+    if (!value) return;
+    std::lock_guard<std::mutex> l(shard->mu);
+    value.reset();
+  }
+};
 
 }  // namespace
 
@@ -119,15 +164,45 @@ class ServerCore : public std::enable_shared_from_this<ServerCore> {
     try {
       Channel ch(rt_->vt(), rt_->transport(), comm_name(rt_->job(), rt_->index(), incarnation_, id), 0,
                  rt_->rendezvous_ms(), who + "'s client " + std::to_string(id));
+      // A request's bulk (a large update) lands in this connection's
+      // scratch buffer, kept for the next one (no fresh pages per update).
+      // A bulk assign lands in `spare`, a tensor of the shard's layout that
+      // then replaces the shard's value (no copy); the value it replaced
+      // becomes the next spare unless a read still holds it.
+      std::unique_ptr<char[]> scratch;
+      std::uint64_t scratch_len = 0;
+      Tensor spare;
+      const Channel::BulkPlace place = [&](const Frame& f, std::uint64_t len) -> void* {
+        DType dtype{};
+        std::vector<std::int64_t> shape;
+        if (bulk_assign_layout(f, &dtype, &shape) &&
+            len == static_cast<std::uint64_t>(shape_numel(shape)) * dtype_size(dtype)) {
+          if (!spare.defined() || spare.dtype() != dtype || spare.shape() != shape)
+            spare = detail::uninitialized_tensor(shape, dtype);
+          return spare.raw_data();
+        }
+        if (len > scratch_len) {
+          scratch.reset(new char[len]);
+          scratch_len = len;
+        }
+        return scratch.get();
+      };
       while (!stop_) {
         Frame req;
-        if (!ch.recv(req, -1, &stop_)) break;
+        if (!ch.recv(req, -1, &stop_, &place)) break;
         if (from_coordinator) touch();
         Frame resp;
         resp.kind = req.kind;
         resp.id = req.id;
+        // A large read's answer goes out straight from the shard's current
+        // value, which this keeps alive (updates meanwhile copy on write).
+        Snapshot hold;
         try {
-          resp.payload = handle(req, &from_coordinator);
+          resp.payload = handle(req, &from_coordinator, &hold, &spare);
+          if (hold.value) {
+            resp.bulk = hold.value->raw_data();
+            resp.bulk_len = hold.value->nbytes();
+          }
         } catch (const Error& e) {
           resp.status = e.code();
           resp.payload = e.what();
@@ -146,7 +221,7 @@ class ServerCore : public std::enable_shared_from_this<ServerCore> {
     cv_.notify_all();
   }
 
-  std::string handle(const Frame& req, bool* from_coordinator) {
+  std::string handle(const Frame& req, bool* from_coordinator, Snapshot* hold, Tensor* spare) {
     const std::string who = task_name(rt_->job(), rt_->index());
     switch (req.kind) {
       case kHello: {
@@ -173,14 +248,14 @@ class ServerCore : public std::enable_shared_from_this<ServerCore> {
         Reader r(req.payload);
         const std::uint64_t id = r.u64();
         auto shard = std::make_shared<Shard>();
-        shard->value = r.tensor();
+        shard->value = std::make_shared<Tensor>(r.tensor());
         std::lock_guard<std::mutex> l(vars_mu_);
         if (auto it = vars_.find(id); it != vars_.end()) {
           // A create resent after a blip (ps_call) finds its own first copy.
           std::lock_guard<std::mutex> sl(it->second->mu);
-          const Tensor& have = it->second->value;
-          if (have.dtype() == shard->value.dtype() && have.shape() == shard->value.shape() &&
-              std::memcmp(have.raw_data(), shard->value.raw_data(), have.nbytes()) == 0)
+          const Tensor& have = *it->second->value;
+          if (have.dtype() == shard->value->dtype() && have.shape() == shard->value->shape() &&
+              std::memcmp(have.raw_data(), shard->value->raw_data(), have.nbytes()) == 0)
             return std::string();
         }
         STRATA_ENFORCE(vars_.count(id) == 0, STRATA_ERR_ALREADY_EXISTS, who, ": variable shard ", id,
@@ -192,15 +267,27 @@ class ServerCore : public std::enable_shared_from_this<ServerCore> {
         require_ps("read a variable");
         Reader r(req.payload);
         auto shard = find(r.u64());
+        const bool bulk_ok = r.u8() != 0;  // the reader posted a destination for a bulk
         Writer w;
         std::lock_guard<std::mutex> l(shard->mu);
-        w.tensor(shard->value);
+        const Tensor& value = *shard->value;
+        if (bulk_ok && value.nbytes() >= kBulkMinBytes) {
+          // Sent after this returns, from a snapshot: updates meanwhile
+          // copy on write (Shard).
+          w.u8(1);
+          w.tensor_header(value.dtype(), value.shape(), value.nbytes());
+          hold->value = shard->value;
+          hold->shard = shard;
+        } else {
+          w.u8(0);
+          w.tensor(value);
+        }
         return w.take();
       }
       case kVarUpdate: {
         require_ps("update a variable");
         Reader r(req.payload);
-        return apply_update(r);
+        return apply_update(r, req, spare);
       }
       case kVarUpdateOnce:
       case kVarScatterOnce: {
@@ -209,11 +296,11 @@ class ServerCore : public std::enable_shared_from_this<ServerCore> {
         const std::uint64_t token = r.u64();
         const std::uint64_t seq = r.u64();
         return once_.run(token, seq, [&]() -> std::string {
-          if (req.kind == kVarUpdateOnce) return apply_update(r);
+          if (req.kind == kVarUpdateOnce) return apply_update(r, req, spare);
           const std::uint64_t sid = r.u64();
           auto shard = find(sid);
           std::lock_guard<std::mutex> l(shard->mu);
-          apply_scatter(shard->value, sid, r, who);
+          apply_scatter(writable(*shard), sid, r, who);
           return std::string();
         });
       }
@@ -227,27 +314,47 @@ class ServerCore : public std::enable_shared_from_this<ServerCore> {
     }
   }
 
-  // kVarUpdate's body (after the kind): shard id, op, tensor.
-  std::string apply_update(Reader& r) {
+  // kVarUpdate's body (after the kind): shard id, op, then the tensor (flag
+  // 0) or its header with the bytes in the frame's bulk (flag 1).
+  // `spare`: the connection's spare tensor, which holds a bulk assign's
+  // bytes (see serve()).
+  std::string apply_update(Reader& r, const Frame& req, Tensor* spare) {
     const std::string who = task_name(rt_->job(), rt_->index());
     const std::uint64_t id = r.u64();
     const std::uint32_t op = r.u32();
-    const Reader::TensorBytes delta = r.tensor_bytes();
+    const bool in_bulk = r.u8() != 0;
+    Reader::TensorBytes delta = in_bulk ? r.tensor_header() : r.tensor_bytes();
+    if (in_bulk) {
+      STRATA_ENFORCE(req.bulk_len == delta.nbytes, STRATA_ERR_DATA_LOSS, who, ": update of shard ", id, " announced ",
+                     delta.nbytes, " bytes but its bulk holds ", req.bulk_len);
+      delta.data = static_cast<const char*>(req.bulk);
+    }
     auto shard = find(id);
     std::lock_guard<std::mutex> l(shard->mu);
-    STRATA_ENFORCE(delta.dtype == shard->value.dtype() && delta.shape == shard->value.shape(),
+    STRATA_ENFORCE(delta.dtype == shard->value->dtype() && delta.shape == shard->value->shape(),
                    STRATA_ERR_INVALID_ARGUMENT, who, ": update of shard ", id, " has dtype ",
                    dtype_name(delta.dtype), " and ", delta.nbytes, " bytes but the shard has ",
-                   dtype_name(shard->value.dtype()), " and ", shard->value.nbytes());
-    if (op == kAssign) {
-      std::memcpy(shard->value.raw_data(), delta.data, delta.nbytes);
+                   dtype_name(shard->value->dtype()), " and ", shard->value->nbytes());
+    STRATA_ENFORCE(op == kAssign || op == kAssignAdd || op == kAssignSub, STRATA_ERR_INVALID_ARGUMENT, who,
+                   ": unknown update op ", op);
+    if (op == kAssign && in_bulk && spare->defined() && spare->raw_data() == req.bulk) {
+      std::shared_ptr<Tensor> old = std::move(shard->value);
+      shard->value = std::make_shared<Tensor>(std::move(*spare));
+      *spare = Tensor();
+      if (old.use_count() == 1) *spare = std::move(*old);  // no read holds it (copies are made under mu)
       return std::string();
     }
-    STRATA_ENFORCE(op == kAssignAdd || op == kAssignSub, STRATA_ERR_INVALID_ARGUMENT, who,
-                   ": unknown update op ", op);
-    void* d = shard->value.raw_data();
+    if (op == kAssign) {
+      if (shard->value.use_count() > 1)  // a read is sending the old value: replace it instead of writing into it
+        shard->value = std::make_shared<Tensor>(Tensor::from_bytes(delta.data, delta.nbytes, delta.shape, delta.dtype));
+      else
+        std::memcpy(shard->value->raw_data(), delta.data, delta.nbytes);
+      return std::string();
+    }
+    Tensor& value = writable(*shard);
+    void* d = value.raw_data();
     const void* s = delta.data;
-    const std::int64_t n = shard->value.numel();
+    const std::int64_t n = value.numel();
     switch (delta.dtype) {
       case DType::kFloat32: apply_typed<float>(d, s, n, op); break;
       case DType::kFloat64: apply_typed<double>(d, s, n, op); break;
@@ -281,10 +388,14 @@ class ServerCore : public std::enable_shared_from_this<ServerCore> {
     return w.take();
   }
 
-  struct Shard {
-    std::mutex mu;
-    Tensor value;
-  };
+  // The shard's value, ready to be written in place (caller holds shard.mu).
+  // Every copy of the pointer is made under shard.mu, so a count of 1 means
+  // no read holds it; a higher count may be stale (a read just finished),
+  // which only costs a needless copy.
+  static Tensor& writable(Shard& shard) {
+    if (shard.value.use_count() > 1) shard.value = std::make_shared<Tensor>(shard.value->clone());
+    return *shard.value;
+  }
 
   void require_ps(const char* what) {
     STRATA_ENFORCE(rt_->job() == "ps", STRATA_ERR_FAILED_PRECONDITION, task_name(rt_->job(), rt_->index()),
