@@ -1,19 +1,24 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
-"""Compare strata-bench's all-reduce with Open MPI's.
+"""Compare strata-bench's all-reduce with Open MPI's, Gloo's and torch.distributed's.
 
 By default Strata's ring over tcp against Open MPI restricted to TCP
 (--mca btl tcp,self). --transport picks Strata's transport (auto, libfabric,
 ...; --option KEY=JSON passes its options) and --mpi-btl Open MPI's; an empty
 --mpi-btl lets Open MPI choose, which on one host is its shared-memory path
-(the peer for Strata's same-host path). Alternates the two programs --runs
-times (the machines are shared and noisy) and prints, per rank count and
-size, the median time and busbw of each with the ratios, and the machine's
-1-minute load average read before each block (min-max over the blocks of
-that row; above the core count the machine is oversubscribed and polling
-peers such as Open MPI lose most). Build the MPI side
-as /work/shared/bench/README.md says:
+(the peer for Strata's same-host path). Gloo (Debian libgloo-dev, tcp on
+127.0.0.1) and torch.distributed with the gloo backend (Debian python3-torch)
+join the comparison when their programs are there (--gloo-bench,
+--torch-bench; '' leaves one out). Alternates the programs --runs times
+(the machines are shared and noisy) and prints, per rank count and size, the
+median time and busbw of each, the ratios (s/m: Strata over Open MPI, time
+and busbw; s/g, s/t: Strata's busbw over Gloo's and torch's, above 1 Strata
+is faster), and the machine's 1-minute load average read before each block
+(min-max over the blocks of that row; above the core count the machine is
+oversubscribed and polling peers such as Open MPI lose most). Build the
+peers as /work/shared/bench/README.md says:
     mpicc -O2 -o /tmp/mpi_coll_bench /work/shared/bench/mpi_coll_bench.c
+    g++ -std=c++17 -O2 -o /tmp/gloo_bench /work/shared/bench/gloo_bench.cc -lgloo -lpthread
 Examples:
     compare_mpi.py --bench build/bin/strata-bench --runs 5 --ranks 2,4
     compare_mpi.py --bench build/bin/strata-bench --transport auto --mpi-btl '' --runs 3
@@ -26,10 +31,28 @@ import subprocess
 import sys
 
 
+def parse_columns(text, what):
+    """Rows of the nccl-tests style table gloo_bench and torch_gloo_bench.py
+    print: size count dtype time(us) t_min t_max algbw busbw wrong."""
+    rows = {}
+    for line in text.splitlines():
+        f = line.split()
+        if line.startswith('#') or len(f) < 9 or not f[0].isdigit():
+            continue
+        if int(f[8]) != 0:
+            sys.exit('%s: %s wrong elements at %s bytes' % (what, f[8], f[0]))
+        rows[int(f[0])] = (float(f[3]), float(f[7]))
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument('--bench', required=True, help='path of strata-bench')
     ap.add_argument('--mpi-bench', default='/tmp/mpi_coll_bench', help='path of the built mpi_coll_bench')
+    ap.add_argument('--gloo-bench', default='/tmp/gloo_bench',
+                    help="path of the built gloo_bench ('' or a missing file: no Gloo column)")
+    ap.add_argument('--torch-bench', default='/work/shared/bench/torch_gloo_bench.py',
+                    help="path of torch_gloo_bench.py ('' or no python3-torch: no torch column)")
     ap.add_argument('--runs', type=int, default=3)
     ap.add_argument('--ranks', default='2,4')
     ap.add_argument('--sizes', default='4096,1048576,16777216,67108864', help='bytes, comma-separated')
@@ -41,6 +64,17 @@ def main():
     mpi_btl = ['--mca', 'btl', a.mpi_btl] if a.mpi_btl else []
     ranks = [int(x) for x in a.ranks.split(',')]
     sizes = [int(x) for x in a.sizes.split(',')]
+    peers = []  # (key, column name, command for n ranks)
+    if a.gloo_bench and os.path.exists(a.gloo_bench):
+        peers.append(('gloo', 'gloo', lambda n: [a.gloo_bench, '-n', str(n), '-s', a.sizes]))
+    else:
+        print('# no Gloo column: %r is not there (build it as /work/shared/bench/README.md says)' % a.gloo_bench)
+    torch_ok = a.torch_bench and os.path.exists(a.torch_bench) and subprocess.run(
+        ['/usr/bin/python3', '-c', 'import torch.distributed'], capture_output=True).returncode == 0
+    if torch_ok:
+        peers.append(('torch', 'torch', lambda n: ['/usr/bin/python3', a.torch_bench, '-n', str(n), '-s', a.sizes]))
+    else:
+        print('# no torch.distributed column: needs %r and python3-torch' % a.torch_bench)
     res = {}
     loads = {}
 
@@ -72,10 +106,20 @@ def main():
                 if f[7] != 'yes':
                     sys.exit('mpi_coll_bench: wrong result at %s bytes' % f[0])
                 res.setdefault(('mpi', n, int(f[0])), []).append((float(f[2]), float(f[6])))
+            for key, name, command in peers:
+                load(n)
+                out = subprocess.run(command(n), capture_output=True, text=True, timeout=900)
+                if out.returncode != 0:
+                    sys.exit('%s failed:\n%s' % (name, out.stderr))
+                for b, row in parse_columns(out.stdout, name).items():
+                    res.setdefault((key, n, b), []).append(row)
         print('run %d of %d done' % (run + 1, a.runs), file=sys.stderr)
     print('# %d cores; load = 1-minute load average before each block, min-max' % len(os.sched_getaffinity(0)))
-    print('%5s %10s | %11s %9s | %11s %9s | %9s %9s | %4s | %s' % ('ranks', 'bytes', 'strata(us)', 'busbw', 'mpi(us)',
-                                                                   'busbw', 'time s/m', 'busbw s/m', 'runs', 'load'))
+    head = '%5s %10s | %11s %9s | %11s %9s | %9s %9s' % ('ranks', 'bytes', 'strata(us)', 'busbw', 'mpi(us)', 'busbw',
+                                                       'time s/m', 'busbw s/m')
+    for key, name, _ in peers:
+        head += ' | %11s %9s %6s' % (name + '(us)', 'busbw', 's/' + name[0])
+    print(head + ' | %4s | %s' % ('runs', 'load'))
     for n in ranks:
         for b in sizes:
             s = res.get(('strata', n, b), [])
@@ -85,8 +129,15 @@ def main():
             st, sb = statistics.median(x[0] for x in s), statistics.median(x[1] for x in s)
             mt, mb = statistics.median(x[0] for x in m), statistics.median(x[1] for x in m)
             ld = loads.get(n, [0.0])
-            print('%5d %10d | %11.1f %9.3f | %11.1f %9.3f | %9.2f %9.2f | %d+%d | %.1f-%.1f' % (
-                n, b, st, sb, mt, mb, st / mt, sb / mb, len(s), len(m), min(ld), max(ld)))
+            line = '%5d %10d | %11.1f %9.3f | %11.1f %9.3f | %9.2f %9.2f' % (n, b, st, sb, mt, mb, st / mt, sb / mb)
+            for key, _, _ in peers:
+                p = res.get((key, n, b), [])
+                if not p:
+                    line += ' | %11s %9s %6s' % ('-', '-', '-')
+                    continue
+                pt, pb = statistics.median(x[0] for x in p), statistics.median(x[1] for x in p)
+                line += ' | %11.1f %9.3f %6.2f' % (pt, pb, sb / pb if pb > 0 else float('inf'))
+            print(line + ' | %d+%d | %.1f-%.1f' % (len(s), len(m), min(ld), max(ld)))
 
 
 if __name__ == '__main__':
