@@ -44,6 +44,7 @@
 namespace strata {
 
 class Checkpoint;
+class Trainer;
 
 class STRATA_API Metric {
  public:
@@ -70,6 +71,7 @@ class STRATA_API Metric {
   virtual bool is_sum() const { return false; }
 
  private:
+  friend class Trainer;  // merges the state workers return under parameter_server
   std::string name_;
   std::unique_ptr<Variable> total_, count_;
 };

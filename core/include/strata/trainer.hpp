@@ -92,8 +92,11 @@ namespace strata {
 
 class Trainer;
 class DistributedIterator;
+class DistributedDataset;
+class RemoteVariable;
 namespace detail {
 struct GradientReducer;
+struct TrainerPs;
 }
 
 using Logs = std::map<std::string, double>;
@@ -238,6 +241,43 @@ struct STRATA_API History {
   double last(const std::string& key) const;
 };
 
+/// What a registered model factory makes: the model and its optimizer.
+struct ModelParts {
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Optimizer> optimizer;
+};
+
+/// Builds a model and its optimizer. Called by the Trainer inside the
+/// strategy's scope (so the model's variables belong to the strategy), on
+/// the chief and, under parameter_server, again on every worker: it must
+/// build the same variables (names, shapes, dtypes, order) everywhere.
+using ModelFactory = std::function<ModelParts()>;
+
+/// Register `factory` under `name` in this process (at load time through
+/// STRATA_REGISTER_MODEL). AlreadyExistsError when the name is taken.
+STRATA_API void register_model(const std::string& name, ModelFactory factory);
+/// The names registered in this process, sorted.
+STRATA_API std::vector<std::string> registered_models();
+
+#define STRATA_TRAINER_CONCAT_INNER_(a, b) a##b
+#define STRATA_TRAINER_CONCAT_(a, b) STRATA_TRAINER_CONCAT_INNER_(a, b)
+/// STRATA_REGISTER_MODEL("mlp", make_mlp); at namespace scope.
+#define STRATA_REGISTER_MODEL(name, factory)                                      \
+  static const bool STRATA_TRAINER_CONCAT_(strata_registered_model_, __LINE__) = \
+      (::strata::register_model((name), ::strata::ModelFactory(factory)), true)
+
+/// Keras' DatasetCreator: the name of a dataset function registered with
+/// STRATA_REGISTER_DATASET_FN (strata/coordinator.hpp). Under
+/// parameter_server every worker builds its own input with it
+/// (InputContext: num_input_pipelines = workers, input_pipeline_id = this
+/// worker, num_replicas_in_sync = 1), batched by the batch ONE worker step
+/// takes; under the other strategies it goes through
+/// strategy.distribute_datasets_from_function (batched per replica, as
+/// InputContext::get_per_replica_batch_size says).
+struct DatasetCreator {
+  std::string dataset_fn;
+};
+
 class STRATA_API Trainer {
  public:
   /// `model` and `optimizer` must outlive the trainer; the model's
@@ -245,11 +285,22 @@ class STRATA_API Trainer {
   /// that does not). Metrics are created in the strategy.
   Trainer(Strategy& strategy, Model& model, Optimizer& optimizer, std::vector<std::string> metrics = {},
           std::string label_key = "y");
+  /// Build the model registered as `model_name` (STRATA_REGISTER_MODEL)
+  /// and its optimizer inside the strategy's scope, and own them; then as
+  /// the constructor above. Works on every strategy; under
+  /// parameter_server it is the one fit(DatasetCreator) needs (workers
+  /// build the same model by name). NotFoundError naming the name and the
+  /// registered names when unknown.
+  Trainer(Strategy& strategy, const std::string& model_name, std::vector<std::string> metrics = {},
+          std::string label_key = "y");
   virtual ~Trainer();
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
 
   History fit(const Dataset& dataset, const FitOptions& options = {});
+  /// fit with per-worker input (Keras' fit(DatasetCreator)); see
+  /// DatasetCreator and the file comment's "parameter_server" section.
+  History fit(const DatasetCreator& creator, const FitOptions& options = {});
   /// The mean loss and metrics over the whole dataset (one pass).
   Logs evaluate(const Dataset& dataset, const std::vector<Callback*>& callbacks = {});
   /// Every example's predictions, in dataset order, concatenated (this
@@ -304,6 +355,18 @@ class STRATA_API Trainer {
 
  private:
   struct CompiledMetric;
+  friend struct detail::TrainerPs;
+  // The worker side (parameter_server): bind to the chief's variables.
+  Trainer(Strategy& strategy, const std::string& model_name, std::vector<std::string> metrics, std::string label_key,
+          std::vector<RemoteVariable>* bind);
+  void init(std::vector<std::string> metrics);
+  bool parameter_server() const;
+  History fit_loop(DistributedDataset* dist, const FitOptions& options);
+  History fit_ps(const DatasetCreator& creator, const FitOptions& options);
+  void prepare_steps();
+  // One worker step (parameter_server): train on `batch` over the local
+  // replicas; the metrics' state [total, count] per metric, then reset.
+  Tensor ps_worker_step(const Element& batch);
   void check_dataset(const Dataset& dataset, const char* what) const;
   void run_step(DistributedIterator& it, bool training, bool* ended);
   void reset_metrics();
@@ -329,6 +392,17 @@ class STRATA_API Trainer {
     bool epoch_done;
   };
   std::optional<Resume> resume_;
+  // Set by the model-name constructor.
+  std::string model_name_;
+  std::unique_ptr<Model> owned_model_;
+  std::unique_ptr<Optimizer> owned_optimizer_;
+  // parameter_server: the chief's variables on the ps tasks, in creation
+  // order (what workers bind to).
+  std::unique_ptr<std::vector<RemoteVariable>> remotes_;
+  std::vector<std::string> metric_names_;
+  // fit(DatasetCreator) under the synchronous strategies: the loss scale
+  // comes from each step's per-replica rows.
+  bool batch_from_step_ = false;
 };
 
 }  // namespace strata

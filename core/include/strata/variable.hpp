@@ -115,6 +115,7 @@ class STRATA_API Variable {
 
  private:
   struct State;
+  void attach(const RemoteVariable& remote);
   void update(strata_var_update_op op, const TensorView& value);
   std::unique_ptr<State> state_;
 };

@@ -16,12 +16,18 @@
 
 #include <nlohmann/json.hpp>
 
+#include "api/strategy_impl.h"
+#include "api/variable_capture.h"
 #include "data/dataset_internal.h"
 #include "log.h"
+#include "ps/ps_internal.h"
 #include "strata/callbacks.hpp"
+#include "strata/config.hpp"
+#include "strata/coordinator.hpp"
 #include "strata/distribute.hpp"
 #include "strata/distributed_data.hpp"
 #include "strata/error.hpp"
+#include "strata/plugin_host.hpp"
 
 namespace strata {
 
@@ -226,17 +232,131 @@ class LayeredStep final : public GradientSink, public std::enable_shared_from_th
 
 }  // namespace
 
-// ---------------------------------------------------------------- Trainer
-
 struct Trainer::CompiledMetric {
   std::string name;
   std::unique_ptr<Metric> metric;
   std::function<void(const TensorView& y, const TensorView& pred)> update;
 };
 
+// ---------------------------------------------------------------- model registry
+
+namespace {
+
+std::mutex& model_registry_mu() {
+  static std::mutex m;
+  return m;
+}
+std::map<std::string, ModelFactory>& model_registry() {
+  static std::map<std::string, ModelFactory> r;
+  return r;
+}
+
+std::string joined(const std::vector<std::string>& v, const char* sep = ", ") {
+  std::string s;
+  for (const std::string& x : v) s += (s.empty() ? "" : sep) + x;
+  return s;
+}
+
+ModelFactory find_model(const std::string& name) {
+  {
+    std::lock_guard<std::mutex> l(model_registry_mu());
+    auto it = model_registry().find(name);
+    if (it != model_registry().end()) return it->second;
+  }
+  const std::vector<std::string> names = registered_models();
+  STRATA_THROW(STRATA_ERR_NOT_FOUND, "no model is registered as '", name, "' in this process (registered: ",
+               names.empty() ? std::string("none") : joined(names),
+               "); register it with STRATA_REGISTER_MODEL(\"", name,
+               "\", factory) in the program every role runs");
+}
+
+// Leaves every strategy scope of this thread for its lifetime, so that
+// what is created meanwhile belongs to the Default strategy (the metrics
+// under parameter_server: they are local to each process, not on the ps).
+class OutsideScopes {
+ public:
+  OutsideScopes() { saved_.swap(detail::tls().scopes); }
+  ~OutsideScopes() { detail::tls().scopes.swap(saved_); }
+  OutsideScopes(const OutsideScopes&) = delete;
+  OutsideScopes& operator=(const OutsideScopes&) = delete;
+
+ private:
+  std::vector<detail::StrategyImpl*> saved_;
+};
+
+}  // namespace
+
+void register_model(const std::string& name, ModelFactory factory) {
+  STRATA_ENFORCE(!name.empty(), STRATA_ERR_INVALID_ARGUMENT, "a model needs a non-empty name");
+  STRATA_ENFORCE(static_cast<bool>(factory), STRATA_ERR_INVALID_ARGUMENT, "model factory '", name, "' is empty");
+  std::lock_guard<std::mutex> l(model_registry_mu());
+  STRATA_ENFORCE(model_registry().count(name) == 0, STRATA_ERR_ALREADY_EXISTS, "model '", name,
+                 "' is registered twice; give each STRATA_REGISTER_MODEL its own name");
+  model_registry()[name] = std::move(factory);
+}
+
+std::vector<std::string> registered_models() {
+  std::lock_guard<std::mutex> l(model_registry_mu());
+  std::vector<std::string> out;
+  for (const auto& [k, v] : model_registry()) out.push_back(k);
+  return out;
+}
+
+// ---------------------------------------------------------------- Trainer
+
 Trainer::Trainer(Strategy& strategy, Model& model, Optimizer& optimizer, std::vector<std::string> metrics,
                  std::string label_key)
     : strategy_(&strategy), model_(&model), optimizer_(&optimizer), label_key_(std::move(label_key)) {
+  init(std::move(metrics));
+}
+
+Trainer::Trainer(Strategy& strategy, const std::string& model_name, std::vector<std::string> metrics,
+                 std::string label_key)
+    : Trainer(strategy, model_name, std::move(metrics), std::move(label_key), nullptr) {}
+
+Trainer::Trainer(Strategy& strategy, const std::string& model_name, std::vector<std::string> metrics,
+                 std::string label_key, std::vector<RemoteVariable>* bind)
+    : strategy_(&strategy), model_(nullptr), optimizer_(nullptr), label_key_(std::move(label_key)),
+      model_name_(model_name) {
+  const ModelFactory factory = find_model(model_name);
+  {
+    std::optional<Scope> scope;
+    if (get_strategy() != strategy) scope.emplace(strategy.scope());
+    // Under parameter_server the chief records its variables (model, then
+    // the optimizer's iterations and slots) in creation order; a worker
+    // binds the same construction to them.
+    const bool remote = detail::keeps_variables_remotely(*strategy.impl());
+    std::optional<detail::VariableCapture> capture;
+    if (remote) {
+      remotes_ = std::make_unique<std::vector<RemoteVariable>>();
+      if (bind != nullptr) *remotes_ = *bind;
+      capture.emplace(bind != nullptr ? detail::VariableCapture::Mode::kBind : detail::VariableCapture::Mode::kRecord,
+                      remotes_.get());
+    }
+    ModelParts parts = factory();
+    STRATA_ENFORCE(parts.model != nullptr && parts.optimizer != nullptr, STRATA_ERR_INVALID_ARGUMENT,
+                   "the factory of model '", model_name, "' returned no ", parts.model ? "optimizer" : "model",
+                   "; return ModelParts{std::make_unique<MyModel>(), std::make_unique<strata::SGD>(...)}");
+    owned_model_ = std::move(parts.model);
+    owned_optimizer_ = std::move(parts.optimizer);
+    model_ = owned_model_.get();
+    optimizer_ = owned_optimizer_.get();
+    std::vector<Variable*> vars = model_->trainable_variables();
+    STRATA_ENFORCE(!vars.empty(), STRATA_ERR_INVALID_ARGUMENT, "Trainer: model '", model_name,
+                   "' has no trainable variables");
+    optimizer_->build(vars);  // slots and iterations: recorded / bound too
+    if (capture && bind != nullptr) capture->check_all_bound();
+  }
+  init(std::move(metrics));
+}
+
+bool Trainer::parameter_server() const { return detail::keeps_variables_remotely(*strategy_->impl()); }
+
+void Trainer::init(std::vector<std::string> metrics) {
+  Strategy& strategy = *strategy_;
+  Model& model = *model_;
+  Optimizer& optimizer = *optimizer_;
+  metric_names_ = metrics;
   std::vector<Variable*> vars = model.trainable_variables();
   STRATA_ENFORCE(!vars.empty(), STRATA_ERR_INVALID_ARGUMENT, "Trainer: the model has no trainable variables");
   for (Variable* v : vars)
@@ -244,7 +364,14 @@ Trainer::Trainer(Strategy& strategy, Model& model, Optimizer& optimizer, std::ve
                    v ? v->name() : std::string("(null)"), "' does not belong to strategy '", strategy.name(),
                    "'; create the model's variables inside strategy.scope()");
   std::optional<Scope> scope;
-  if (get_strategy() != strategy) scope.emplace(strategy.scope());
+  std::optional<OutsideScopes> outside;
+  // Under parameter_server every process keeps its own metrics (the Default
+  // strategy's): a worker returns each step's state, the chief merges it.
+  if (parameter_server()) {
+    outside.emplace();
+  } else if (get_strategy() != strategy) {
+    scope.emplace(strategy.scope());
+  }
   loss_ = std::make_unique<Mean>("loss");
   for (const std::string& name : metrics) {
     auto c = std::make_unique<CompiledMetric>();
@@ -367,6 +494,17 @@ void Trainer::run_step(DistributedIterator& it, bool training, bool* ended) {
                        return s;
                      }(),
                      "); map() the dataset to name it so");
+  if (training && batch_from_step_) {
+    // Per-replica batches (fit(DatasetCreator)): the global batch is this
+    // step's first replica's rows times the replicas in sync (as Keras
+    // assumes equal per-replica batches). A replica with no rows in a
+    // final partial step falls back to the previous step's.
+    const Tensor& first = (*e)[0][0];
+    if (first.ndim() > 0 && first.shape()[0] > 0)
+      global_batch_ = first.shape()[0] * strategy_->num_replicas_in_sync();
+    STRATA_ENFORCE(global_batch_ > 0, STRATA_ERR_INVALID_ARGUMENT,
+                   "Trainer::fit: the first step's batch is empty on replica 0");
+  }
   strategy_->run([&](ReplicaContext& ctx) {
     std::vector<const Tensor*> ts;
     for (std::size_t i = 0; i < e->size(); ++i) ts.push_back(&(*e)[i][ctx.local_replica_id()]);
@@ -380,27 +518,41 @@ void Trainer::run_step(DistributedIterator& it, bool training, bool* ended) {
 }
 
 History Trainer::fit(const Dataset& dataset, const FitOptions& options) {
+  STRATA_ENFORCE(!parameter_server(), STRATA_ERR_INVALID_ARGUMENT, "Trainer::fit under strategy '",
+                 strategy_->name(), "': workers build their own input, so fit takes a strata::DatasetCreator naming "
+                 "a dataset function registered with STRATA_REGISTER_DATASET_FN (fit(strata::DatasetCreator{\"name\"}, "
+                 "options), with options.steps_per_epoch set), not a Dataset");
   check_dataset(dataset, "fit");
-  STRATA_ENFORCE(options.steps_per_epoch == -1 || options.steps_per_epoch > 0, STRATA_ERR_INVALID_ARGUMENT,
-                 "Trainer::fit: steps_per_epoch must be -1 (until the data ends) or > 0; got ",
-                 options.steps_per_epoch);
-  STRATA_ENFORCE(options.validation_freq >= 1, STRATA_ERR_INVALID_ARGUMENT,
-                 "Trainer::fit: validation_freq must be >= 1; got ", options.validation_freq);
-  STRATA_ENFORCE(options.initial_epoch >= 0, STRATA_ERR_INVALID_ARGUMENT,
-                 "Trainer::fit: initial_epoch must be >= 0; got ", options.initial_epoch);
-  if (options.validation_data) check_dataset(*options.validation_data, "fit (validation_data)");
   global_batch_ = detail::batch_info(dataset).batch_size;
-  std::vector<Callback*> callbacks = options.callbacks;
-  std::unique_ptr<ProgressBar> bar;
-  if (options.verbose && std::none_of(callbacks.begin(), callbacks.end(),
-                                      [](Callback* c) { return dynamic_cast<ProgressBar*>(c) != nullptr; })) {
-    bar = std::make_unique<ProgressBar>();
-    callbacks.insert(callbacks.begin(), bar.get());
+  batch_from_step_ = false;
+  DistributedDataset dist = strategy_->distribute_dataset(dataset);
+  return fit_loop(&dist, options);
+}
+
+History Trainer::fit(const DatasetCreator& creator, const FitOptions& options) {
+  if (parameter_server()) return fit_ps(creator, options);
+  DatasetFunction fn = ps_detail::find_dataset_function(creator.dataset_fn);
+  STRATA_ENFORCE(static_cast<bool>(fn), STRATA_ERR_NOT_FOUND, "Trainer::fit: no dataset function is registered as '",
+                 creator.dataset_fn, "' (registered: ", joined(registered_dataset_functions()),
+                 "); register it with STRATA_REGISTER_DATASET_FN");
+  // Batched per replica (tf's distribute_datasets_from_function): each
+  // step's loss scale comes from the rows it brings (prepare in run_step).
+  DistributedDataset dist = strategy_->distribute_datasets_from_function(fn);
+  batch_from_step_ = true;
+  global_batch_ = 0;
+  try {
+    History h = fit_loop(&dist, options);
+    batch_from_step_ = false;
+    return h;
+  } catch (...) {
+    batch_from_step_ = false;
+    throw;
   }
-  for (Callback* c : callbacks) c->trainer_ = this;
+}
+
+void Trainer::prepare_steps() {
   STRATA_ENFORCE(gradient_reduction.bucket_bytes >= 0, STRATA_ERR_INVALID_ARGUMENT,
                  "Trainer::fit: gradient_reduction.bucket_bytes must be >= 0; got ", gradient_reduction.bucket_bytes);
-  stop_training = false;
   grads_.clear();
   grads_.resize(static_cast<std::size_t>(strategy_->num_local_replicas()));
   if (model_->reports_gradients_by_layer()) {
@@ -410,7 +562,28 @@ History Trainer::fit(const Dataset& dataset, const FitOptions& options) {
     if (d.is_object() && d.contains("timeout_s") && d["timeout_s"].is_number() && d["timeout_s"].get<double>() > 0)
       collective_timeout_s_ = d["timeout_s"].get<double>();
   }
-  DistributedDataset dist = strategy_->distribute_dataset(dataset);
+}
+
+History Trainer::fit_loop(DistributedDataset* distp, const FitOptions& options) {
+  DistributedDataset& dist = *distp;
+  STRATA_ENFORCE(options.steps_per_epoch == -1 || options.steps_per_epoch > 0, STRATA_ERR_INVALID_ARGUMENT,
+                 "Trainer::fit: steps_per_epoch must be -1 (until the data ends) or > 0; got ",
+                 options.steps_per_epoch);
+  STRATA_ENFORCE(options.validation_freq >= 1, STRATA_ERR_INVALID_ARGUMENT,
+                 "Trainer::fit: validation_freq must be >= 1; got ", options.validation_freq);
+  STRATA_ENFORCE(options.initial_epoch >= 0, STRATA_ERR_INVALID_ARGUMENT,
+                 "Trainer::fit: initial_epoch must be >= 0; got ", options.initial_epoch);
+  if (options.validation_data) check_dataset(*options.validation_data, "fit (validation_data)");
+  std::vector<Callback*> callbacks = options.callbacks;
+  std::unique_ptr<ProgressBar> bar;
+  if (options.verbose && std::none_of(callbacks.begin(), callbacks.end(),
+                                      [](Callback* c) { return dynamic_cast<ProgressBar*>(c) != nullptr; })) {
+    bar = std::make_unique<ProgressBar>();
+    callbacks.insert(callbacks.begin(), bar.get());
+  }
+  for (Callback* c : callbacks) c->trainer_ = this;
+  prepare_steps();
+  stop_training = false;
   // The first epoch's iterator exists before on_train_begin, so that a
   // callback restoring a backup can put the input position into it.
   std::optional<DistributedIterator> it(dist.make_iterator());
@@ -554,6 +727,270 @@ Tensor Trainer::predict(const Dataset& dataset) {
     dst += c.nbytes();
   }
   return out;
+}
+
+// ---------------------------------------------------------------- parameter_server
+
+// Under parameter_server (Keras' fit with ParameterServerStrategy): the
+// chief schedules one closure kPsStep per step; the worker that takes it
+// builds the registered model once, bound to the chief's variables, trains
+// on its next batch over its local replicas (the updates go to the ps
+// tasks) and returns its metrics' state, which the chief merges.
+namespace {
+
+constexpr const char* kPsStep = "strata.trainer.ps_step";
+// Arguments of kPsStep before the chief's variables.
+constexpr std::size_t kPsFixedArgs = 5;  // model name, iterator, step, label key, metric names
+
+std::string join_lines(const std::vector<std::string>& v) { return joined(v, "\n"); }
+
+std::vector<std::string> split_lines(const std::string& s) {
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  while (start < s.size()) {
+    const std::size_t end = s.find('\n', start);
+    out.push_back(s.substr(start, end == std::string::npos ? std::string::npos : end - start));
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  return out;
+}
+
+// Rows [lo, hi) of `t` along axis 0, as a compact copy.
+Tensor rows_of(const Tensor& t, std::int64_t lo, std::int64_t hi) {
+  std::vector<std::int64_t> shape = t.shape();
+  STRATA_ENFORCE(!shape.empty(), STRATA_ERR_INVALID_ARGUMENT,
+                 "Trainer: a component of the batch has no batch dimension; batch() the dataset");
+  const Tensor c = Tensor::copy_of(t);
+  const std::size_t row = shape[0] > 0 ? c.nbytes() / static_cast<std::size_t>(shape[0]) : 0;
+  shape[0] = hi - lo;
+  Tensor out = Tensor::zeros(shape, c.dtype());
+  if (hi > lo)
+    std::memcpy(out.raw_data(), static_cast<const unsigned char*>(c.raw_data()) + static_cast<std::size_t>(lo) * row,
+                static_cast<std::size_t>(hi - lo) * row);
+  return out;
+}
+
+// The job config this process was given (PluginHost's), as text.
+std::string job_config_text() {
+  const strata_host_api* api = PluginHost::global().host_api();
+  std::string out;
+  strata_error err;
+  strata_error_init(&err);
+  auto append = [](void* user, const char* data, std::uint64_t len) {
+    static_cast<std::string*>(user)->append(data, static_cast<std::size_t>(len));
+  };
+  if (api == nullptr || api->get_config(api, "", append, &out, &err) != STRATA_OK) return "{}";
+  return out;
+}
+
+}  // namespace
+
+namespace detail {
+
+// A worker's Trainer, built on its first kPsStep closure (a worker runs
+// one closure at a time) and dropped when its strata::Server stops, so
+// that the strategy's replica threads end before the process does.
+struct TrainerPs {
+  std::mutex mu;
+  std::optional<Strategy> strategy;
+  std::unique_ptr<Trainer> trainer;
+  std::string key;  // model name, label key and metrics it was built for
+
+  static TrainerPs& get() {
+    static TrainerPs* w = new TrainerPs;  // outlives every Server (reachable, not a leak)
+    return *w;
+  }
+
+  static void drop() {
+    TrainerPs& w = get();
+    std::lock_guard<std::mutex> l(w.mu);
+    w.trainer.reset();
+    w.strategy.reset();
+    w.key.clear();
+  }
+
+  static Value step(const Args& a) {
+    const std::string& model = get_arg<std::string>(a, 0);
+    LocalIterator it = get_iterator(a, 1);
+    const std::string& label = get_arg<std::string>(a, 3);
+    const std::string& metrics = get_arg<std::string>(a, 4);
+    TrainerPs& w = get();
+    std::lock_guard<std::mutex> l(w.mu);
+    const std::string key = model + '\0' + label + '\0' + metrics;
+    if (w.trainer == nullptr || w.key != key) {
+      w.trainer.reset();
+      if (!w.strategy) {
+        // The job's config, as the chief's: its strategy options (devices)
+        // are this worker's.
+        Config cfg = Config::from_json(job_config_text(), "the job config");
+        if (cfg.name("strategy") != "parameter_server") cfg.set("/strategy", R"({"name": "parameter_server"})");
+        w.strategy.emplace(Strategy::from_config(cfg));
+      }
+      std::vector<RemoteVariable> remotes;
+      for (std::size_t i = kPsFixedArgs; i < a.size(); ++i) remotes.push_back(get_arg<RemoteVariable>(a, i));
+      w.trainer.reset(new Trainer(*w.strategy, model, split_lines(metrics), label, &remotes));
+      w.trainer->prepare_steps();
+      w.key = key;
+    }
+    return Value(w.trainer->ps_worker_step(it.get_next()));
+  }
+};
+
+}  // namespace detail
+
+namespace {
+STRATA_REGISTER_FUNCTION(kPsStep, &detail::TrainerPs::step);
+const bool g_ps_exit_hook = (ps_detail::set_server_exit_hook(&detail::TrainerPs::drop), true);
+}  // namespace
+
+Tensor Trainer::ps_worker_step(const Element& batch) {
+  for (const std::string& key : model_->input_keys())
+    STRATA_ENFORCE(std::find(batch.names.begin(), batch.names.end(), key) != batch.names.end(),
+                   STRATA_ERR_INVALID_ARGUMENT, "Trainer: the dataset has no component '", key,
+                   "' that the model reads (it has ", joined(batch.names), "); map() the dataset to name it so");
+  STRATA_ENFORCE(!batch.tensors.empty() && batch.tensors[0].ndim() > 0, STRATA_ERR_INVALID_ARGUMENT,
+                 "Trainer: the worker's dataset is not batched; batch() it in the dataset function");
+  const std::int64_t rows = batch.tensors[0].shape()[0];
+  const int n = strategy_->num_local_replicas();
+  // This worker's replicas split its batch; the loss is its mean
+  // (loss scale 1 / rows), their gradients summed in apply_gradients.
+  std::vector<std::vector<Tensor>> shares(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    const std::int64_t lo = rows * r / n, hi = rows * (r + 1) / n;
+    for (const Tensor& t : batch.tensors) shares[static_cast<std::size_t>(r)].push_back(rows_of(t, lo, hi));
+  }
+  global_batch_ = std::max<std::int64_t>(rows, 1);
+  reset_metrics();
+  strategy_->run([&](ReplicaContext& ctx) {
+    std::vector<const Tensor*> ts;
+    for (const Tensor& t : shares[ctx.local_replica_id()]) ts.push_back(&t);
+    train_step(ctx, Features(&batch.names, std::move(ts)));
+  });
+  std::vector<double> state;
+  for (Metric* m : metrics()) {
+    state.push_back(m->total_->value().to_doubles()[0]);
+    state.push_back(m->count_->value().to_doubles()[0]);
+  }
+  reset_metrics();
+  const auto len = static_cast<std::int64_t>(state.size());
+  return Tensor::from_vector(state, {len});
+}
+
+History Trainer::fit_ps(const DatasetCreator& creator, const FitOptions& options) {
+  STRATA_ENFORCE(!model_name_.empty(), STRATA_ERR_INVALID_ARGUMENT, "Trainer::fit under strategy '", strategy_->name(),
+                 "': workers build the model by name; construct the Trainer as Trainer(strategy, \"model name\") "
+                 "with a factory registered by STRATA_REGISTER_MODEL, not from a Model reference");
+  STRATA_ENFORCE(options.steps_per_epoch > 0, STRATA_ERR_INVALID_ARGUMENT, "Trainer::fit under strategy '",
+                 strategy_->name(), "': steps_per_epoch must be set (> 0), as Keras requires with "
+                 "ParameterServerStrategy; got ", options.steps_per_epoch);
+  STRATA_ENFORCE(options.validation_freq >= 1, STRATA_ERR_INVALID_ARGUMENT,
+                 "Trainer::fit: validation_freq must be >= 1; got ", options.validation_freq);
+  STRATA_ENFORCE(options.initial_epoch >= 0, STRATA_ERR_INVALID_ARGUMENT,
+                 "Trainer::fit: initial_epoch must be >= 0; got ", options.initial_epoch);
+  STRATA_ENFORCE(!creator.dataset_fn.empty(), STRATA_ERR_INVALID_ARGUMENT,
+                 "Trainer::fit: the DatasetCreator names no dataset function");
+  if (options.validation_data) check_dataset(*options.validation_data, "fit (validation_data)");
+  ClusterCoordinator* coordinator = ps_detail::current_coordinator_object();
+  STRATA_ENFORCE(coordinator != nullptr, STRATA_ERR_FAILED_PRECONDITION, "Trainer::fit under strategy '",
+                 strategy_->name(), "' needs a strata::ClusterCoordinator: create it on the chief before the "
+                 "Trainer (it places the variables on the ps tasks) and keep it alive while fit runs");
+  for (Callback* c : options.callbacks)
+    STRATA_ENFORCE(dynamic_cast<ModelCheckpoint*>(c) == nullptr && dynamic_cast<BackupAndRestoreCallback*>(c) == nullptr,
+                   STRATA_ERR_UNIMPLEMENTED, "Trainer::fit under strategy '", strategy_->name(),
+                   "': ModelCheckpoint and BackupAndRestoreCallback are not supported yet (a Checkpoint holds the "
+                   "variables of this process, not the ones on the ps tasks); remove them from options.callbacks");
+  std::vector<Callback*> callbacks = options.callbacks;
+  std::unique_ptr<ProgressBar> bar;
+  if (options.verbose && std::none_of(callbacks.begin(), callbacks.end(),
+                                      [](Callback* c) { return dynamic_cast<ProgressBar*>(c) != nullptr; })) {
+    bar = std::make_unique<ProgressBar>();
+    callbacks.insert(callbacks.begin(), bar.get());
+  }
+  for (Callback* c : callbacks) c->trainer_ = this;
+  stop_training = false;
+  global_step_ = 0;
+  resume_.reset();
+  // One pass over every worker's input across epochs (Keras: with
+  // steps_per_epoch the iterator is not reset between epochs).
+  PerWorkerIterator it = coordinator->create_per_worker_dataset(creator.dataset_fn).iter();
+  const std::string metric_names = join_lines(metric_names_);
+
+  History history;
+  Logs logs;
+  for (Callback* c : callbacks) c->on_train_begin({});
+  for (int epoch = options.initial_epoch; epoch < options.epochs && !stop_training; ++epoch) {
+    epoch_ = epoch;
+    reset_metrics();
+    for (Callback* c : callbacks) c->on_epoch_begin(epoch, {});
+    std::vector<RemoteValue> steps;
+    bool ended = false;
+    auto data_ended = [&](const Error& e) {
+      if (e.code() != STRATA_ERR_OUT_OF_RANGE) return false;
+      ended = true;
+      return true;
+    };
+    step_in_epoch_ = 0;
+    for (std::int64_t step = 0; step < options.steps_per_epoch; ++step) {
+      for (Callback* c : callbacks) c->on_train_batch_begin(step, {});
+      Args args;
+      args.emplace_back(model_name_);
+      args.push_back(to_value(it));
+      args.emplace_back(global_step_);
+      args.emplace_back(label_key_);
+      args.emplace_back(metric_names);
+      for (const RemoteVariable& r : *remotes_) args.emplace_back(r);
+      try {
+        steps.push_back(coordinator->schedule(kPsStep, std::move(args)));
+      } catch (const Error& e) {
+        if (!data_ended(e)) throw;
+        break;
+      }
+      ++global_step_;
+      step_in_epoch_ = step + 1;
+      // Keras under ParameterServerStrategy: batch hooks run as each step
+      // is scheduled, without logs (the step has not run yet).
+      for (Callback* c : callbacks) c->on_train_batch_end(step, {});
+      if (stop_training) break;
+    }
+    try {
+      coordinator->join();
+    } catch (const Error& e) {
+      if (!data_ended(e)) throw;
+    }
+    // Every step that ran adds its state once: the epoch's logs cover all
+    // of them (Keras logs one worker's last step).
+    std::int64_t done = 0;
+    std::vector<Metric*> ms = metrics();
+    for (const RemoteValue& r : steps) {
+      if (r.status() != RemoteValueStatus::kReady) continue;
+      const std::vector<double> st = std::get<Tensor>(r.fetch()).to_doubles();
+      STRATA_ENFORCE(st.size() == 2 * ms.size(), STRATA_ERR_INTERNAL, "Trainer::fit: a worker returned ", st.size(),
+                     " metric values for ", 2 * ms.size());
+      for (std::size_t i = 0; i < ms.size(); ++i) ms[i]->add(st[2 * i], st[2 * i + 1]);
+      ++done;
+    }
+    if (ended) {
+      detail::logger("core")->warn(
+          "Trainer::fit: a worker's data ran out in epoch {} ({} of {} steps ran); training stops (repeat() the "
+          "dataset in the dataset function to train for more epochs)",
+          epoch, done, options.steps_per_epoch);
+      stop_training = true;
+    }
+    if (done == 0) break;
+    logs = metric_logs();
+    logs["learning_rate"] = optimizer_->learning_rate();
+    if (options.validation_data && (epoch + 1) % options.validation_freq == 0) {
+      const Logs val = evaluate(*options.validation_data, callbacks);  // on the chief, reading the ps
+      for (const auto& [k, v] : val) logs["val_" + k] = v;
+    }
+    history.epochs.push_back(epoch);
+    for (const auto& [k, v] : logs) history.history[k].push_back(v);
+    for (Callback* c : callbacks) c->on_epoch_end(epoch, logs);
+  }
+  for (Callback* c : callbacks) c->on_train_end(logs);
+  for (Callback* c : callbacks) c->trainer_ = nullptr;
+  return history;
 }
 
 }  // namespace strata

@@ -6,6 +6,7 @@
 #include "api/default_strategy.h"
 #include "api/kernels.h"
 #include "api/strategy_impl.h"
+#include "api/variable_capture.h"
 #include "ps/ps_internal.h"
 
 namespace strata {
@@ -65,9 +66,62 @@ strata_replica_t replica_for(const detail::StrategyImpl& s, const std::string& n
   return nullptr;
 }
 
+bool has_variable_ref(const detail::StrategyImpl& s);
+
+std::string shape_text(const std::vector<std::int64_t>& s) {
+  std::string r = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+thread_local detail::VariableCapture* t_capture = nullptr;
+
 }  // namespace
 
+namespace detail {
+
+VariableCapture::VariableCapture(Mode mode, std::vector<RemoteVariable>* remotes)
+    : mode_(mode), remotes_(remotes), outer_(t_capture) {
+  t_capture = this;
+}
+
+VariableCapture::~VariableCapture() { t_capture = outer_; }
+
+VariableCapture* VariableCapture::current() { return t_capture; }
+
+bool keeps_variables_remotely(const StrategyImpl& s) { return has_variable_ref(s); }
+
+void VariableCapture::check_all_bound() const {
+  if (next_ >= remotes_->size()) return;
+  const RemoteVariable& r = (*remotes_)[next_];
+  STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "this process's model and optimizer created ", next_,
+               " variable(s) but the chief's created ", remotes_->size(), "; the first one missing here is '",
+               r.name(), "' ", dtype_name(r.dtype()), shape_text(r.shape()),
+               " (chief's); every role (chief and workers) must build the same model from the registered factory");
+}
+
+}  // namespace detail
+
 Variable::Variable(const TensorView& initial, VariableOptions options) : state_(std::make_unique<State>()) {
+  if (detail::VariableCapture* cap = detail::VariableCapture::current();
+      cap != nullptr && cap->mode() == detail::VariableCapture::Mode::kBind) {
+    // A worker building the chief's model: attach to the chief's variable
+    // in the same position instead of creating one.
+    const std::size_t i = cap->take();
+    const std::string mine = "'" + options.name + "' " + dtype_name(initial.dtype()) + shape_text(initial.shape());
+    STRATA_ENFORCE(i < cap->remotes().size(), STRATA_ERR_INVALID_ARGUMENT, "variable ", mine, " (number ", i + 1,
+                   " in creation order) has no counterpart: the chief's model and optimizer created only ",
+                   cap->remotes().size(), " variable(s); every role (chief and workers) must build the same model "
+                   "from the registered factory");
+    const RemoteVariable& r = cap->remotes()[i];
+    STRATA_ENFORCE(r.name() == options.name && r.dtype() == initial.dtype() && r.shape() == initial.shape(),
+                   STRATA_ERR_INVALID_ARGUMENT, "variable number ", i + 1, " in creation order differs: this "
+                   "process's is ", mine, ", the chief's is '", r.name(), "' ", dtype_name(r.dtype()),
+                   shape_text(r.shape()), "; every role (chief and workers) must build the same model from the "
+                   "registered factory");
+    attach(r);
+    return;
+  }
   detail::StrategyImpl& s = detail::current_impl();
   const detail::ThreadState& t = detail::tls();
   STRATA_ENFORCE(t.merge != nullptr || t.replica == nullptr, STRATA_ERR_FAILED_PRECONDITION,
@@ -90,6 +144,11 @@ Variable::Variable(const TensorView& initial, VariableOptions options) : state_(
   detail::CrossReplicaLock lock(s);
   detail::check(s.vt->variable_create(s.handle, &desc, &initial.dl(), &state_->handle, &err), err,
                 ("creating variable '" + state_->options.name + "' in strategy '" + s.name + "'").c_str());
+  if (detail::VariableCapture* cap = detail::VariableCapture::current();
+      cap != nullptr && cap->mode() == detail::VariableCapture::Mode::kRecord && has_variable_ref(s)) {
+    cap->remotes().push_back(remote());
+    cap->take();
+  }
 }
 
 namespace {
@@ -101,7 +160,9 @@ void append_bytes(void* user, const char* data, std::uint64_t len) {
 }
 }  // namespace
 
-Variable::Variable(const RemoteVariable& remote) : state_(std::make_unique<State>()) {
+Variable::Variable(const RemoteVariable& remote) : state_(std::make_unique<State>()) { attach(remote); }
+
+void Variable::attach(const RemoteVariable& remote) {
   STRATA_ENFORCE(remote.defined(), STRATA_ERR_INVALID_ARGUMENT,
                  "Variable(RemoteVariable): the RemoteVariable is empty; pass one the chief created");
   detail::StrategyImpl& s = detail::current_impl();

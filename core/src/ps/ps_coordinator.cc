@@ -474,9 +474,23 @@ std::mutex g_coordinator_mu;
 std::weak_ptr<CoordinatorCore> g_coordinator;  // this process's, for the parameter_server strategy
 }  // namespace
 
+namespace {
+ClusterCoordinator* g_coordinator_object = nullptr;  // for the Trainer, guarded by g_coordinator_mu
+}  // namespace
+
 void set_current_coordinator(const std::shared_ptr<CoordinatorCore>& core) {
   std::lock_guard<std::mutex> l(g_coordinator_mu);
   g_coordinator = core;
+}
+
+void set_current_coordinator_object(ClusterCoordinator* c, ClusterCoordinator* expected) {
+  std::lock_guard<std::mutex> l(g_coordinator_mu);
+  if (g_coordinator_object == expected) g_coordinator_object = c;
+}
+
+ClusterCoordinator* current_coordinator_object() {
+  std::lock_guard<std::mutex> l(g_coordinator_mu);
+  return g_coordinator_object;
 }
 
 RemoteVariable create_variable_on_coordinator(const std::string& name, const Tensor& initial,
@@ -662,9 +676,11 @@ ClusterCoordinator::ClusterCoordinator(CoordinatorOptions options) {
   core_ = std::make_shared<ps_detail::CoordinatorCore>(rt, options);
   core_->start();
   ps_detail::set_current_coordinator(core_);
+  ps_detail::set_current_coordinator_object(this, ps_detail::current_coordinator_object());
 }
 
 ClusterCoordinator::~ClusterCoordinator() {
+  ps_detail::set_current_coordinator_object(nullptr, this);
   if (core_) core_->shutdown();
 }
 

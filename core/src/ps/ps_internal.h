@@ -364,11 +364,26 @@ RemoteVariable create_variable_on_coordinator(const std::string& name, const Ten
                                               const Partitioner& partitioner, std::uint32_t synchronization,
                                               std::uint32_t aggregation, bool trainable);
 
+// This process's newest live ClusterCoordinator (nullptr when none), for
+// the Trainer under the parameter_server strategy. The constructor sets it,
+// the destructor clears it (set_..._object(c, expected) sets c only while
+// the current one is `expected`).
+ClusterCoordinator* current_coordinator_object();
+void set_current_coordinator_object(ClusterCoordinator* c, ClusterCoordinator* expected);
+
+// Called when a strata::Server stops serving (join returns or throws, or
+// the Server is destroyed): one hook, set by the Trainer to drop its
+// worker-side state. Idempotent.
+void set_server_exit_hook(void (*fn)());
+void run_server_exit_hook();
+
 // Raise the ps failure of `core`, if any (for RemoteValue::fetch).
 void check_ps_failure(const std::shared_ptr<CoordinatorCore>& core);
 
 // The function registered as `name`, or an empty function.
 RemoteFunction find_function(const std::string& name);
+// The dataset function registered as `name`, or an empty function.
+DatasetFunction find_dataset_function(const std::string& name);
 
 // The names of C++ exception types, for messages ("std::runtime_error").
 std::string demangled_type(const std::exception& e);

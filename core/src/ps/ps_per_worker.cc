@@ -166,6 +166,12 @@ void register_dataset_function(const std::string& name, DatasetFunction fn) {
   ps_detail::dataset_registry()[name] = std::move(fn);
 }
 
+DatasetFunction ps_detail::find_dataset_function(const std::string& name) {
+  std::lock_guard<std::mutex> l(ps_detail::dataset_registry_mu());
+  auto it = ps_detail::dataset_registry().find(name);
+  return it == ps_detail::dataset_registry().end() ? DatasetFunction() : it->second;
+}
+
 std::vector<std::string> registered_dataset_functions() {
   std::lock_guard<std::mutex> l(ps_detail::dataset_registry_mu());
   std::vector<std::string> out;

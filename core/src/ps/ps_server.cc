@@ -448,6 +448,16 @@ Server Server::from_env(ServerOptions options) {
 Server::Server(std::shared_ptr<ps_detail::ServerCore> core) : core_(std::move(core)) {}
 Server::Server(Server&&) noexcept = default;
 Server& Server::operator=(Server&&) noexcept = default;
+namespace ps_detail {
+namespace {
+std::atomic<void (*)()> g_server_exit_hook{nullptr};
+}  // namespace
+void set_server_exit_hook(void (*fn)()) { g_server_exit_hook.store(fn); }
+void run_server_exit_hook() {
+  if (void (*fn)() = g_server_exit_hook.load()) fn();
+}
+}  // namespace ps_detail
+
 Server::~Server() {
   if (core_) {
     core_->stop();
@@ -455,11 +465,23 @@ Server::~Server() {
       core_->join();
     } catch (const std::exception&) {
     }
+    ps_detail::run_server_exit_hook();
   }
 }
 const std::string& Server::job() const { return core_->runtime()->job(); }
 int Server::index() const { return core_->runtime()->index(); }
-void Server::join() { core_->join(); }
+void Server::join() {
+  // What closures kept in this process (the Trainer's worker model and
+  // strategy, whose replica threads must end before the process does) goes
+  // when serving ends, however it ends.
+  try {
+    core_->join();
+  } catch (...) {
+    ps_detail::run_server_exit_hook();
+    throw;
+  }
+  ps_detail::run_server_exit_hook();
+}
 void Server::stop() { core_->stop(); }
 
 }  // namespace strata
