@@ -58,6 +58,9 @@ class STRATA_API Metric {
   double result() const;
   /// Zero the state (e.g. at the start of every epoch).
   void reset_state();
+  /// The count behind result() (Keras' Mean.count): examples seen since
+  /// the last reset, aggregated as result() is.
+  double count() const;
   const std::string& name() const { return name_; }
   /// Track the state as "<prefix>/total" and "<prefix>/count" (prefix
   /// defaults to the metric's name).

@@ -322,6 +322,10 @@ class STRATA_API Trainer {
   bool stop_training = false;
   /// How a layered model's gradients are reduced (set before fit).
   GradientReduction gradient_reduction;
+  /// parameter_server: the variables this trainer created on the ps tasks
+  /// (the model's, then the optimizer's iterations and slots), in creation
+  /// order, as workers bind to them; empty under the other strategies.
+  std::vector<RemoteVariable> ps_variables() const;
   /// The metrics (loss first), for callbacks and custom steps.
   std::vector<Metric*> metrics();
   /// The current logs of every metric (a collective across workers).
@@ -363,6 +367,8 @@ class STRATA_API Trainer {
   bool parameter_server() const;
   History fit_loop(DistributedDataset* dist, const FitOptions& options);
   History fit_ps(const DatasetCreator& creator, const FitOptions& options);
+  void fit_ps_epochs(class ClusterCoordinator* coordinator, const class PerWorkerIterator& it,
+                     const std::vector<Callback*>& callbacks, const FitOptions& options, History& history, Logs& logs);
   void prepare_steps();
   // One worker step (parameter_server): train on `batch` over the local
   // replicas; the metrics' state [total, count] per metric, then reset.
@@ -403,6 +409,13 @@ class STRATA_API Trainer {
   // fit(DatasetCreator) under the synchronous strategies: the loss scale
   // comes from each step's per-replica rows.
   bool batch_from_step_ = false;
+  // parameter_server: the metrics are this process's (Default strategy),
+  // which a replica function of another strategy cannot update in place;
+  // update_metrics keeps each replica's labels and results here and
+  // flush_metrics applies them after run, in replica order.
+  struct DeferredUpdate;
+  std::vector<std::vector<DeferredUpdate>> deferred_;
+  void flush_metrics();
 };
 
 }  // namespace strata

@@ -93,6 +93,12 @@ double Metric::result() const {
   return count == 0 ? 0.0 : total / count;
 }
 
+double Metric::count() const {
+  STRATA_ENFORCE(!in_replica_context(), STRATA_ERR_FAILED_PRECONDITION, "metric '", name_,
+                 "': count() inside a replica function; read it in cross-replica context (outside run)");
+  return count_->value().data<double>()[0];
+}
+
 void Metric::reset_state() {
   STRATA_ENFORCE(!in_replica_context(), STRATA_ERR_FAILED_PRECONDITION, "metric '", name_,
                  "': reset_state() inside a replica function; reset in cross-replica context (outside run)");

@@ -272,7 +272,10 @@ void Optimizer::apply_reduced(std::vector<Tensor> grads, const std::vector<Varia
     for (auto& s : impl_->slots[vars[i]]) slots.push_back(s.get());
     update(*vars[i], grads[i], slots, lr, step);
   }
-  impl_->iterations->assign(Tensor::scalar<std::int64_t>(step + 1));
+  // An increment, not an assign of step + 1: under parameter_server workers
+  // update asynchronously, and the ps applies each increment atomically, so
+  // iterations counts every update exactly once.
+  impl_->iterations->assign_add(Tensor::scalar<std::int64_t>(1));
 }
 
 // ---------------------------------------------------------------- SGD

@@ -350,6 +350,10 @@ Trainer::Trainer(Strategy& strategy, const std::string& model_name, std::vector<
   init(std::move(metrics));
 }
 
+std::vector<RemoteVariable> Trainer::ps_variables() const {
+  return remotes_ ? *remotes_ : std::vector<RemoteVariable>();
+}
+
 bool Trainer::parameter_server() const { return detail::keeps_variables_remotely(*strategy_->impl()); }
 
 void Trainer::init(std::vector<std::string> metrics) {
@@ -414,10 +418,43 @@ void Trainer::reset_metrics() {
   for (Metric* m : metrics()) m->reset_state();
 }
 
+struct Trainer::DeferredUpdate {
+  Tensor loss, labels, predictions;
+};
+
 void Trainer::update_metrics(const Features& batch, const ForwardResult& result) {
+  if (parameter_server()) {
+    ReplicaContext* ctx = get_replica_context();
+    const std::size_t r = ctx != nullptr && !in_cross_replica_context() ? ctx->local_replica_id() : 0;
+    DeferredUpdate u;
+    if (result.per_example_loss.defined()) u.loss = Tensor::copy_of(result.per_example_loss);
+    if (!compiled_.empty() && batch.contains(label_key_) && result.predictions.defined()) {
+      u.labels = Tensor::copy_of(batch[label_key_]);
+      u.predictions = Tensor::copy_of(result.predictions);
+    }
+    if (ctx == nullptr || in_cross_replica_context()) {
+      deferred_.resize(std::max<std::size_t>(deferred_.size(), 1));
+      deferred_[0].push_back(std::move(u));
+      flush_metrics();
+      return;
+    }
+    deferred_.at(r).push_back(std::move(u));  // sized by the caller of run; each replica its own slot
+    return;
+  }
   if (result.per_example_loss.defined()) loss_->update_state(result.per_example_loss);
   if (compiled_.empty() || !batch.contains(label_key_) || !result.predictions.defined()) return;
   for (auto& c : compiled_) c->update(batch[label_key_], result.predictions);
+}
+
+void Trainer::flush_metrics() {
+  for (std::vector<DeferredUpdate>& replica : deferred_) {
+    for (DeferredUpdate& u : replica) {
+      if (u.loss.defined()) loss_->update_state(u.loss);
+      if (u.labels.defined())
+        for (auto& c : compiled_) c->update(u.labels, u.predictions);
+    }
+    replica.clear();
+  }
 }
 
 void Trainer::train_step(ReplicaContext& ctx, const Features& batch) {
@@ -505,6 +542,7 @@ void Trainer::run_step(DistributedIterator& it, bool training, bool* ended) {
     STRATA_ENFORCE(global_batch_ > 0, STRATA_ERR_INVALID_ARGUMENT,
                    "Trainer::fit: the first step's batch is empty on replica 0");
   }
+  deferred_.resize(static_cast<std::size_t>(strategy_->num_local_replicas()));
   strategy_->run([&](ReplicaContext& ctx) {
     std::vector<const Tensor*> ts;
     for (std::size_t i = 0; i < e->size(); ++i) ts.push_back(&(*e)[i][ctx.local_replica_id()]);
@@ -515,6 +553,7 @@ void Trainer::run_step(DistributedIterator& it, bool training, bool* ended) {
       test_step(ctx, f);
     }
   });
+  flush_metrics();
 }
 
 History Trainer::fit(const Dataset& dataset, const FitOptions& options) {
@@ -862,11 +901,14 @@ Tensor Trainer::ps_worker_step(const Element& batch) {
   }
   global_batch_ = std::max<std::int64_t>(rows, 1);
   reset_metrics();
+  deferred_.clear();
+  deferred_.resize(static_cast<std::size_t>(n));
   strategy_->run([&](ReplicaContext& ctx) {
     std::vector<const Tensor*> ts;
     for (const Tensor& t : shares[ctx.local_replica_id()]) ts.push_back(&t);
     train_step(ctx, Features(&batch.names, std::move(ts)));
   });
+  flush_metrics();
   std::vector<double> state;
   for (Metric* m : metrics()) {
     state.push_back(m->total_->value().to_doubles()[0]);
@@ -914,10 +956,33 @@ History Trainer::fit_ps(const DatasetCreator& creator, const FitOptions& options
   // One pass over every worker's input across epochs (Keras: with
   // steps_per_epoch the iterator is not reset between epochs).
   PerWorkerIterator it = coordinator->create_per_worker_dataset(creator.dataset_fn).iter();
-  const std::string metric_names = join_lines(metric_names_);
 
   History history;
   Logs logs;
+  try {
+    fit_ps_epochs(coordinator, it, callbacks, options, history, logs);
+  } catch (...) {
+    // Another worker's closure may fail too (the same cause): collect those
+    // errors now, so that the coordinator is clean for what comes next.
+    for (int i = 0; i <= coordinator->num_workers(); ++i) {
+      try {
+        coordinator->join();
+        break;
+      } catch (...) {
+      }
+    }
+    for (Callback* c : callbacks) c->trainer_ = nullptr;
+    throw;
+  }
+  for (Callback* c : callbacks) c->on_train_end(logs);
+  for (Callback* c : callbacks) c->trainer_ = nullptr;
+  return history;
+}
+
+void Trainer::fit_ps_epochs(ClusterCoordinator* coordinator, const PerWorkerIterator& it,
+                            const std::vector<Callback*>& callbacks, const FitOptions& options, History& history,
+                            Logs& logs) {
+  const std::string metric_names = join_lines(metric_names_);
   for (Callback* c : callbacks) c->on_train_begin({});
   for (int epoch = options.initial_epoch; epoch < options.epochs && !stop_training; ++epoch) {
     epoch_ = epoch;
@@ -988,9 +1053,6 @@ History Trainer::fit_ps(const DatasetCreator& creator, const FitOptions& options
     for (const auto& [k, v] : logs) history.history[k].push_back(v);
     for (Callback* c : callbacks) c->on_epoch_end(epoch, logs);
   }
-  for (Callback* c : callbacks) c->on_train_end(logs);
-  for (Callback* c : callbacks) c->trainer_ = nullptr;
-  return history;
 }
 
 }  // namespace strata
