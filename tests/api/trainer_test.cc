@@ -21,6 +21,7 @@
 
 #include "layered_model.h"
 #include "softmax_model.h"
+#include "strata/coordinator.hpp"
 #include "strata/strata.hpp"
 #include "test_support.h"
 #include "trainer_mp_case.h"
@@ -578,4 +579,63 @@ TEST(TrainerTest, BadLayerReportsAndMetricReadsInReplicaContextAreClearErrors) {
 }
 
 }  // namespace
+// The model registry: Trainer(strategy, "name") builds the registered
+// model and optimizer in the strategy's scope, and trains exactly as the
+// model-reference constructor does; fit(DatasetCreator) goes through
+// distribute_datasets_from_function and matches fit(Dataset) at the same
+// batch (one replica).
+STRATA_REGISTER_MODEL("trainer_test_softmax", [] {
+  return ModelParts{std::make_unique<SoftmaxModel>(kFeatures, kClasses, 1), std::make_unique<SGD>(0.1, 0.9)};
+});
+STRATA_REGISTER_DATASET_FN("trainer_test_train", [](const InputContext& ctx) {
+  return Dataset::from_tensor_slices(test::clusters(512, kFeatures, kClasses, 7))
+      .shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+      .batch(ctx.get_per_replica_batch_size(32));
+});
+
+std::vector<float> weights(Trainer& t) {
+  std::vector<float> w;
+  for (Variable* v : t.model().trainable_variables())
+    for (float x : v->value().to_vector<float>()) w.push_back(x);
+  return w;
+}
+
+TEST(TrainerTest, RegisteredModelByNameTrainsAsTheModelReference) {
+  Strategy s = Strategy::create("one_device", R"({"device": "cpu:0"})");
+  FitOptions o;
+  o.verbose = false;
+  o.epochs = 3;
+  o.validation_data = test_data();
+  std::optional<Scope> scope(s.scope());
+  SoftmaxModel model(kFeatures, kClasses, 1);
+  SGD opt(0.1, 0.9);
+  Trainer ref(s, model, opt, {"accuracy"});
+  scope.reset();
+  const History want = ref.fit(train_data(), o);
+  Trainer named(s, "trainer_test_softmax", {"accuracy"});
+  EXPECT_EQ(named.strategy(), s);
+  EXPECT_TRUE(named.ps_variables().empty());  // not parameter_server
+  const History got = named.fit(train_data(), o);
+  EXPECT_EQ(got.history, want.history);
+  EXPECT_EQ(weights(named), weights(ref));
+  EXPECT_EQ(named.optimizer().iterations(), ref.optimizer().iterations());
+  Trainer created(s, "trainer_test_softmax", {"accuracy"});
+  const History from_fn = created.fit(DatasetCreator{"trainer_test_train"}, o);
+  EXPECT_EQ(from_fn.history, want.history);
+  EXPECT_EQ(weights(created), weights(ref));
+  EXPECT_GT(from_fn.last("val_accuracy"), 0.9);
+  // Registry errors name the problem.
+  EXPECT_THROW(register_model("trainer_test_softmax", [] { return ModelParts{}; }), AlreadyExistsError);
+  try {
+    Trainer t(s, "no_such_model");
+    ADD_FAILURE();
+  } catch (const NotFoundError& e) {
+    EXPECT_NE(std::string(e.what()).find("'no_such_model'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("trainer_test_softmax"), std::string::npos) << e.what();
+  }
+  register_model("trainer_test_empty", [] { return ModelParts{}; });
+  EXPECT_THROW(Trainer(s, "trainer_test_empty"), InvalidArgumentError);
+  EXPECT_THROW(created.fit(DatasetCreator{"no_such_fn"}, o), NotFoundError);
+}
+
 }  // namespace strata

@@ -261,10 +261,11 @@ STRATA_API std::vector<std::string> registered_models();
 
 #define STRATA_TRAINER_CONCAT_INNER_(a, b) a##b
 #define STRATA_TRAINER_CONCAT_(a, b) STRATA_TRAINER_CONCAT_INNER_(a, b)
-/// STRATA_REGISTER_MODEL("mlp", make_mlp); at namespace scope.
-#define STRATA_REGISTER_MODEL(name, factory)                                      \
+/// STRATA_REGISTER_MODEL("mlp", make_mlp); at namespace scope. Variadic so
+/// that a lambda with unparenthesised commas (ModelParts{a, b}) passes.
+#define STRATA_REGISTER_MODEL(name, ...)                                          \
   static const bool STRATA_TRAINER_CONCAT_(strata_registered_model_, __LINE__) = \
-      (::strata::register_model((name), ::strata::ModelFactory(factory)), true)
+      (::strata::register_model((name), ::strata::ModelFactory(__VA_ARGS__)), true)
 
 /// Keras' DatasetCreator: the name of a dataset function registered with
 /// STRATA_REGISTER_DATASET_FN (strata/coordinator.hpp). Under
