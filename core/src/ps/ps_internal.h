@@ -376,6 +376,10 @@ void set_current_coordinator_object(ClusterCoordinator* c, ClusterCoordinator* e
 // worker-side state. Idempotent.
 void set_server_exit_hook(void (*fn)());
 void run_server_exit_hook();
+// Drop this process's per-worker values, datasets and iterators (when its
+// server stops: their buffers may hold tensors whose deleters live in
+// plugins, which must not outlast PluginHost at exit).
+void clear_per_worker_values();
 
 // Raise the ps failure of `core`, if any (for RemoteValue::fetch).
 void check_ps_failure(const std::shared_ptr<CoordinatorCore>& core);

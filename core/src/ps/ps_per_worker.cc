@@ -84,6 +84,14 @@ const PerWorkerRef& ref_arg(const Args& args, std::size_t i, PerWorkerKind kind)
 
 }  // namespace
 
+void clear_per_worker_values() {
+  std::map<std::uint64_t, std::shared_ptr<LocalValue>> gone;
+  {
+    std::lock_guard<std::mutex> l(g_local_mu);
+    gone.swap(g_local);
+  }
+}  // destroyed here, outside the lock
+
 std::string per_worker_create(const Runtime& rt, const std::string& payload) {
   const std::string who = task_name(rt.job(), rt.index());
   Reader r(payload);

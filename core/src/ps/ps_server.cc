@@ -455,6 +455,7 @@ std::atomic<void (*)()> g_server_exit_hook{nullptr};
 void set_server_exit_hook(void (*fn)()) { g_server_exit_hook.store(fn); }
 void run_server_exit_hook() {
   if (void (*fn)() = g_server_exit_hook.load()) fn();
+  clear_per_worker_values();
 }
 }  // namespace ps_detail
 
