@@ -148,6 +148,14 @@ int chief(const std::string& scenario) {
   try {
     strata::Config cfg = load_config("chief");
     strata::Strategy strategy = strata::Strategy::from_config(cfg);
+    if (scenario == "errors") {
+      try {  // no ClusterCoordinator yet: nothing places the variables
+        strata::Trainer t(strategy, "softmax_sgd");
+        out["no_coordinator"] = "no error";
+      } catch (const strata::Error& e) {
+        out["no_coordinator"] = err_text(e);
+      }
+    }
     strata::CoordinatorOptions co;
     co.join_timeout_s = 120;
     co.op_timeout_s = 30;
@@ -178,6 +186,17 @@ int chief(const std::string& scenario) {
         out["unknown_on_chief"] = err_text(e);
       }
       o.steps_per_epoch = 4;
+      {  // checkpoints hold this process's variables, not the ps tasks'
+        strata::ModelCheckpoint ck("/nonexistent/trainer_ps_test");
+        o.callbacks = {&ck};
+        try {
+          trainer.fit(strata::DatasetCreator{"train_input"}, o);
+          out["checkpoint"] = "no error";
+        } catch (const strata::Error& e) {
+          out["checkpoint"] = err_text(e);
+        }
+        o.callbacks.clear();
+      }
       // Registered on the chief only: the workers' closures fail.
       strata::register_model("chief_only", [] { return softmax(std::make_unique<strata::SGD>(0.1)); });
       try {
@@ -302,14 +321,17 @@ TEST(TrainerPsTest, FitTrainsAsynchronouslyMergesEveryStepAndSharesTheOptimizerS
     EXPECT_GE(p["val_accuracy"].back().get<double>(), 0.9) << p.dump();
     EXPECT_GE(p["evaluate_accuracy"].get<double>(), 0.9) << p.dump();
     // Close to one_device's at the same batch: the last epoch's training
-    // loss within 0.05 absolute and held-out accuracy within 0.03 (see the
-    // README for the measured spread).
+    // loss within 0.02 absolute, held-out accuracy within 0.01. Measured
+    // (5 runs, 2-core machine, load ~2.5): SGD 0.0044-0.0067 against
+    // one_device's 0.0060, Adam 0.0326-0.0360 against 0.0261 (stale
+    // gradients and unsynchronised slot updates cost Adam more), held-out
+    // accuracy 0.9971-0.9980 against 0.9980.
     const double pl = p["loss"].back().get<double>(), ol = o["loss"].back().get<double>();
     const double pa = p["val_accuracy"].back().get<double>(), oa = o["val_accuracy"].back().get<double>();
     std::printf("%s: parameter_server loss %.5f val_accuracy %.4f; one_device loss %.5f val_accuracy %.4f\n", opt, pl,
                 pa, ol, oa);
-    EXPECT_LE(std::fabs(pl - ol), 0.05) << p.dump() << "\n" << o.dump();
-    EXPECT_LE(std::fabs(pa - oa), 0.03) << p.dump() << "\n" << o.dump();
+    EXPECT_LE(std::fabs(pl - ol), 0.02) << p.dump() << "\n" << o.dump();
+    EXPECT_LE(std::fabs(pa - oa), 0.01) << p.dump() << "\n" << o.dump();
   }
 }
 
@@ -320,6 +342,11 @@ TEST(TrainerPsTest, MisuseIsAClearErrorOnTheChief) {
   EXPECT_TRUE(has(r["fit_dataset"], "INVALID_ARGUMENT") && has(r["fit_dataset"], "strata::DatasetCreator") &&
               has(r["fit_dataset"], "STRATA_REGISTER_DATASET_FN"))
       << r["fit_dataset"];
+  EXPECT_TRUE(has(r["no_coordinator"], "FAILED_PRECONDITION") &&
+              has(r["no_coordinator"], "create the strata::ClusterCoordinator on the chief before"))
+      << r["no_coordinator"];
+  EXPECT_TRUE(has(r["checkpoint"], "UNIMPLEMENTED") && has(r["checkpoint"], "ModelCheckpoint"))
+      << r["checkpoint"];
   EXPECT_TRUE(has(r["no_steps"], "INVALID_ARGUMENT") && has(r["no_steps"], "steps_per_epoch must be set"))
       << r["no_steps"];
   EXPECT_TRUE(has(r["unknown_on_chief"], "NOT_FOUND") && has(r["unknown_on_chief"], "'no_such_model'") &&

@@ -61,6 +61,47 @@
 // callbacks that write or print (ProgressBar, CSVLogger, TensorBoard,
 // ModelCheckpoint) do so on the chief only.
 //
+// Models by name: STRATA_REGISTER_MODEL("name", factory) registers a
+// factory returning ModelParts (model + optimizer); Trainer(strategy,
+// "name") builds and owns them inside the strategy's scope. It works on
+// every strategy, so one program runs unchanged on all of them.
+//
+// parameter_server (Keras' fit with ParameterServerStrategy): on the chief,
+// make the ClusterCoordinator first, then Trainer(strategy, "name"), then
+// fit(DatasetCreator{"fn"}, options) with options.steps_per_epoch > 0.
+// While the factory and optimizer.build run, the chief records every
+// variable it creates on the ps tasks (model, then the optimizer's
+// iterations and slots: one copy, shared by every worker). Each worker runs
+// the registered dataset function "fn" once (its own input, batched by ONE
+// worker step's batch) and, on its first step, builds the same model with
+// the same factory under its own parameter_server strategy (the job
+// config's options, e.g. its "devices"), each variable attached to the
+// chief's in creation order; a different count, name, shape or dtype is
+// InvalidArgumentError naming both sides. The chief schedules one closure
+// per step; a worker trains on its next batch over its local replicas
+// (loss scale 1 / rows of its batch, gradients summed across its replicas,
+// one update applied on the ps) and returns its metrics' state; the chief
+// adds every step's state into its own metrics, so an epoch's logs cover
+// each step of the epoch exactly once. Workers train asynchronously (no
+// collective spans workers; Adam's slots are read and written without a
+// lock across workers, as in TF). Callbacks run on the chief only: batch
+// hooks as each step is scheduled, with empty logs (as Keras under
+// ParameterServerStrategy); epoch hooks after coordinator.join(), with the
+// epoch's logs and validation_data evaluated on the chief (a normal
+// Dataset; the model reads the ps variables). evaluate()/predict() run on
+// the chief. A worker's input ending (OutOfRangeError) ends training with
+// a warning; steps already queued are cancelled. Metrics are local to each
+// process (the Default strategy's), never on the ps. Refused under
+// parameter_server: fit(Dataset) (InvalidArgumentError: pass a
+// DatasetCreator), steps_per_epoch unset (InvalidArgumentError), no
+// ClusterCoordinator (FailedPreconditionError), a Trainer built from a
+// Model reference (workers need the name), ModelCheckpoint and
+// BackupAndRestoreCallback (UnimplementedError: Checkpoint holds local
+// variables only). A model a worker does not know: its closure's
+// NotFoundError, raised by fit on the chief. Worker and ps tasks run
+// strata::Server::from_env().join(); a worker's model and strategy are
+// dropped when its server stops.
+//
 // Errors: a model whose gradients do not match its variables, a dataset
 // without the model's components, fit with epochs <= initial_epoch (then
 // nothing runs, as Keras), steps_per_epoch == 0, validation_freq < 1, a
@@ -323,9 +364,9 @@ class STRATA_API Trainer {
   bool stop_training = false;
   /// How a layered model's gradients are reduced (set before fit).
   GradientReduction gradient_reduction;
-  /// parameter_server: the variables this trainer created on the ps tasks
-  /// (the model's, then the optimizer's iterations and slots), in creation
-  /// order, as workers bind to them; empty under the other strategies.
+  /// parameter_server, Trainer(strategy, "name"): the variables created on
+  /// the ps tasks (the model's, then the optimizer's iterations and slots),
+  /// in creation order, as workers bind to them; empty otherwise.
   std::vector<RemoteVariable> ps_variables() const;
   /// The metrics (loss first), for callbacks and custom steps.
   std::vector<Metric*> metrics();
