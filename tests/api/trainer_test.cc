@@ -624,6 +624,13 @@ TEST(TrainerTest, RegisteredModelByNameTrainsAsTheModelReference) {
   EXPECT_EQ(from_fn.history, want.history);
   EXPECT_EQ(weights(created), weights(ref));
   EXPECT_GT(from_fn.last("val_accuracy"), 0.9);
+  // Two replicas: each takes its own per-replica batch of 16 (global 32).
+  Strategy mirrored = Strategy::create("mirrored", devices(2));
+  Trainer two(mirrored, "trainer_test_softmax", {"accuracy"});
+  const History two_h = two.fit(DatasetCreator{"trainer_test_train"}, o);
+  EXPECT_EQ(two_h.history.at("loss").size(), 3u);
+  EXPECT_GT(two_h.last("val_accuracy"), 0.9);
+  EXPECT_EQ(two.optimizer().iterations(), ref.optimizer().iterations());  // 16 steps of 32 per epoch
   // Registry errors name the problem.
   EXPECT_THROW(register_model("trainer_test_softmax", [] { return ModelParts{}; }), AlreadyExistsError);
   try {
