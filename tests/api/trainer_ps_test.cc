@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -186,6 +187,19 @@ int chief(const std::string& scenario) {
         out["unknown_on_chief"] = err_text(e);
       }
       o.steps_per_epoch = 4;
+      {  // a model given by reference: workers cannot build it
+        std::optional<strata::Scope> scope(strategy.scope());
+        strata::test::SoftmaxModel model(kFeatures, kClasses, 1);
+        strata::SGD sgd(0.1);
+        strata::Trainer by_ref(strategy, model, sgd);
+        scope.reset();
+        try {
+          by_ref.fit(strata::DatasetCreator{"train_input"}, o);
+          out["by_reference"] = "no error";
+        } catch (const strata::Error& e) {
+          out["by_reference"] = err_text(e);
+        }
+      }
       {  // checkpoints hold this process's variables, not the ps tasks'
         strata::ModelCheckpoint ck("/nonexistent/trainer_ps_test");
         o.callbacks = {&ck};
@@ -345,6 +359,8 @@ TEST(TrainerPsTest, MisuseIsAClearErrorOnTheChief) {
   EXPECT_TRUE(has(r["no_coordinator"], "FAILED_PRECONDITION") &&
               has(r["no_coordinator"], "create the strata::ClusterCoordinator on the chief before"))
       << r["no_coordinator"];
+  EXPECT_TRUE(has(r["by_reference"], "INVALID_ARGUMENT") && has(r["by_reference"], "STRATA_REGISTER_MODEL"))
+      << r["by_reference"];
   EXPECT_TRUE(has(r["checkpoint"], "UNIMPLEMENTED") && has(r["checkpoint"], "ModelCheckpoint"))
       << r["checkpoint"];
   EXPECT_TRUE(has(r["no_steps"], "INVALID_ARGUMENT") && has(r["no_steps"], "steps_per_epoch must be set"))
