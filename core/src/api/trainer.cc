@@ -1018,10 +1018,16 @@ void Trainer::fit_ps_epochs(ClusterCoordinator* coordinator, const PerWorkerIter
       for (Callback* c : callbacks) c->on_train_batch_end(step, {});
       if (stop_training) break;
     }
-    try {
-      coordinator->join();
-    } catch (const Error& e) {
-      if (!data_ended(e)) throw;
+    // join() raises a worker's end of data once, while closures that other
+    // workers had already taken may still run: join until none does, so
+    // that every step that updated the variables is merged below.
+    for (int tries = 0;; ++tries) {
+      try {
+        coordinator->join();
+        break;
+      } catch (const Error& e) {
+        if (!data_ended(e) || tries > coordinator->num_workers()) throw;
+      }
     }
     // Every step that ran adds its state once: the epoch's logs cover all
     // of them (Keras logs one worker's last step).
