@@ -89,9 +89,13 @@ strata::Config load_config(const std::string& role) {
   if (role.empty()) {
     cfg.set("/strategy", R"({"name": "one_device", "options": {"device": "cpu:0"}})");
   } else {
+    // Variables split in 2 shards along axis 0 (the chief places them;
+    // workers bind to the shards).
     const bool two = role == "worker" && task_index() == 1;
-    cfg.set("/strategy", two ? R"({"name": "parameter_server", "options": {"devices": ["cpu:0", "cpu:1"]}})"
-                             : R"({"name": "parameter_server", "options": {"devices": ["cpu:0"]}})");
+    cfg.set("/strategy", two ? R"({"name": "parameter_server", "options": {"devices": ["cpu:0", "cpu:1"],
+                                   "variable_partitioner": {"name": "fixed_shards", "num_shards": 2}}})"
+                             : R"({"name": "parameter_server", "options": {"devices": ["cpu:0"],
+                                   "variable_partitioner": {"name": "fixed_shards", "num_shards": 2}}})");
   }
   strata::PluginHost::global().set_config(cfg.json());
   return cfg;
@@ -135,9 +139,13 @@ json train(strata::Strategy& strategy, const std::string& model) {
   out["iterations"] = trainer.optimizer().iterations();
   out["ps_variables"] = trainer.ps_variables().size();
   out["trainable"] = trainer.model().trainable_variables().size();
-  json tasks = json::array();
-  for (const strata::RemoteVariable& r : trainer.ps_variables()) tasks.push_back(r.shard_ps_task(0));
+  json tasks = json::array(), shards = json::array();
+  for (const strata::RemoteVariable& r : trainer.ps_variables()) {
+    tasks.push_back(r.shard_ps_task(0));
+    shards.push_back(r.num_shards());
+  }
   out["ps_tasks"] = tasks;
+  out["shards"] = shards;
   const strata::Logs test = trainer.evaluate(held_out());
   out["evaluate_accuracy"] = test.at("accuracy");
   out["predict_rows"] = trainer.predict(held_out()).shape()[0];
@@ -324,6 +332,7 @@ TEST(TrainerPsTest, FitTrainsAsynchronouslyMergesEveryStepAndSharesTheOptimizerS
     const int slots = std::string(opt) == "sgd" ? 1 : 2;
     EXPECT_EQ(p["ps_variables"], 2 + 2 * slots + 1) << p.dump();
     EXPECT_EQ(p["trainable"], 2);
+    EXPECT_EQ(p["shards"][0], 2) << p.dump();  // dense/kernel [8, 4]: fixed_shards(2)
     EXPECT_NE(p["ps_tasks"].dump().find('0'), std::string::npos) << p.dump();  // round robin over both ps tasks
     EXPECT_NE(p["ps_tasks"].dump().find('1'), std::string::npos) << p.dump();
     // Batch hooks run on the chief as each step is scheduled, with no logs.
