@@ -407,6 +407,10 @@ class STRATA_API Trainer {
           std::vector<RemoteVariable>* bind);
   void init(std::vector<std::string> metrics);
   bool parameter_server() const;
+  // What both fit paths do first: check the options they share, and list
+  // the callbacks, with a ProgressBar (kept in *bar) first unless one is
+  // there or options.verbose is false.
+  std::vector<Callback*> begin_fit(const FitOptions& options, std::unique_ptr<Callback>* bar);
   History fit_loop(DistributedDataset* dist, const FitOptions& options);
   History fit_ps(const DatasetCreator& creator, const FitOptions& options);
   void fit_ps_epochs(class ClusterCoordinator* coordinator, const class PerWorkerIterator& it,

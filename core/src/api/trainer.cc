@@ -603,26 +603,31 @@ void Trainer::prepare_steps() {
   }
 }
 
-History Trainer::fit_loop(DistributedDataset* distp, const FitOptions& options) {
-  DistributedDataset& dist = *distp;
-  STRATA_ENFORCE(options.steps_per_epoch == -1 || options.steps_per_epoch > 0, STRATA_ERR_INVALID_ARGUMENT,
-                 "Trainer::fit: steps_per_epoch must be -1 (until the data ends) or > 0; got ",
-                 options.steps_per_epoch);
+std::vector<Callback*> Trainer::begin_fit(const FitOptions& options, std::unique_ptr<Callback>* bar) {
   STRATA_ENFORCE(options.validation_freq >= 1, STRATA_ERR_INVALID_ARGUMENT,
                  "Trainer::fit: validation_freq must be >= 1; got ", options.validation_freq);
   STRATA_ENFORCE(options.initial_epoch >= 0, STRATA_ERR_INVALID_ARGUMENT,
                  "Trainer::fit: initial_epoch must be >= 0; got ", options.initial_epoch);
   if (options.validation_data) check_dataset(*options.validation_data, "fit (validation_data)");
   std::vector<Callback*> callbacks = options.callbacks;
-  std::unique_ptr<ProgressBar> bar;
   if (options.verbose && std::none_of(callbacks.begin(), callbacks.end(),
                                       [](Callback* c) { return dynamic_cast<ProgressBar*>(c) != nullptr; })) {
-    bar = std::make_unique<ProgressBar>();
-    callbacks.insert(callbacks.begin(), bar.get());
+    *bar = std::make_unique<ProgressBar>();
+    callbacks.insert(callbacks.begin(), bar->get());
   }
   for (Callback* c : callbacks) c->trainer_ = this;
-  prepare_steps();
   stop_training = false;
+  return callbacks;
+}
+
+History Trainer::fit_loop(DistributedDataset* distp, const FitOptions& options) {
+  DistributedDataset& dist = *distp;
+  STRATA_ENFORCE(options.steps_per_epoch == -1 || options.steps_per_epoch > 0, STRATA_ERR_INVALID_ARGUMENT,
+                 "Trainer::fit: steps_per_epoch must be -1 (until the data ends) or > 0; got ",
+                 options.steps_per_epoch);
+  std::unique_ptr<Callback> bar;
+  const std::vector<Callback*> callbacks = begin_fit(options, &bar);
+  prepare_steps();
   // The first epoch's iterator exists before on_train_begin, so that a
   // callback restoring a backup can put the input position into it.
   std::optional<DistributedIterator> it(dist.make_iterator());
@@ -926,13 +931,8 @@ History Trainer::fit_ps(const DatasetCreator& creator, const FitOptions& options
   STRATA_ENFORCE(options.steps_per_epoch > 0, STRATA_ERR_INVALID_ARGUMENT, "Trainer::fit under strategy '",
                  strategy_->name(), "': steps_per_epoch must be set (> 0), as Keras requires with "
                  "ParameterServerStrategy; got ", options.steps_per_epoch);
-  STRATA_ENFORCE(options.validation_freq >= 1, STRATA_ERR_INVALID_ARGUMENT,
-                 "Trainer::fit: validation_freq must be >= 1; got ", options.validation_freq);
-  STRATA_ENFORCE(options.initial_epoch >= 0, STRATA_ERR_INVALID_ARGUMENT,
-                 "Trainer::fit: initial_epoch must be >= 0; got ", options.initial_epoch);
   STRATA_ENFORCE(!creator.dataset_fn.empty(), STRATA_ERR_INVALID_ARGUMENT,
                  "Trainer::fit: the DatasetCreator names no dataset function");
-  if (options.validation_data) check_dataset(*options.validation_data, "fit (validation_data)");
   ClusterCoordinator* coordinator = ps_detail::current_coordinator_object();
   STRATA_ENFORCE(coordinator != nullptr, STRATA_ERR_FAILED_PRECONDITION, "Trainer::fit under strategy '",
                  strategy_->name(), "' needs a strata::ClusterCoordinator: create it on the chief before the "
@@ -942,15 +942,8 @@ History Trainer::fit_ps(const DatasetCreator& creator, const FitOptions& options
                    STRATA_ERR_UNIMPLEMENTED, "Trainer::fit under strategy '", strategy_->name(),
                    "': ModelCheckpoint and BackupAndRestoreCallback are not supported yet (a Checkpoint holds the "
                    "variables of this process, not the ones on the ps tasks); remove them from options.callbacks");
-  std::vector<Callback*> callbacks = options.callbacks;
-  std::unique_ptr<ProgressBar> bar;
-  if (options.verbose && std::none_of(callbacks.begin(), callbacks.end(),
-                                      [](Callback* c) { return dynamic_cast<ProgressBar*>(c) != nullptr; })) {
-    bar = std::make_unique<ProgressBar>();
-    callbacks.insert(callbacks.begin(), bar.get());
-  }
-  for (Callback* c : callbacks) c->trainer_ = this;
-  stop_training = false;
+  std::unique_ptr<Callback> bar;
+  const std::vector<Callback*> callbacks = begin_fit(options, &bar);
   global_step_ = 0;
   resume_.reset();
   // One pass over every worker's input across epochs (Keras: with
