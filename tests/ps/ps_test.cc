@@ -1077,6 +1077,14 @@ TEST(PsTest, LargeVariablesTravelAsBulkWithExactValuesAndNoTornReads) {
   EXPECT_EQ(r["big_pattern_ok"], true);
   EXPECT_NE(r["wrong_shape"].get<std::string>().find("variable 'big' is float32"), std::string::npos) << r.dump();
   EXPECT_EQ(r["big_after_error_ok"], true);
+  // The transport the job asked for is the one every process used
+  // (PsTest.OverLibfabric would otherwise pass silently over tcp).
+  const char* asked = std::getenv("STRATA_TRANSPORT");
+  const std::string want = std::string("', transport '") + (asked != nullptr && *asked ? asked : "tcp") + "'";
+  const std::string logs = c.logs();
+  std::size_t used = 0;
+  for (std::size_t at = logs.find(want); at != std::string::npos; at = logs.find(want, at + 1)) ++used;
+  EXPECT_EQ(used, 5u) << "the chief, 2 workers and 2 ps tasks should each log the runtime line with " << want << "\n" << logs;
 }
 
 TEST(PsTest, PsBlipShorterThanTheGraceIsToleratedWithExactValues) {
