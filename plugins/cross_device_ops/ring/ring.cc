@@ -36,6 +36,13 @@
 //   "diagnosis_timeout_s": how long a rank whose collective failed gathers
 //                  the other ranks' evidence before it decides (default 5)
 //
+// GPU tensors (kDLCUDA, in a CUDA build): every call stages them through
+// cached pinned host memory (gpu_staging.h: device to host, the host ring,
+// host to device), so RING works on GPU replicas as in tf.distribute, with
+// results bit-identical to host replicas. Several local replicas may share
+// one GPU. A started all-reduce of GPU tensors runs to completion in
+// all_reduce_start (no overlap); request_wait then only releases it.
+//
 // Culprit analysis: a failed collective is diagnosed with every other rank
 // through the store (ring_comm.h, diagnosis.h); every rank's error starts
 // with the same verdict, and with STRATA_TRACE_DIR set each writes
@@ -88,6 +95,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "gpu_staging.h"
 #include "ring_comm.h"
 #include "strata/sdk/kernels.hpp"
 #include "strata/sdk/local_cross_device_ops.hpp"
@@ -245,6 +253,10 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
 
   void all_reduce(strata_reduce_op op, uint32_t nt, uint32_t nr, const DLTensor* const* inputs,
                   DLTensor* const* outputs) override {
+    const size_t n = size_t(nt) * nr;
+    if (GpuStaging::any_gpu(inputs, n) || GpuStaging::any_gpu(outputs, n))
+      return staged(inputs, n, outputs, n,
+                    [&](const DLTensor* const* i, DLTensor* const* o) { all_reduce(op, nt, nr, i, o); });
     if (world_ == 1) return LocalCrossDeviceOps::all_reduce(op, nt, nr, inputs, outputs);
     validate_batch("all_reduce", nt, nr, inputs, outputs, nr);
     run([&] { batch(STRATA_COLL_ALL_REDUCE, op, nt, nr, inputs, outputs, nr); });
@@ -252,12 +264,18 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
 
   void reduce(strata_reduce_op op, uint32_t nt, uint32_t nr, const DLTensor* const* inputs,
               DLTensor* const* outputs) override {
+    if (GpuStaging::any_gpu(inputs, size_t(nt) * nr) || GpuStaging::any_gpu(outputs, nt))
+      return staged(inputs, size_t(nt) * nr, outputs, nt,
+                    [&](const DLTensor* const* i, DLTensor* const* o) { reduce(op, nt, nr, i, o); });
     if (world_ == 1) return LocalCrossDeviceOps::reduce(op, nt, nr, inputs, outputs);
     validate_batch("reduce", nt, nr, inputs, outputs, 1);
     run([&] { batch(STRATA_COLL_REDUCE, op, nt, nr, inputs, outputs, 1); });
   }
 
   void broadcast(const DLTensor& src, uint32_t nr, DLTensor* const* dsts) override {
+    const DLTensor* srcs[1] = {&src};
+    if (GpuStaging::any_gpu(srcs, 1) || GpuStaging::any_gpu(dsts, nr))
+      return staged(srcs, 1, dsts, nr, [&](const DLTensor* const* i, DLTensor* const* o) { broadcast(*i[0], nr, o); });
     if (world_ == 1) return LocalCrossDeviceOps::broadcast(src, nr, dsts);
     sdk::check_tensor(src, "broadcast source");
     if (nr == 0) STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "broadcast: num_replicas is 0");
@@ -284,6 +302,9 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
   }
 
   void all_gather(uint32_t nr, const DLTensor* const* inputs, int32_t axis, DLTensor* const* outputs) override {
+    if (GpuStaging::any_gpu(inputs, nr) || GpuStaging::any_gpu(outputs, nr))
+      return staged(inputs, nr, outputs, nr,
+                    [&](const DLTensor* const* i, DLTensor* const* o) { all_gather(nr, i, axis, o); });
     if (world_ == 1) return LocalCrossDeviceOps::all_gather(nr, inputs, axis, outputs);
     if (nr == 0) STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "all_gather: num_replicas is 0");
     const std::vector<int64_t> local = sdk::concat_shape(inputs, nr, axis);
@@ -348,6 +369,9 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
   }
 
   void reduce_scatter(strata_reduce_op op, uint32_t nr, const DLTensor* const* inputs, DLTensor* const* outputs) {
+    if (GpuStaging::any_gpu(inputs, nr) || GpuStaging::any_gpu(outputs, nr))
+      return staged(inputs, nr, outputs, nr,
+                    [&](const DLTensor* const* i, DLTensor* const* o) { reduce_scatter(op, nr, i, o); });
     if (world_ == 1) return LocalCrossDeviceOps::reduce_scatter(op, nr, inputs, outputs);
     if (nr == 0) STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "reduce_scatter: num_replicas is 0");
     for (uint32_t r = 0; r < nr; ++r) {
@@ -424,7 +448,12 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
                                         const DLTensor* const* inputs, DLTensor* const* outputs) {
     auto job = std::make_unique<Job>();
     requests_.reserve(requests_.size() + 1);
-    if (world_ == 1) {
+    const size_t n = size_t(nt) * nr;
+    if (GpuStaging::any_gpu(inputs, n) || GpuStaging::any_gpu(outputs, n)) {
+      // Staged: done here, after the started ones (all_reduce queues behind them).
+      all_reduce(op, nt, nr, inputs, outputs);
+      job->done = true;
+    } else if (world_ == 1) {
       LocalCrossDeviceOps::all_reduce(op, nt, nr, inputs, outputs);
       job->done = true;
     } else {
@@ -464,6 +493,20 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
   }
 
  private:
+  // Run `call` on host views of the GPU tensors among ins/outs (see
+  // gpu_staging.h); the views are host tensors, so `call` takes the host path.
+  template <class F>
+  void staged(const DLTensor* const* ins, size_t nin, DLTensor* const* outs, size_t nout, F&& call) {
+    GpuStaging::Views v = staging_.begin(ins, nin, outs, nout);
+    try {
+      call(v.in.data(), v.out.data());
+    } catch (...) {
+      staging_.abandon();
+      throw;
+    }
+    staging_.finish();
+  }
+
   // Run `fn` (one collective) in order after every started operation.
   template <class F>
   void run(F&& fn) {
@@ -814,6 +857,7 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
   std::string transport_label_;   // "'tcp' {}": the transport in use, for messages
   uint64_t swaps_ = 0;            // set_transport calls so far (strategy thread only)
   std::vector<float> half_tmp_;
+  GpuStaging staging_;  // GPU tensors' host copies (API thread only)
 
   std::mutex mu_;
   std::condition_variable cv_;
