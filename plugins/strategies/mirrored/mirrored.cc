@@ -2,9 +2,12 @@
 // MirroredStrategy: one replica per local device, each on its own thread;
 // ON_WRITE variables are mirrored (one copy per replica, kept equal at every
 // write). Options: {"devices": ["cpu:0", ...] (default ["cpu:0"]),
-// "cross_device_ops": {"name": ..., "options": {...}} (default
+// "cross_device_ops": {"name": ..., "options": {...}} (default: "nccl" when
+// every device is a GPU ("gpu:N" or "cuda:N") in a CUDA build, as
+// tf.distribute's MirroredStrategy picks NcclAllReduce on GPUs; else
 // "reduction_to_one_device", which is what TF picks when the devices are
-// CPUs), "timeout_s": 300}.
+// CPUs; an explicit cross_device_ops always wins), "timeout_s": 300}.
+// The choice is made from the device names in the options alone.
 //
 // With the in-process cross_device_ops (reduction_to_one_device,
 // hierarchical_copy, or "" = the SDK's built-in one) a large replica
@@ -12,11 +15,24 @@
 // ranges through its own instance (LocalStrategyConfig::split_all_reduce),
 // so no single thread reduces everything. Another cross_device_ops (a third
 // party's, or one that spans processes) is called once per all-reduce.
+#include "strata/config.h"
 #include "strata/sdk/local_strategy.hpp"
 #include "strata/sdk/options.hpp"
 
 namespace strata::plugins {
 namespace {
+
+// True when option 'devices' lists only GPUs ("gpu:N" / "cuda:N").
+bool all_gpu_devices(const nlohmann::json& o) {
+  const auto it = o.find("devices");
+  if (it == o.end() || !it->is_array() || it->empty()) return false;
+  for (const auto& d : *it) {
+    if (!d.is_string()) return false;
+    const std::string s = d.get<std::string>();
+    if (s.rfind("gpu:", 0) != 0 && s.rfind("cuda:", 0) != 0) return false;
+  }
+  return true;
+}
 
 sdk::LocalStrategyConfig make_config(const char* options_json) {
   const std::string comp = "mirrored strategy";
@@ -26,7 +42,10 @@ sdk::LocalStrategyConfig make_config(const char* options_json) {
   cfg.strategy_name = "mirrored";
   cfg.placement = sdk::VariablePlacement::kPerReplica;
   cfg.cross_device_ops = "reduction_to_one_device";
-  sdk::parse_common_options(o, cfg, /*allow_devices=*/true);
+#if STRATA_HAVE_CUDA
+  if (all_gpu_devices(o)) cfg.cross_device_ops = "nccl";
+#endif
+  sdk::parse_common_options(o, cfg, /*allow_devices=*/true);  // an explicit cross_device_ops replaces the default
   cfg.split_all_reduce = cfg.cross_device_ops.empty() || cfg.cross_device_ops == "reduction_to_one_device" ||
                          cfg.cross_device_ops == "hierarchical_copy";
   return cfg;

@@ -13,7 +13,13 @@
 //                                       core injects it; absent = one worker,
 //    "communication": {"implementation": "AUTO" | "RING" | "NCCL",
 //                      "bytes_per_pack": 0, "timeout_seconds": null}
-//                                       (tf.distribute.experimental.CommunicationOptions),
+//                                       (tf.distribute.experimental.CommunicationOptions;
+//                                       RING: the "ring" cross_device_ops over "transport";
+//                                       NCCL: the "nccl" cross_device_ops over the "nccl"
+//                                       transport, CUDA builds only, every device a GPU;
+//                                       AUTO: NCCL when this is a CUDA build and every
+//                                       device is "gpu:N"/"cuda:N", else RING. describe()
+//                                       reports the choice as "communication"),
 //    "cross_device_ops": {"name", "options"}   override (must span processes),
 //    "transport": {"name": "auto", "options": {...}}  what the ring runs over (default auto),
 //    "timeout_s": 300}                  collective deadline
@@ -40,6 +46,7 @@
 #include <string>
 #include <vector>
 
+#include "strata/config.h"
 #include "strata/sdk/local_strategy.hpp"
 #include "strata/sdk/options.hpp"
 
@@ -51,6 +58,19 @@ using nlohmann::json;
 constexpr const char* kComp = "multi_worker_mirrored strategy";
 
 std::atomic<uint64_t> g_instances{0};
+
+// True when option 'devices' lists only GPUs ("gpu:N" / "cuda:N"). Decided
+// from the names, so the choice does not depend on how the SDK parses them.
+bool all_gpu_devices(const json& o) {
+  const auto it = o.find("devices");
+  if (it == o.end() || !it->is_array() || it->empty()) return false;
+  for (const auto& d : *it) {
+    if (!d.is_string()) return false;
+    const std::string s = d.get<std::string>();
+    if (s.rfind("gpu:", 0) != 0 && s.rfind("cuda:", 0) != 0) return false;
+  }
+  return true;
+}
 
 // This process's place in the collective group.
 struct Placement {
@@ -172,15 +192,28 @@ sdk::LocalStrategyConfig make_config(const char* options_json) {
       STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'communication.timeout_seconds' of ", kComp,
                    " must be a number of seconds in (0, 1e7] or null; got ", comm.at("timeout_seconds").dump());
   }
+  if (impl != "AUTO" && impl != "RING" && impl != "NCCL")
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'communication.implementation' of ", kComp,
+                 " must be \"AUTO\", \"RING\" or \"NCCL\"; got \"", impl, "\"");
+  const bool all_gpu = all_gpu_devices(o);
+#if STRATA_HAVE_CUDA
+  if (impl == "NCCL" && !all_gpu)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, kComp,
+                 ": communication implementation NCCL needs every replica on a GPU, but option 'devices' is ",
+                 o.value("devices", json::array({"cpu:0"})).dump(),
+                 "; list GPUs (\"devices\": [\"gpu:0\", ...]) or use \"AUTO\" or \"RING\" for CPU devices");
+  const std::string chosen = impl == "AUTO" ? (all_gpu ? "NCCL" : "RING") : impl;
+#else
   if (impl == "NCCL")
     STRATA_THROW(STRATA_ERR_UNIMPLEMENTED, kComp,
                  ": communication implementation NCCL needs a CUDA build; this build has host devices "
                  "only: use \"AUTO\" or \"RING\"");
-  if (impl != "AUTO" && impl != "RING")
-    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'communication.implementation' of ", kComp,
-                 " must be \"AUTO\", \"RING\" or \"NCCL\"; got \"", impl, "\"");
+  (void)all_gpu;
+  const std::string chosen = "RING";
+#endif
 
-  json transport = o.value("transport", json{{"name", "auto"}});
+  // NCCL runs over the "nccl" transport unless one is named.
+  json transport = o.value("transport", json{{"name", chosen == "NCCL" ? "nccl" : "auto"}});
   if (transport.is_string()) transport = json{{"name", transport}};
   if (!transport.is_object() || !transport.contains("name") || !transport.at("name").is_string())
     STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'transport' of ", kComp,
@@ -194,12 +227,12 @@ sdk::LocalStrategyConfig make_config(const char* options_json) {
   cfg.is_chief = p.is_chief;
   cfg.describe_extra = json{{"task_type", p.task_type},
                             {"task_id", p.task_id},
-                            {"communication", impl == "AUTO" ? "RING" : impl}};
+                            {"communication", chosen}};
 
   // The cross-process CrossDeviceOps: rank, world size and communicator
   // always come from the cluster; the rest from the options unless the
   // override sets them.
-  if (!cdo_override) cfg.cross_device_ops = "ring";
+  if (!cdo_override) cfg.cross_device_ops = chosen == "NCCL" ? "nccl" : "ring";
   json cdo = json::parse(cfg.cross_device_ops_options);
   cdo["rank"] = p.rank;
   cdo["world_size"] = p.world;
