@@ -692,9 +692,17 @@ class NcclCrossDeviceOps : public sdk::CrossDeviceOpsBase {
  private:
   // all_reduce with no tensors: a barrier across processes.
   void barrier(uint32_t) {
-    if (world_ == 1 || last_devices_.empty()) return;
+    if (world_ == 1) return;
     DeviceGuard guard;
-    LocalGroup& g = group(last_devices_);
+    std::vector<int> devs = last_devices_;
+    if (devs.empty()) {
+      // A barrier before any tensor: the calling thread's current device.
+      visible_devices();
+      int cur = 0;
+      cuda_check(cudaGetDevice(&cur), "cudaGetDevice");
+      devs.push_back(cur);
+    }
+    LocalGroup& g = group(devs);
     g.scratch[0]->reserve(256);
     strata_comm_t c = transport_comm(g);
     strata_error err;
@@ -810,34 +818,50 @@ class NcclCrossDeviceOps : public sdk::CrossDeviceOpsBase {
     }
     // Across processes: local reduce onto replica 0, transport, local broadcast.
     const double n_all = double(world_) * nr;
-    std::vector<ncclRedOp_t> premul(nr * items.size(), ncclSum);
-    std::vector<bool> made(premul.size(), false);
-    nccl_check(ncclGroupStart(), "ncclGroupStart");
-    for (size_t i = 0; i < items.size(); ++i) {
-      const Item& it = items[i];
-      if (it.count == 0) continue;
-      const ncclDataType_t type = nccl_type(it.dtype, what);
-      for (uint32_t r = 0; r < nr; ++r) {
-        ncclRedOp_t o = local_op(op);
-        if (op == STRATA_REDUCE_MEAN) {
-          o = ncclSum;
-          if (is_float_type(it.dtype)) {
-            std::vector<unsigned char> s = reciprocal(it.dtype, n_all);
-            nccl_check(ncclRedOpCreatePreMulSum(&premul[i * nr + r], s.data(), type, ncclScalarHostImmediate,
+    // MEAN of floating types: every input pre-multiplied by 1/(world * nr)
+    // (ncclAvg's arithmetic over all replicas); the operators are made
+    // before the group and destroyed once it has been enqueued (this block;
+    // nothing in it drops the group).
+    {
+      std::vector<ncclRedOp_t> premul(nr * items.size(), ncclSum);
+      std::vector<bool> made(premul.size(), false);
+      struct Destroy {
+        std::vector<ncclRedOp_t>& ops;
+        std::vector<bool>& made;
+        LocalGroup& g;
+        uint32_t nr;
+        ~Destroy() {
+          for (size_t k = 0; k < ops.size(); ++k)
+            if (made[k] && g.comms[k % nr] != nullptr) ncclRedOpDestroy(ops[k], g.comms[k % nr]);
+        }
+      } destroy{premul, made, g, nr};
+      if (op == STRATA_REDUCE_MEAN)
+        for (size_t i = 0; i < items.size(); ++i) {
+          if (items[i].count == 0 || !is_float_type(items[i].dtype)) continue;
+          const ncclDataType_t type = nccl_type(items[i].dtype, what);
+          std::vector<unsigned char> scalar = reciprocal(items[i].dtype, n_all);
+          for (uint32_t r = 0; r < nr; ++r) {
+            nccl_check(ncclRedOpCreatePreMulSum(&premul[i * nr + r], scalar.data(), type, ncclScalarHostImmediate,
                                                 g.comms[r]),
                        "ncclRedOpCreatePreMulSum", g.comms[r]);
             made[i * nr + r] = true;
-            o = premul[i * nr + r];
           }
         }
-        nccl_check(ncclReduce(it.src[r], it.dst[r], it.count, type, o, 0, g.comms[r], g.streams[r]), "ncclReduce",
-                   g.comms[r]);
+      nccl_check(ncclGroupStart(), "ncclGroupStart");
+      for (size_t i = 0; i < items.size(); ++i) {
+        const Item& it = items[i];
+        if (it.count == 0) continue;
+        const ncclDataType_t type = nccl_type(it.dtype, what);
+        for (uint32_t r = 0; r < nr; ++r) {
+          const ncclRedOp_t o = made[i * nr + r] ? premul[i * nr + r]
+                                : op == STRATA_REDUCE_MEAN ? ncclSum
+                                                           : local_op(op);
+          nccl_check(ncclReduce(it.src[r], it.dst[r], it.count, type, o, 0, g.comms[r], g.streams[r]), "ncclReduce",
+                     g.comms[r]);
+        }
       }
+      nccl_check(ncclGroupEnd(), (std::string("ncclGroupEnd (") + what + ")").c_str());
     }
-    const ncclResult_t ge = ncclGroupEnd();
-    for (size_t k = 0; k < premul.size(); ++k)
-      if (made[k]) ncclRedOpDestroy(premul[k], g.comms[k % nr]);
-    nccl_check(ge, (std::string("ncclGroupEnd (") + what + ")").c_str());
     strata_comm_t c = transport_comm(g);
     cuda_check(cudaSetDevice(g.devices[0]), "cudaSetDevice");
     const uint32_t top = op == STRATA_REDUCE_MEAN ? uint32_t(STRATA_REDUCE_SUM) : uint32_t(op);
