@@ -25,12 +25,13 @@
 // tensors are INVALID_ARGUMENT pointing to "ring" (which stages GPU tensors
 // through pinned memory and accepts several replicas per device). One NCCL
 // communicator per device is made with ncclCommInitAll over the replicas'
-// devices, in replica order, and cached per device list with a
-// non-blocking stream per device.
+// devices, in replica order, and cached per device list with a stream per
+// device (a blocking one, ordered after the legacy default stream).
 //
 // Streams and blocking. Every call is blocking, as the ABI says: the caller
 // must have finished the work that writes the inputs (synchronised the
-// streams that produced them) before the call; the collectives run on this
+// streams that produced them, unless that is the legacy default stream)
+// before the call; the collectives run on this
 // instance's streams, and the call returns once they are done, so outputs
 // are ready for any stream. The wait polls cudaStreamQuery and
 // ncclCommGetAsyncError; at the deadline it aborts the communicators
@@ -241,7 +242,9 @@ struct LocalGroup {
     for (int d : devs) {
       cuda_check(cudaSetDevice(d), "cudaSetDevice");
       cudaStream_t s = nullptr;
-      cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+      // A blocking stream: it also waits for work the caller left on the
+      // device's legacy default stream.
+      cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamDefault), "cudaStreamCreate");
       streams.push_back(s);
       scratch.push_back(std::make_unique<DeviceBuffer>());
       scratch.back()->device = d;
