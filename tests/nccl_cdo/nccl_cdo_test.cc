@@ -13,10 +13,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -179,6 +181,11 @@ class Cdo {
     auto o = ptrs(out);
     return call([&](strata_error* e) { return vt_->reduce_scatter(h_, op, uint32_t(in.size()), i.data(), o.data(), e); });
   }
+  Status barrier() {
+    const DLTensor* i = nullptr;
+    DLTensor* o = nullptr;
+    return call([&](strata_error* e) { return vt_->all_reduce(h_, STRATA_REDUCE_SUM, 0, 1, &i, &o, e); });
+  }
 
  private:
   static std::vector<const DLTensor*> cptrs(const std::vector<Tensor*>& v) {
@@ -219,6 +226,8 @@ Status create_status(const std::string& options) {
 double value(int replica, int tensor, size_t i) { return double((i * 7 + size_t(replica) * 4 + size_t(tensor) * 3) % 13); }
 
 // ============================================================ no GPU ===
+// (The cross-process tests at the end create the "nccl" transport, which
+// another plugin provides; they skip themselves without it.)
 
 class NcclCdoTest : public ::testing::Test {
  protected:
@@ -496,6 +505,108 @@ TEST_F(NcclCdoGpuTest, TwoGpusAllReduceBatchBroadcastGatherScatter) {
   EXPECT_EQ(r0.get(1), 11.0);
   EXPECT_EQ(r1.get(0), 22.0);
   EXPECT_EQ(r1.get(1), 33.0);
+}
+
+// ======================================================= across processes ===
+
+// world_size ranks as threads of this process (the host's in-process store
+// serves the rendezvous), each with `nr` replicas on GPUs of its own, over
+// the "nccl" transport: the hierarchical path (local NCCL reduce, the
+// transport's all-reduce, local broadcast). Needs world * nr GPUs (NCCL
+// cannot put two ranks on one GPU) and the nccl transport plugin.
+void run_cross_process(int world, int nr) {
+  try {
+    PluginHost::global().create(STRATA_KIND_TRANSPORT, "nccl", "{}");
+  } catch (const Error& e) {
+    GTEST_SKIP() << "the nccl transport plugin is not available: " << e.what();
+  }
+  static std::atomic<int> comm_id{0};
+  const std::string comm = "nccl-cdo-test-" + std::to_string(comm_id++);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world; ++rank)
+    threads.emplace_back([&, rank] {
+      try {
+        Cdo c(json{{"rank", rank}, {"world_size", world}, {"communicator", comm}, {"transport", "nccl"},
+                   {"timeout_s", 60}}
+                  .dump());
+        auto gpu = [&](int r) { return rank * nr + r; };
+        const int n_all = world * nr;
+        // all_reduce SUM and MEAN, float32 and int32, packed together
+        for (uint32_t op : {STRATA_REDUCE_SUM, STRATA_REDUCE_MEAN}) {
+          std::vector<std::unique_ptr<Tensor>> keep;
+          std::vector<Tensor*> in, out;
+          for (int t = 0; t < 4; ++t)
+            for (int r = 0; r < nr; ++r) {
+              const DLDataType d = t % 2 == 0 ? kF32 : kI32;
+              keep.push_back(std::make_unique<Tensor>(d, std::vector<int64_t>{int64_t(33 + 100 * t)}, gpu(r)));
+              keep.back()->fill([&, t, r](size_t i) { return value(gpu(r), t, i); });
+              in.push_back(keep.back().get());
+              keep.push_back(std::make_unique<Tensor>(d, std::vector<int64_t>{int64_t(33 + 100 * t)}, gpu(r)));
+              out.push_back(keep.back().get());
+            }
+          const Status s = c.all_reduce(op, in, out, uint32_t(nr));
+          ASSERT_EQ(s.code, STRATA_OK) << "rank " << rank << ": " << s.message;
+          for (size_t k = 0; k < out.size(); ++k) {
+            out[k]->download();
+            const int t = int(k) / nr;
+            for (size_t i = 0; i < out[k]->count(); ++i) {
+              double sum = 0;
+              for (int g = 0; g < n_all; ++g) sum += value(g, t, i);
+              double want = sum;
+              if (op == STRATA_REDUCE_MEAN) want = t % 2 == 0 ? sum / n_all : double(int64_t(sum) / n_all);
+              ASSERT_EQ(out[k]->get(i), want) << "rank " << rank << " tensor " << t << " element " << i;
+            }
+          }
+        }
+        // broadcast of rank 0's source to every replica of every rank
+        Tensor src(kF64, {40}, gpu(0));
+        src.fill([&](size_t i) { return value(rank, 7, i); });
+        std::vector<std::unique_ptr<Tensor>> dst;
+        std::vector<Tensor*> dp;
+        for (int r = 0; r < nr; ++r) {
+          dst.push_back(std::make_unique<Tensor>(kF64, std::vector<int64_t>{40}, gpu(r)));
+          dp.push_back(dst.back().get());
+        }
+        Status s = c.broadcast(src, dp);
+        ASSERT_EQ(s.code, STRATA_OK) << s.message;
+        for (Tensor* x : dp) {
+          x->download();
+          for (size_t i = 0; i < 40; ++i) ASSERT_EQ(x->get(i), value(0, 7, i));
+        }
+        // all_gather along axis 0 in (rank, replica) order
+        std::vector<std::unique_ptr<Tensor>> gi, go;
+        std::vector<Tensor*> gin, gout;
+        for (int r = 0; r < nr; ++r) {
+          gi.push_back(std::make_unique<Tensor>(kI64, std::vector<int64_t>{3}, gpu(r)));
+          gi.back()->fill([&, r](size_t i) { return double(100 * gpu(r) + int(i)); });
+          gin.push_back(gi.back().get());
+          go.push_back(std::make_unique<Tensor>(kI64, std::vector<int64_t>{int64_t(3 * n_all)}, gpu(r)));
+          gout.push_back(go.back().get());
+        }
+        s = c.all_gather(gin, 0, gout);
+        ASSERT_EQ(s.code, STRATA_OK) << s.message;
+        for (Tensor* x : gout) {
+          x->download();
+          for (size_t i = 0; i < x->count(); ++i) ASSERT_EQ(x->get(i), double(100 * int(i / 3) + int(i % 3)));
+        }
+        // a barrier (an all_reduce of no tensors)
+        s = c.barrier();
+        EXPECT_EQ(s.code, STRATA_OK) << s.message;
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "rank " << rank << ": " << e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+}
+
+TEST_F(NcclCdoGpuTest, TwoRanksOverTheNcclTransportOneGpuEach) {
+  REQUIRE_GPUS(2);
+  run_cross_process(2, 1);
+}
+
+TEST_F(NcclCdoGpuTest, TwoRanksOverTheNcclTransportTwoGpusEach) {
+  REQUIRE_GPUS(4);
+  run_cross_process(2, 2);
 }
 
 }  // namespace
