@@ -23,7 +23,8 @@ namespace strata::plugins {
 namespace {
 
 // True when option 'devices' lists only GPUs ("gpu:N" / "cuda:N").
-bool all_gpu_devices(const nlohmann::json& o) {
+// (Used only in a CUDA build.)
+[[maybe_unused]] bool all_gpu_devices(const nlohmann::json& o) {
   const auto it = o.find("devices");
   if (it == o.end() || !it->is_array() || it->empty()) return false;
   for (const auto& d : *it) {
