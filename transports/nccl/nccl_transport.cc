@@ -42,7 +42,7 @@ std::string cuda_error_text(cudaError_t e) { return str_cat(cudaGetErrorName(e),
 
 std::string visible_devices_text() {
   const char* v = std::getenv("CUDA_VISIBLE_DEVICES");
-  return v == nullptr ? std::string("CUDA_VISIBLE_DEVICES is unset") : str_cat("CUDA_VISIBLE_DEVICES='", v, "'");
+  return v == nullptr ? std::string("CUDA_VISIBLE_DEVICES (unset)") : str_cat("CUDA_VISIBLE_DEVICES='", v, "'");
 }
 
 std::string cuda_version_text(int v) { return str_cat(v / 1000, ".", (v % 1000) / 10); }
@@ -60,7 +60,7 @@ int visible_gpu_count(const std::string& who) {
                e == cudaSuccess ? std::string("0 devices") : cuda_error_text(e),
                "); check that `nvidia-smi` lists a GPU, that the NVIDIA driver is loaded and supports CUDA ",
                cuda_version_text(runtime), ", and that ", visible_devices_text(),
-               " names one; for host memory use the tcp or libfabric transport");
+               " does not hide it; for host memory use the tcp or libfabric transport");
 }
 
 std::string dtype_name(DLDataType t) {
