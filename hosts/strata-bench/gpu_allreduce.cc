@@ -343,7 +343,9 @@ int run_gpu_allreduce(const MultiProcOptions& o, int rank) {
     DeviceMem send(bytes, device), recv(bytes, device);
     const std::vector<char> input = fill(d, count, rank);
     std::vector<char> output(bytes);
-    cuda_check(cudaMemcpy(send.get(), input.data(), bytes, cudaMemcpyHostToDevice), "uploading the input");
+    // On `stream`, so every later operation on it sees the whole input.
+    cuda_check(cudaMemcpyAsync(send.get(), input.data(), bytes, cudaMemcpyHostToDevice, stream), "uploading the input");
+    sync_stream(stream, raw.get(), Clock::now() + timeout, "uploading the input");
 
     auto strata_op = [&] { strata.all_reduce(send.get(), recv.get(), count, d.dl, o.blocking ? nullptr : stream); };
     auto raw_op = [&](Clock::time_point deadline) {
@@ -360,7 +362,9 @@ int run_gpu_allreduce(const MultiProcOptions& o, int rank) {
       if (strata_path) strata_op();
       else raw_op(deadline);
       sync_stream(stream, raw.get(), deadline, what);
-      cuda_check(cudaMemcpy(output.data(), recv.get(), bytes, cudaMemcpyDeviceToHost), "downloading the result");
+      cuda_check(cudaMemcpyAsync(output.data(), recv.get(), bytes, cudaMemcpyDeviceToHost, stream),
+                 "downloading the result");
+      sync_stream(stream, raw.get(), deadline, "downloading the result");
       return static_cast<std::int64_t>(
           reduce_scalar(static_cast<double>(count_wrong(d, output, count, n)), ncclSum, "summing the wrong counts"));
     };

@@ -16,6 +16,9 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "bench_runner.h"
 
 #include "strata/error.hpp"
 #include "strata/plugin_host.hpp"
@@ -87,8 +90,15 @@ std::vector<char> to_host(const void* dev, size_t bytes) {
   EXPECT_EQ(cudaMemcpy(h.data(), dev, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
   return h;
 }
+// cudaMemcpy from pageable memory may return before its DMA finished, and
+// cudaMemset is asynchronous: both are finished before a collective runs.
 void to_device(void* dev, const std::vector<char>& h) {
   EXPECT_EQ(cudaMemcpy(dev, h.data(), h.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+void set_device(void* dev, int byte, size_t bytes) {
+  EXPECT_EQ(cudaMemset(dev, byte, bytes), cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
 struct DType {
@@ -214,7 +224,7 @@ TEST(NcclGpuTest, AllReduceEveryOpAndDtypeWorldOne) {
       ASSERT_NE(send.get(), nullptr);
       ASSERT_NE(recv.get(), nullptr);
       to_device(send.get(), in);
-      CUDA_OK(cudaMemset(recv.get(), 0xAB, bytes));
+      set_device(recv.get(), 0xAB, bytes);
       // Out of place: world 1 reduces one value, so every op returns it.
       all_reduce(one.rank, send.get(), recv.get(), count, d.dl, op.op);
       EXPECT_EQ(to_host(recv.get(), bytes), in);
@@ -236,7 +246,7 @@ TEST(NcclGpuTest, StreamOrderedAllReduceOnTheCallersStream) {
   DeviceBuffer send(0, in.size()), recv(0, in.size());
   ASSERT_NE(send.get(), nullptr);
   ASSERT_NE(recv.get(), nullptr);
-  CUDA_OK(cudaMemset(recv.get(), 0, in.size()));
+  set_device(recv.get(), 0, in.size());
   cudaStream_t s = nullptr;
   CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   // Upload, all-reduce and download are all queued on `s`; only stream
@@ -269,13 +279,13 @@ TEST(NcclGpuTest, BroadcastAllGatherReduceScatterWorldOne) {
     ASSERT_NE(send.get(), nullptr);
     ASSERT_NE(recv.get(), nullptr);
     to_device(send.get(), in);
-    CUDA_OK(cudaMemset(recv.get(), 0x5A, bytes));
+    set_device(recv.get(), 0x5A, bytes);
     broadcast(one.rank, send.get(), recv.get(), count, d.dl, 0);
     EXPECT_EQ(to_host(recv.get(), bytes), in) << "broadcast";
-    CUDA_OK(cudaMemset(recv.get(), 0x5A, bytes));
+    set_device(recv.get(), 0x5A, bytes);
     all_gather(one.rank, send.get(), recv.get(), count, d.dl);
     EXPECT_EQ(to_host(recv.get(), bytes), in) << "all_gather";
-    CUDA_OK(cudaMemset(recv.get(), 0x5A, bytes));
+    set_device(recv.get(), 0x5A, bytes);
     reduce_scatter(one.rank, send.get(), recv.get(), count, d.dl, STRATA_REDUCE_SUM);
     EXPECT_EQ(to_host(recv.get(), bytes), in) << "reduce_scatter";
     // In place: broadcast send == recv; all_gather send == recv + rank * count.
@@ -393,6 +403,7 @@ TEST(NcclGpuTest, TwoRanksSumMeanAndGather) {
     for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>(rank + 1) * static_cast<float>(i % 13);
     DeviceBuffer send(rank, count * 4), recv(rank, count * 8);
     ASSERT_EQ(cudaMemcpy(send.get(), in.data(), count * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     all_reduce(r, send.get(), recv.get(), count, kF32, STRATA_REDUCE_SUM);
     ASSERT_EQ(cudaMemcpy(out.data(), recv.get(), count * 4, cudaMemcpyDeviceToHost), cudaSuccess);
     size_t wrong = 0;
@@ -438,6 +449,38 @@ TEST(NcclGpuTest, TwoRanksMissingPeerHitsTheDeadline) {
   });
   EXPECT_TRUE(contains(error, "all_reduce #1 of communicator '" + name + "'")) << error;
   EXPECT_LT(took, std::chrono::seconds(30)) << error;
+}
+
+// strata-bench allreduce --device gpu at world 1: both paths give the right
+// sums and every figure is there (the bench's own check, as JSON).
+TEST(NcclGpuBenchTest, AllReduceBenchRunsAndChecksWorldOne) {
+  REQUIRE_GPUS(1);
+  const test::BenchRun r = test::run_strata_bench(
+      "allreduce --device gpu -n 1 --sizes 4K,1M --repeats 1 --iters 5 --timeout 60 --json", 240);
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  const nlohmann::json doc = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_TRUE(doc.is_object()) << r.out;
+  const auto& results = doc["results"];
+  ASSERT_EQ(results.size(), 2u) << r.out;
+  for (const auto& row : results) {
+    EXPECT_EQ(row["ranks"], 1) << row.dump();
+    EXPECT_EQ(row["wrong_strata"], 0) << row.dump();
+    EXPECT_EQ(row["wrong_raw"], 0) << row.dump();
+    EXPECT_GT(row["strata_time_us"].get<double>(), 0.0) << row.dump();
+    EXPECT_GT(row["raw_time_us"].get<double>(), 0.0) << row.dump();
+    EXPECT_GT(row["strata_algbw_gbps"].get<double>(), 0.0) << row.dump();
+    EXPECT_EQ(row["strata_busbw_gbps"].get<double>(), 0.0) << row.dump();  // world 1
+  }
+  EXPECT_EQ(results[0]["bytes"], 4096);
+  EXPECT_EQ(results[1]["bytes"], 1 << 20);
+  // The blocking variant, as text: the header and one row with wrong = 0.
+  const test::BenchRun t = test::run_strata_bench(
+      "allreduce --device gpu -n 1 --sizes 64K --repeats 1 --iters 5 --timeout 60 --blocking", 240);
+  ASSERT_EQ(t.status, 0) << t.out << t.err;
+  EXPECT_TRUE(contains(t.out, "strata/raw")) << t.out;
+  EXPECT_TRUE(contains(t.out, "blocking")) << t.out;
+  EXPECT_TRUE(contains(t.out, "64K")) << t.out;
+  EXPECT_TRUE(contains(t.out, "float32")) << t.out;
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 
 #include <gtest/gtest.h>
 
+#include "bench_runner.h"
 #include "nccl_rendezvous.h"
 #include "strata/error.hpp"
 #include "strata/plugin_host.hpp"
@@ -227,6 +228,21 @@ TEST(NcclRendezvousTest, ForeignValueUnderTheKeyIsDataLoss) {
       EXPECT_TRUE(contains(e.what(), "9 bytes")) << e.what();
     }
   });
+}
+
+TEST(NcclBenchTest, GpuBenchWithoutGpuFailsClearly) {
+  if (gpu_visible()) GTEST_SKIP() << "a CUDA device is visible: this test is for machines without one";
+  for (const char* args : {"allreduce --device gpu --sizes 4K", "allreduce --device gpu -n 1 --sizes 4K",
+                           "allreduce --device gpu -n 2 --sizes 4K --json"}) {
+    SCOPED_TRACE(args);
+    const auto t0 = Clock::now();
+    const test::BenchRun r = test::run_strata_bench(args, 60);
+    EXPECT_NE(r.status, 0) << r.out << r.err;
+    EXPECT_NE(r.status, 124) << "strata-bench hung without a GPU";
+    EXPECT_TRUE(contains(r.err, "no GPU is visible")) << r.err;
+    EXPECT_TRUE(contains(r.err, "nvidia-smi")) << r.err;
+    EXPECT_LT(Clock::now() - t0, std::chrono::seconds(30));
+  }
 }
 
 }  // namespace

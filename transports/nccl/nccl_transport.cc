@@ -358,7 +358,10 @@ class NcclComm : public sdk::CommBase {
 
 void NcclComm::setup(const std::string& id, Clock::time_point deadline, int64_t timeout_ms) {
   DeviceGuard guard(device_);
-  const cudaError_t e = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
+  // A blocking stream: collectives called without a stream are ordered
+  // after the caller's work on the legacy default stream (cudaMemcpy,
+  // cudaMemset), as a caller who passes no stream expects.
+  const cudaError_t e = cudaStreamCreateWithFlags(&stream_, cudaStreamDefault);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
     stream_ = nullptr;
