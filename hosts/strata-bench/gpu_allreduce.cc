@@ -76,7 +76,8 @@ const GpuDType& gpu_dtype(const std::string& name) {
   };
   for (const GpuDType& d : kTypes)
     if (name == d.name) return d;
-  STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "--dtype ", name, " is not supported: use float32, float64, int32 or int64");
+  STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "--dtype ", name,
+               " is not supported: use float32, float64, int32 or int64");
 }
 
 // Rank r contributes r + 1 + j % 5 at element j, so the sum over n ranks is
@@ -272,7 +273,8 @@ int gpu_count_or_throw() {
   STRATA_THROW(STRATA_ERR_FAILED_PRECONDITION, "--device gpu: no GPU is visible to this process (cudaGetDeviceCount: ",
                e == cudaSuccess ? std::string("0 devices") : cuda_text(e),
                "); check that `nvidia-smi` lists a GPU, that the NVIDIA driver is loaded, and that ",
-               visible == nullptr ? std::string("CUDA_VISIBLE_DEVICES (unset)") : str_cat("CUDA_VISIBLE_DEVICES='", visible, "'"),
+               visible == nullptr ? std::string("CUDA_VISIBLE_DEVICES (unset)")
+                                  : str_cat("CUDA_VISIBLE_DEVICES='", visible, "'"),
                " does not hide it; or run the CPU benchmark (--device cpu)");
 }
 
@@ -385,7 +387,8 @@ int run_gpu_allreduce(const MultiProcOptions& o, int rank) {
         else raw_op(deadline);
       }
       sync_stream(stream, raw.get(), deadline, what);
-      const double dt = std::chrono::duration<double>(Clock::now() - t0).count() / static_cast<double>(std::max<std::int64_t>(ops, 1));
+      const double dt = std::chrono::duration<double>(Clock::now() - t0).count() /
+                        static_cast<double>(std::max<std::int64_t>(ops, 1));
       return reduce_scalar(dt, ncclMax, "the maximum of the batch times");
     };
     (void)batch(true, warmup);

@@ -34,7 +34,8 @@ std::string exchange_unique_id(const sdk::Host& host, const std::string& name, i
     got = host.store_get(unique_id_key(name), std::max<int64_t>(left_ms(), 1000));
   } catch (const Error& e) {
     if (e.code() != STRATA_ERR_DEADLINE_EXCEEDED) throw;
-    STRATA_THROW(STRATA_ERR_DEADLINE_EXCEEDED, who, ": rank 0 passed the rendezvous but its NCCL unique id (store key '",
+    STRATA_THROW(STRATA_ERR_DEADLINE_EXCEEDED, who,
+                 ": rank 0 passed the rendezvous but its NCCL unique id (store key '",
                  unique_id_key(name), "') never appeared within ", timeout_ms,
                  " ms; is another job using the communicator name '", name, "' with this store?");
   }

@@ -82,7 +82,7 @@ struct NcclType {
   uint64_t bytes;
 };
 
-NcclType nccl_type(DLDataType t, const std::string& what) {
+NcclType nccl_type(DLDataType t, const char* op_name, const std::string& who) {
   if (t.lanes == 1) {
     switch (t.code) {
       case kDLFloat:
@@ -107,7 +107,7 @@ NcclType nccl_type(DLDataType t, const std::string& what) {
         break;
     }
   }
-  STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, what, ": dtype ", dtype_name(t),
+  STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, op_name, " of ", who, ": dtype ", dtype_name(t),
                " is not supported by NCCL; use float16, bfloat16, float32, float64, int8, int32, int64, uint8, "
                "uint32 or uint64 (convert other types first)");
 }
@@ -157,7 +157,8 @@ strata_status_t status_of(ncclResult_t r) {
 
 std::string nccl_error_text(ncclResult_t r, ncclComm_t comm) {
   const char* last = ncclGetLastError(comm);
-  return str_cat("NCCL error ", ncclGetErrorString(r), last != nullptr && last[0] != '\0' ? str_cat(" (", last, ")") : "",
+  return str_cat("NCCL error ", ncclGetErrorString(r),
+                 last != nullptr && last[0] != '\0' ? str_cat(" (", last, ")") : "",
                  nccl_hint(r));
 }
 
@@ -244,8 +245,7 @@ class NcclComm : public sdk::CommBase {
   void cancel(strata_request_t) noexcept override {}
 
   void all_reduce(const void* send, void* recv, uint64_t count, DLDataType dt, strata_reduce_op op, void* stream) {
-    const std::string what = str_cat("all_reduce of ", who_);
-    const NcclType t = nccl_type(dt, what);
+    const NcclType t = nccl_type(dt, "all_reduce", who_);
     const ncclRedOp_t nop = nccl_op(op);
     const uint64_t bytes = count * t.bytes;
     collective("all_reduce", STRATA_COLL_ALL_REDUCE, op, dt, count, -1, stream,
@@ -253,10 +253,10 @@ class NcclComm : public sdk::CommBase {
                [&](ncclComm_t c, cudaStream_t s) { return ncclAllReduce(send, recv, count, t.type, nop, c, s); });
   }
   void broadcast(const void* send, void* recv, uint64_t count, DLDataType dt, int32_t root, void* stream) {
-    const std::string what = str_cat("broadcast of ", who_);
-    const NcclType t = nccl_type(dt, what);
+    const NcclType t = nccl_type(dt, "broadcast", who_);
     if (root < 0 || root >= world_)
-      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, what, ": root ", root, " is not a rank (0..", world_ - 1, ")");
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "broadcast of ", who_, ": root ", root, " is not a rank (0..",
+                   world_ - 1, ")");
     const uint64_t bytes = count * t.bytes;
     // Only the root's send buffer is read.
     std::vector<Buf> bufs{Buf{recv, bytes, "recv"}};
@@ -265,8 +265,7 @@ class NcclComm : public sdk::CommBase {
                [&](ncclComm_t c, cudaStream_t s) { return ncclBroadcast(send, recv, count, t.type, root, c, s); });
   }
   void all_gather(const void* send, void* recv, uint64_t count, DLDataType dt, void* stream) {
-    const std::string what = str_cat("all_gather of ", who_);
-    const NcclType t = nccl_type(dt, what);
+    const NcclType t = nccl_type(dt, "all_gather", who_);
     const uint64_t bytes = count * t.bytes;
     // In place (NCCL's convention): send is this rank's slice of recv.
     const bool in_place = static_cast<const char*>(send) == static_cast<const char*>(recv) + rank_ * bytes;
@@ -276,8 +275,7 @@ class NcclComm : public sdk::CommBase {
   }
   void reduce_scatter(const void* send, void* recv, uint64_t count, DLDataType dt, strata_reduce_op op,
                       void* stream) {
-    const std::string what = str_cat("reduce_scatter of ", who_);
-    const NcclType t = nccl_type(dt, what);
+    const NcclType t = nccl_type(dt, "reduce_scatter", who_);
     const ncclRedOp_t nop = nccl_op(op);
     const uint64_t bytes = count * t.bytes;
     // In place (NCCL's convention): recv is this rank's slice of send.
@@ -288,9 +286,18 @@ class NcclComm : public sdk::CommBase {
   }
 
  private:
+  // A collective: its name and sequence number ("all_reduce #17"); the
+  // message text is built only when something fails.
+  struct OpId {
+    const char* name = nullptr;
+    uint64_t seq = 0;
+  };
+  std::string describe(const OpId& op) const {
+    return op.name != nullptr ? str_cat(op.name, " #", op.seq, " of ", who_) : who_;
+  }
   // One stream-ordered collective the watchdog follows until its event fires.
   struct InFlight {
-    std::string what;
+    OpId op;
     cudaEvent_t done;
     Clock::time_point deadline;
   };
@@ -312,11 +319,11 @@ class NcclComm : public sdk::CommBase {
     if (aborted_.load()) STRATA_THROW(STRATA_ERR_ABORTED, reason());
   }
 
-  void check_buffers(const std::string& what, const std::vector<Buf>& bufs, bool no_overlap);
+  void check_buffers(const char* op_name, const std::vector<Buf>& bufs, bool no_overlap);
   template <class Enqueue>
   void collective(const char* op_name, strata_collective_op op, uint32_t reduce_op, DLDataType dt, uint64_t count,
                   int32_t peer, void* user_stream, std::vector<Buf> bufs, bool no_overlap, Enqueue&& enqueue);
-  void wait_own_stream(const std::string& what, Clock::time_point deadline);
+  void wait_own_stream(const OpId& op, Clock::time_point deadline);
 
   // Everything below with the suffix _locked needs nccl_mu_.
   void abort_locked(const std::string& why);
@@ -324,9 +331,9 @@ class NcclComm : public sdk::CommBase {
     abort_locked(msg);
     STRATA_THROW(code, msg);
   }
-  void check_async_locked(const std::string& what);
-  void finish_call_locked(ncclResult_t r, const std::string& what, Clock::time_point deadline);
-  void track_locked(const std::string& what, cudaStream_t s, Clock::time_point deadline);
+  void check_async_locked(const OpId& op);
+  void finish_call_locked(ncclResult_t r, const OpId& op, Clock::time_point deadline);
+  void track_locked(const OpId& op, cudaStream_t s, Clock::time_point deadline);
   void reap_locked(bool enforce_deadlines);
   void watchdog();
 
@@ -344,7 +351,7 @@ class NcclComm : public sdk::CommBase {
   ncclComm_t comm_ = nullptr;   // null once aborted or destroyed
   std::deque<InFlight> inflight_;
   std::vector<cudaEvent_t> spare_events_;
-  std::string last_what_;       // the latest collective enqueued, for the watchdog's messages
+  OpId last_op_;                // the latest collective enqueued, for the watchdog's messages
 
   std::atomic<bool> aborted_{false};
   mutable std::mutex reason_mu_;
@@ -468,22 +475,22 @@ void NcclComm::abort_locked(const std::string& why) {
   inflight_.clear();
 }
 
-void NcclComm::check_async_locked(const std::string& what) {
+void NcclComm::check_async_locked(const OpId& op) {
   if (comm_ == nullptr) STRATA_THROW(STRATA_ERR_ABORTED, reason());
   ncclResult_t state = ncclSuccess;
   const ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
   if (r != ncclSuccess) state = r;
   if (state == ncclSuccess || state == ncclInProgress) return;
-  fail_locked(status_of(state), str_cat(what, ": ", nccl_error_text(state, comm_)));
+  fail_locked(status_of(state), str_cat(describe(op), ": ", nccl_error_text(state, comm_)));
 }
 
-void NcclComm::finish_call_locked(ncclResult_t r, const std::string& what, Clock::time_point deadline) {
+void NcclComm::finish_call_locked(ncclResult_t r, const OpId& op, Clock::time_point deadline) {
   if (r == ncclSuccess) return;
   if (r == ncclInvalidArgument || r == ncclInvalidUsage) {
     // Refused before anything was enqueued: the communicator is still good.
-    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, what, ": ", nccl_error_text(r, comm_));
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, describe(op), ": ", nccl_error_text(r, comm_));
   }
-  if (r != ncclInProgress) fail_locked(status_of(r), str_cat(what, ": ", nccl_error_text(r, comm_)));
+  if (r != ncclInProgress) fail_locked(status_of(r), str_cat(describe(op), ": ", nccl_error_text(r, comm_)));
   // A non-blocking communicator may still be enqueueing: NCCL wants its
   // state to leave ncclInProgress before the next call.
   for (;;) {
@@ -491,18 +498,19 @@ void NcclComm::finish_call_locked(ncclResult_t r, const std::string& what, Clock
     const ncclResult_t q = ncclCommGetAsyncError(comm_, &state);
     if (q != ncclSuccess) state = q;
     if (state == ncclSuccess) return;
-    if (state != ncclInProgress) fail_locked(status_of(state), str_cat(what, ": ", nccl_error_text(state, comm_)));
+    if (state != ncclInProgress)
+      fail_locked(status_of(state), str_cat(describe(op), ": ", nccl_error_text(state, comm_)));
     if (aborted_.load()) fail_locked(STRATA_ERR_ABORTED, reason());
     if (Clock::now() >= deadline)
       fail_locked(STRATA_ERR_DEADLINE_EXCEEDED,
-                  str_cat(what, ": NCCL did not finish enqueueing it within ", opts_.timeout_s,
+                  str_cat(describe(op), ": NCCL did not finish enqueueing it within ", opts_.timeout_s,
                           " s (option 'timeout_s'); the communicator was aborted"));
     std::this_thread::yield();
   }
 }
 
-void NcclComm::track_locked(const std::string& what, cudaStream_t s, Clock::time_point deadline) {
-  last_what_ = what;
+void NcclComm::track_locked(const OpId& op, cudaStream_t s, Clock::time_point deadline) {
+  last_op_ = op;
   cudaEvent_t ev = nullptr;
   if (!spare_events_.empty()) {
     ev = spare_events_.back();
@@ -512,7 +520,7 @@ void NcclComm::track_locked(const std::string& what, cudaStream_t s, Clock::time
     if (e != cudaSuccess) {
       (void)cudaGetLastError();
       // The collective is enqueued already: only its deadline goes unwatched.
-      host_.warn(what, ": cannot create a CUDA event to watch it (", cuda_error_text(e),
+      host_.warn(describe(op), ": cannot create a CUDA event to watch it (", cuda_error_text(e),
                  "); its deadline is not enforced");
       return;
     }
@@ -521,11 +529,11 @@ void NcclComm::track_locked(const std::string& what, cudaStream_t s, Clock::time
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
     spare_events_.push_back(ev);
-    host_.warn(what, ": cannot record a CUDA event on the caller's stream (", cuda_error_text(e),
+    host_.warn(describe(op), ": cannot record a CUDA event on the caller's stream (", cuda_error_text(e),
                "); its deadline is not enforced");
     return;
   }
-  inflight_.push_back(InFlight{what, ev, deadline});
+  inflight_.push_back(InFlight{op, ev, deadline});
   reap_locked(false);
 }
 
@@ -540,12 +548,12 @@ void NcclComm::reap_locked(bool enforce_deadlines) {
     }
     if (q != cudaErrorNotReady) {
       (void)cudaGetLastError();
-      abort_locked(str_cat(f.what, ": the CUDA stream it was enqueued on failed (", cuda_error_text(q),
+      abort_locked(str_cat(describe(f.op), ": the CUDA stream it was enqueued on failed (", cuda_error_text(q),
                            "); the communicator was aborted"));
       return;
     }
     if (enforce_deadlines && Clock::now() >= f.deadline)
-      abort_locked(str_cat(f.what, " did not complete within ", opts_.timeout_s,
+      abort_locked(str_cat(describe(f.op), " did not complete within ", opts_.timeout_s,
                            " s of being enqueued (option 'timeout_s' / /timeouts/collective_s); a rank did not call "
                            "it or is stuck (check every rank's log), or work before it on the stream took that "
                            "long; the communicator was aborted"));
@@ -570,10 +578,8 @@ void NcclComm::watchdog() {
           const ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
           if (r != ncclSuccess) state = r;
           if (state != ncclSuccess && state != ncclInProgress) {
-            const std::string& op = !inflight_.empty() ? inflight_.front().what
-                                    : !last_what_.empty() ? last_what_
-                                                          : who_;
-            abort_locked(str_cat(op, ": ", nccl_error_text(state, comm_), "; the communicator was aborted"));
+            const OpId op = !inflight_.empty() ? inflight_.front().op : last_op_;
+            abort_locked(str_cat(describe(op), ": ", nccl_error_text(state, comm_), "; the communicator was aborted"));
           } else {
             reap_locked(true);
           }
@@ -586,26 +592,27 @@ void NcclComm::watchdog() {
   }
 }
 
-void NcclComm::check_buffers(const std::string& what, const std::vector<Buf>& bufs, bool no_overlap) {
+void NcclComm::check_buffers(const char* op_name, const std::vector<Buf>& bufs, bool no_overlap) {
+  const auto what = [&] { return str_cat(op_name, " of ", who_); };
   for (const Buf& b : bufs) {
     if (b.bytes == 0) continue;
     if (b.ptr == nullptr)
-      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, what, ": the ", b.role, " buffer is NULL (", b.bytes, " bytes)");
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, what(), ": the ", b.role, " buffer is NULL (", b.bytes, " bytes)");
     cudaPointerAttributes a{};
     const cudaError_t e = cudaPointerGetAttributes(&a, b.ptr);
     if (e != cudaSuccess) {
       (void)cudaGetLastError();
-      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, what, ": cannot tell what memory the ", b.role, " buffer ", b.ptr,
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, what(), ": cannot tell what memory the ", b.role, " buffer ", b.ptr,
                    " is (cudaPointerGetAttributes: ", cuda_error_text(e), "); pass device memory of GPU ", device_);
     }
     if (a.type == cudaMemoryTypeManaged) continue;
     if (a.type != cudaMemoryTypeDevice)
-      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, what, ": the ", b.role, " buffer ", b.ptr, " is ",
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, what(), ": the ", b.role, " buffer ", b.ptr, " is ",
                    a.type == cudaMemoryTypeHost ? "pinned host memory" : "host memory",
                    ", but the nccl transport moves device buffers only: allocate it with cudaMalloc on GPU ",
                    device_, ", or use the tcp or libfabric transport for host memory");
     if (a.device != device_)
-      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, what, ": the ", b.role, " buffer ", b.ptr, " is memory of GPU ",
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, what(), ": the ", b.role, " buffer ", b.ptr, " is memory of GPU ",
                    a.device, ", but this communicator runs on GPU ", device_,
                    " (option 'device', else the current device at comm_create)");
   }
@@ -614,7 +621,7 @@ void NcclComm::check_buffers(const std::string& what, const std::vector<Buf>& bu
     const char* b0 = static_cast<const char*>(bufs[1].ptr);
     const bool same = a0 == b0 && bufs[0].bytes == bufs[1].bytes;
     if (!same && a0 < b0 + bufs[1].bytes && b0 < a0 + bufs[0].bytes)
-      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, what,
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, what(),
                    ": the send and recv buffers overlap without being in place; pass separate buffers, or send == "
                    "recv (all_reduce, broadcast), send == recv + rank * count (all_gather) or recv == send + rank * "
                    "count (reduce_scatter)");
@@ -628,9 +635,9 @@ void NcclComm::collective(const char* op_name, strata_collective_op op, uint32_t
   throw_if_aborted();
   std::lock_guard<std::mutex> call(call_mu_);
   throw_if_aborted();
-  check_buffers(str_cat(op_name, " of ", who_), bufs, no_overlap);
+  check_buffers(op_name, bufs, no_overlap);
   const uint64_t seq = seq_++;
-  const std::string what = str_cat(op_name, " #", seq, " of ", who_);
+  const OpId what{op_name, seq};
   strata_collective_fingerprint fp{};
   STRATA_INIT_HEADER(&fp, strata_collective_fingerprint);
   fp.communicator = name_.c_str();
@@ -654,12 +661,12 @@ void NcclComm::collective(const char* op_name, strata_collective_op op, uint32_t
       track_locked(what, s, deadline);
       return;
     }
-    last_what_ = what;
+    last_op_ = what;
   }
   wait_own_stream(what, deadline);
 }
 
-void NcclComm::wait_own_stream(const std::string& what, Clock::time_point deadline) {
+void NcclComm::wait_own_stream(const OpId& what, Clock::time_point deadline) {
   auto next_check = Clock::now() + kErrorCheckPeriod;
   for (;;) {
     const cudaError_t q = cudaStreamQuery(stream_);
@@ -667,7 +674,8 @@ void NcclComm::wait_own_stream(const std::string& what, Clock::time_point deadli
     if (q != cudaErrorNotReady) {
       (void)cudaGetLastError();
       std::lock_guard<std::mutex> lk(nccl_mu_);
-      fail_locked(STRATA_ERR_INTERNAL, str_cat(what, ": the communicator's CUDA stream failed (", cuda_error_text(q),
+      fail_locked(STRATA_ERR_INTERNAL, str_cat(describe(what), ": the communicator's CUDA stream failed (",
+                                               cuda_error_text(q),
                                                "); the communicator was aborted"));
     }
     const auto now = Clock::now();
@@ -677,7 +685,7 @@ void NcclComm::wait_own_stream(const std::string& what, Clock::time_point deadli
       check_async_locked(what);
       if (now >= deadline)
         fail_locked(STRATA_ERR_DEADLINE_EXCEEDED,
-                    str_cat(what, " did not complete within ", opts_.timeout_s,
+                    str_cat(describe(what), " did not complete within ", opts_.timeout_s,
                             " s (option 'timeout_s' / /timeouts/collective_s); a rank did not call it or is stuck "
                             "(check every rank's log for the first error); the communicator was aborted"));
       next_check = now + kErrorCheckPeriod;
