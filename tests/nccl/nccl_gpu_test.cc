@@ -389,6 +389,23 @@ TEST(NcclGpuTest, CurrentDeviceIsTheDefault) {
   EXPECT_EQ(to_host(dev.get(), in.size()), in);
 }
 
+// World 2 with rank 1 never started: rank 0's comm_create fails at its
+// deadline naming rank 1 (one GPU is enough: rank 1 never reaches NCCL).
+TEST(NcclGpuTest, CommCreateNamesTheMissingRank) {
+  REQUIRE_GPUS(1);
+  PluginHost host;
+  TransportRank r(host, "nccl", R"({"device": 0})");
+  const std::string name = unique_name("nccl-alone");
+  const auto t0 = Clock::now();
+  try {
+    r.join(name, 0, 2, 2000);
+    FAIL() << "comm_create of world 2 succeeded with rank 1 absent";
+  } catch (const DeadlineExceededError& e) {
+    EXPECT_TRUE(contains(e.what(), "rank 1 of 2 never joined communicator '" + name + "'")) << e.what();
+  }
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(20));
+}
+
 // Two ranks as threads, rank r on GPU r. Skips with fewer than two GPUs.
 TEST(NcclGpuTest, TwoRanksSumMeanAndGather) {
   REQUIRE_GPUS(2);
