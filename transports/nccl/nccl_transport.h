@@ -25,9 +25,12 @@
 // int8, int32, int64, uint8, uint32 or uint64 and the ops SUM, MEAN (ncclAvg),
 // MIN, MAX, PROD; buffers must be device (or managed) memory of the
 // communicator's GPU. With a stream they are enqueued on it and return at
-// once; without one they run on the communicator's own stream and the call
-// blocks until they are done, polling cudaStreamQuery and
-// ncclCommGetAsyncError up to timeout_s.
+// once; without one they run on the communicator's own stream (ordered
+// after the caller's work on the legacy default stream) and the call blocks
+// until they are done, polling cudaStreamQuery and ncclCommGetAsyncError up
+// to timeout_s. In place: send == recv (all_reduce, broadcast), send == recv
+// + rank * count (all_gather), recv == send + rank * count (reduce_scatter);
+// other overlaps are INVALID_ARGUMENT.
 //
 // Failure. Each communicator has a watchdog thread that polls
 // ncclCommGetAsyncError, the abort request of comm_abort, and the deadline
