@@ -9,6 +9,9 @@
 //                           (memcpy of the same size sampled alternately with it)
 //   strata-bench allreduce|broadcast|allgather --transport tcp -n N
 //                           collectives across N processes (see multiproc.h)
+//   strata-bench allreduce --device gpu [-n N]
+//                           device buffers: the nccl transport vs raw NCCL, one GPU per
+//                           process (see gpu_allreduce.h)
 //   strata-bench pingpong --transport T -n 2
 //                           point-to-point latency and bandwidth of one transport (see multiproc.h)
 //   strata-bench input      records read+verified per second vs sequential read (see input.h)
@@ -29,6 +32,7 @@
 
 #include "checkpoint.h"
 #include "fit.h"
+#include "gpu_allreduce.h"
 #include "input.h"
 #include "multiproc.h"
 #include "ps.h"
@@ -236,6 +240,8 @@ int main(int argc, char** argv) {
                "  strata-bench allgather -n 3 --sizes 4K,1M --json\n"
                "  strata-bench pingpong --transport libfabric --option 'provider=\"shm\"' -n 2 --sizes 64:4M\n"
                "  strata-bench allreduce --transport auto -n 4 --sizes 4K:64M\n"
+               "  strata-bench allreduce --device gpu                   (one process per visible GPU, 4K:1G)\n"
+               "  strata-bench allreduce --device gpu -n 1 --sizes 4K:64M --blocking\n"
                "  strata-bench rendezvous -n 64\n"
                "  strata-bench input --size-mb 1024 --record-bytes 4096 --json\n"
                "  strata-bench checkpoint --size-mb 1024 --variables 8 --dir /data/tmp\n"};
@@ -268,6 +274,19 @@ int main(int argc, char** argv) {
   allreduce->add_option("--cross-device-ops", cross_device_ops,
                         "In-process: the strategy's cross_device_ops (default: the strategy's own choice), e.g. "
                         "hierarchical_copy");
+  std::string device = "cpu";
+  bool gpu_blocking = false;
+  allreduce
+      ->add_option("--device", device,
+                   "cpu: host buffers (in-process replicas, or --transport across processes); gpu: device buffers "
+                   "through the nccl transport, timed against raw NCCL in the same processes (one process per rank, "
+                   "rank r on GPU r % visible GPUs; -n defaults to the visible GPUs; --sizes defaults to 4K:1G; "
+                   "columns as nccl-tests: time, algbw, busbw for each, and the time ratio strata/raw)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cpu", "gpu"}));
+  allreduce->add_flag("--blocking", gpu_blocking,
+                      "--device gpu: time blocking all-reduces (Strata with stream NULL, raw NCCL synchronised after "
+                      "each) instead of stream-ordered batches synchronised once (nccl-tests' method)");
   auto* broadcast = app.add_subcommand("broadcast", "Broadcast from rank 0 across processes (--transport, default tcp)");
   auto* allgather = app.add_subcommand("allgather", "All-gather across processes (--transport, default tcp)");
   auto* pingpong = app.add_subcommand(
@@ -281,6 +300,7 @@ int main(int argc, char** argv) {
   strata::bench::MultiProcOptions mp;
   std::string transport;
   CLI::Option* allreduce_ranks = nullptr;
+  CLI::Option* allreduce_sizes = nullptr;
   for (CLI::App* sub : {allreduce, broadcast, allgather, pingpong, rendezvous}) {
     if (sub == rendezvous) {
       sub->add_option("--transport", transport, "Transport of the communicators (tcp by default, shm, auto, ...)");
@@ -299,18 +319,25 @@ int main(int argc, char** argv) {
     if (sub == pingpong)
       sub->add_option("--sizes", pingpong_sizes, "Message sizes: a doubling range 64:4M or a list 0,64,4K")
           ->capture_default_str();
-    else
-      sub->add_option("--sizes", sizes,
-                      "Bytes per rank (allgather: of the whole output): a doubling range 4K:64M or a list 4096,16M")
-          ->capture_default_str();
+    else {
+      auto* sizes_opt =
+          sub->add_option("--sizes", sizes,
+                          "Bytes per rank (allgather: of the whole output): a doubling range 4K:64M or a list "
+                          "4096,16M (allreduce --device gpu: default 4K:1G)")
+              ->capture_default_str();
+      if (sub == allreduce) allreduce_sizes = sizes_opt;
+    }
     sub->add_option("--transport", transport,
                     sub == allreduce ? "Run across processes over this transport (tcp, libfabric, shm, auto, ...)"
                                      : "Transport between the processes: tcp (default), libfabric, shm, auto, ...");
     auto* ranks_opt = sub->add_option("-n,--ranks", mp.ranks,
                                       sub == pingpong ? "Processes to start (pingpong: exactly 2)"
-                                                      : "Processes to start (allreduce: implies --transport tcp)")
+                                      : sub == allreduce
+                                          ? "Processes to start (allreduce: implies --transport tcp; with --device "
+                                            "gpu: default one per visible GPU, 1 allowed)"
+                                          : "Processes to start")
                           ->capture_default_str()
-                          ->check(CLI::Range(2, 256));
+                          ->check(CLI::Range(sub == allreduce ? 1 : 2, 256));
     if (sub == allreduce) allreduce_ranks = ranks_opt;
     sub->add_option("--option", mp.transport_option_pairs,
                     "Transport option KEY=JSON on top of --transport-options (repeatable), e.g. "
@@ -323,7 +350,7 @@ int main(int argc, char** argv) {
                                   "that are timed beside the transport in the same processes");
       noref->each([&mp](const std::string&) { mp.socket_reference = false; });
     }
-    sub->add_option("--iters", mp.iters, "Operations per timed batch (0 = about 256 MiB per batch, 5..1000)")
+    sub->add_option("--iters", mp.iters, "Operations per timed batch (0 = about 256 MiB per batch, 1 GiB with --device gpu; 5..1000)")
         ->capture_default_str()
         ->check(CLI::NonNegativeNumber);
     sub->add_option("--warmup", mp.warmup, "Untimed operations per size after the checked one (-1 = iters / 5)")
@@ -408,6 +435,25 @@ int main(int argc, char** argv) {
       return strata::bench::run_input_bench(in);
     }
     if (dispatch->parsed()) return run_dispatch(split_csv(strategies), iters, repeats, json);
+    if (allreduce->parsed() && device == "gpu") {
+      if (!transport.empty() && transport != "nccl")
+        STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "--device gpu runs over the nccl transport; drop --transport ",
+                     transport);
+      mp.op = "allreduce";
+      mp.device = "gpu";
+      mp.blocking = gpu_blocking;
+      mp.transport = "nccl";
+      mp.sizes = strata::bench::parse_sizes(allreduce_sizes->count() > 0 ? sizes : "4K:1G");
+      mp.json = json;
+      mp.trials = repeats_opt->count() > 0 ? repeats : 7;
+      if (worker_rank >= 0) return strata::bench::run_worker(mp, worker_rank);
+      const int gpus = strata::bench::gpu_count_or_throw();  // no GPU: fail here, before any worker starts
+      if (allreduce_ranks->count() == 0) mp.ranks = gpus;
+      if (mp.ranks == 1) return strata::bench::run_gpu_allreduce(mp, 0);  // this process alone, in-process store
+      return strata::bench::run_launcher(mp, argc, argv);
+    }
+    if (gpu_blocking)
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "--blocking applies to allreduce --device gpu only");
     if (!allreduce->parsed() || !transport.empty() || allreduce_ranks->count() > 0) {
       mp.op = allreduce->parsed()    ? "allreduce"
               : broadcast->parsed()  ? "broadcast"

@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "gpu_allreduce.h"
 #include "key_json.h"
 #include "sizes.h"
 #include "strata/c/transport.h"
@@ -853,6 +854,7 @@ int worker_body(const MultiProcOptions& o, int rank) {
                    std::strerror(errno), ")");
     ::close(fd);
   }
+  if (o.device == "gpu") return run_gpu_allreduce(o, rank);
   if (o.op == "pingpong") return pingpong_body(o, rank);
   if (o.op == "rendezvous") return rendezvous_body(o, rank, store_s);
   Ring ring(o, rank);

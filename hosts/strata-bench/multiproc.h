@@ -43,6 +43,8 @@ struct MultiProcOptions {
   std::string ring_options = "{}";       ///< extra options of the ring cross_device_ops (JSON object)
   std::string transport_options = "{}";  ///< options of the transport (JSON object)
   std::vector<std::string> transport_option_pairs;  ///< --option KEY=JSON, applied on top of transport_options
+  std::string device = "cpu";      ///< allreduce: "gpu" runs gpu_allreduce.h's benchmark in the workers
+  bool blocking = false;           ///< --device gpu: blocking collectives instead of stream-ordered batches
 };
 
 /// Validate `o` (throws InvalidArgumentError naming the bad option), start

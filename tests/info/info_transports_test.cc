@@ -37,7 +37,10 @@ TEST(InfoTransportsTest, JsonListsEveryTransportWithCapsOrWhy) {
     if (t["status"] == "usable") {
       EXPECT_TRUE(t["error"].is_null());
       ASSERT_TRUE(t["caps"].is_object());
-      EXPECT_NE(std::find(t["caps"]["flags"].begin(), t["caps"]["flags"].end(), "p2p"), t["caps"]["flags"].end());
+      // A usable transport moves data: point to point, or (nccl) native collectives only.
+      const auto& f = t["caps"]["flags"];
+      EXPECT_TRUE(std::find(f.begin(), f.end(), "p2p") != f.end() ||
+                  std::find(f.begin(), f.end(), "native_collectives") != f.end());
     } else {
       EXPECT_TRUE(t["error"].is_string() && !t["error"].get<std::string>().empty()) << "an unusable transport says why";
     }
@@ -48,6 +51,16 @@ TEST(InfoTransportsTest, JsonListsEveryTransportWithCapsOrWhy) {
   EXPECT_EQ((*tcp)["status"], "usable");
   const auto& flags = (*tcp)["caps"]["flags"];
   EXPECT_NE(std::find(flags.begin(), flags.end(), "host_memory"), flags.end());
+#endif
+#ifdef INFO_HAVE_STRATA_TRANSPORT_NCCL
+  // Listed with its caps on any machine, with or without a GPU.
+  const json* nccl = find_by(doc["transports"], "name", "nccl");
+  ASSERT_NE(nccl, nullptr) << doc["transports"].dump();
+  EXPECT_EQ((*nccl)["status"], "usable");
+  const auto& nflags = (*nccl)["caps"]["flags"];
+  EXPECT_NE(std::find(nflags.begin(), nflags.end(), "native_collectives"), nflags.end());
+  EXPECT_NE(std::find(nflags.begin(), nflags.end(), "cuda_memory"), nflags.end());
+  EXPECT_EQ(std::find(nflags.begin(), nflags.end(), "p2p"), nflags.end());
 #endif
   bool have_lo = false;
   for (const auto& i : doc["interfaces"]) have_lo = have_lo || (i["loopback"] == true && i["up"] == true);
