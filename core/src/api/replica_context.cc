@@ -222,4 +222,11 @@ Tensor ReplicaContext::merge_call_per_replica(
   return do_merge(impl_, replica_, local_id_, u, &arg.dl());
 }
 
+void* ReplicaContext::stream() const {
+  // replica_stream is a 1.4 field: NULL (host replicas only) for older plugins.
+  if (!STRATA_HAS_FIELD(impl_->vt, strata_strategy_vtable, replica_stream) || impl_->vt->replica_stream == nullptr)
+    return nullptr;
+  return impl_->vt->replica_stream(impl_->handle, replica_);
+}
+
 }  // namespace strata
