@@ -444,6 +444,31 @@ std::string gpu_unavailable_reason() {
   return detail::cuda::device_count(&n, &why) == STRATA_OK ? std::string() : why;
 }
 
+namespace detail {
+Tensor device_tensor(const std::vector<std::int64_t>& shape, DType dtype, DLDevice device) {
+  if (device.device_type != kDLCUDA) return uninitialized_tensor(shape, dtype);
+  std::string why;
+  const strata_status_t st = cuda::check_device(device, &why);
+  if (st != STRATA_OK) throw_status(st, why);
+  auto h = std::make_unique<Holder>();
+  h->shape = shape;
+  const std::size_t bytes = static_cast<std::size_t>(shape_numel(shape)) * dtype_size(dtype);
+  h->buffer = cuda::allocate(device, bytes, &why);
+  if (h->buffer == nullptr) throw_status(STRATA_ERR_INTERNAL, why);
+  h->alloc = bytes;
+  h->device = device;
+  DLTensor& t = h->managed.dl_tensor;
+  t.data = h->buffer;
+  t.device = device;
+  t.ndim = static_cast<int32_t>(h->shape.size());
+  t.dtype = to_dlpack(dtype);
+  t.shape = h->shape.empty() ? nullptr : h->shape.data();
+  h->managed.manager_ctx = h.get();
+  h->managed.deleter = &holder_deleter;
+  return Tensor::adopt(&h.release()->managed);
+}
+}  // namespace detail
+
 DLDevice Tensor::device() const { return dl().device; }
 std::string Tensor::device_string() const { return device_name(device()); }
 
@@ -466,26 +491,7 @@ Tensor Tensor::to(DLDevice dst) const {
       if (st != STRATA_OK) detail::throw_status(st, "Tensor::to(" + device_name(dst) + "): " + why);
     }
   const std::size_t bytes = nbytes();
-  Tensor out;
-  if (dst.device_type == kDLCPU) {
-    out = detail::uninitialized_tensor(shape(), dtype());
-  } else {
-    auto h = std::make_unique<Holder>();
-    h->shape = shape();
-    h->buffer = detail::cuda::allocate(dst, bytes, &why);
-    if (h->buffer == nullptr) detail::throw_status(STRATA_ERR_INTERNAL, "Tensor::to(" + device_name(dst) + "): " + why);
-    h->alloc = bytes;
-    h->device = dst;
-    DLTensor& t = h->managed.dl_tensor;
-    t.data = h->buffer;
-    t.device = dst;
-    t.ndim = static_cast<int32_t>(h->shape.size());
-    t.dtype = src.dtype;
-    t.shape = h->shape.empty() ? nullptr : h->shape.data();
-    h->managed.manager_ctx = h.get();
-    h->managed.deleter = &holder_deleter;
-    out.m_ = &h.release()->managed;
-  }
+  Tensor out = detail::device_tensor(shape(), dtype(), dst);
   const void* from = static_cast<const char*>(src.data) + src.byte_offset;
   const strata_status_t st =
       detail::cuda::memcpy_async(out.m_->dl_tensor.data, out.m_->dl_tensor.device, from, src.device, bytes,
