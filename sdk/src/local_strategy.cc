@@ -942,13 +942,6 @@ struct LocalStrategy::Impl {
 // ------------------------------------------------------------ options ---
 
 int parse_device(const std::string& device, const std::string& option) {
-  auto ordinal = [&](size_t prefix) -> int {
-    const std::string rest = device.substr(prefix);
-    if (rest.empty() || rest.size() > 6 || rest.find_first_not_of("0123456789") != std::string::npos)
-      return -1;
-    return std::stoi(rest);
-  };
-  (void)ordinal;
   return parse_device_spec(device, option).device_id;
 }
 

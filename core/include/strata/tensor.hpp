@@ -146,7 +146,8 @@ class STRATA_API Tensor {
   /// shape/strides; the caller keeps the memory alive while the Tensor (and
   /// anything borrowing from it) lives.
   static Tensor borrow(const TensorView& view);
-  /// A compact host copy (deep copy, even of a borrowed tensor).
+  /// A compact copy (deep copy, even of a borrowed tensor): on the host,
+  /// or on the same GPU for a GPU tensor (compact ones only).
   static Tensor copy_of(const TensorView& view);
 
   Tensor clone() const;

@@ -347,6 +347,7 @@ Tensor Tensor::borrow(const TensorView& view) {
 
 Tensor Tensor::copy_of(const TensorView& view) {
   const DLTensor& src = view.dl();
+  if (src.device.device_type == kDLCUDA) return borrow(view).to(src.device);  // a copy on the same GPU
   Tensor t = detail::uninitialized_tensor(view.shape(), view.dtype());  // copy_into writes every element
   detail::copy_into(t.mutable_dl(), src);
   return t;

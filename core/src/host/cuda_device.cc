@@ -21,7 +21,7 @@ namespace {
 strata_status_t unimplemented(std::string* why, const char* what) {
   if (why)
     *why = std::string(what) +
-           ": GPU devices need a build with CUDA (configure with -DSTRATA_WITH_CUDA=ON); this build "
+           ": using a GPU needs a build with CUDA (configure with -DSTRATA_WITH_CUDA=ON); this build "
            "has host devices \"cpu:<n>\" only";
   return STRATA_ERR_UNIMPLEMENTED;
 }
