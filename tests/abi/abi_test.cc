@@ -484,6 +484,41 @@ TEST(AbiTest, LayoutMatchesThePinnedNumbers) {
   EXPECT_EQ(rows, 204u);
 }
 
+// 1.4: the host hands out the device services in every build (a build
+// without CUDA fills them with entries that report UNIMPLEMENTED), so a
+// plugin checks STRATA_HAS_FIELD once and then calls them.
+TEST(AbiTest, HostTableHasTheDeviceServices) {
+  PluginHost host;
+  const strata_host_api* api = host.host_api();
+  EXPECT_EQ(api->struct_size, STRATA_HOST_API_STRUCT_SIZE);
+  EXPECT_EQ(api->abi_minor, static_cast<uint32_t>(STRATA_ABI_MINOR));
+  ASSERT_TRUE(STRATA_HAS_FIELD(api, strata_host_api, memcpy_async));
+  EXPECT_NE(api->device_count, nullptr);
+  EXPECT_NE(api->set_device, nullptr);
+  EXPECT_NE(api->stream_create, nullptr);
+  EXPECT_NE(api->stream_destroy, nullptr);
+  EXPECT_NE(api->stream_synchronize, nullptr);
+  EXPECT_NE(api->memcpy_async, nullptr);
+  // A reader of a 1.3 table must not see them.
+  strata_host_api old = *api;
+  old.struct_size = STRATA_HOST_API_STRUCT_SIZE_1_3;
+  EXPECT_FALSE(STRATA_HAS_FIELD(&old, strata_host_api, device_count));
+  EXPECT_TRUE(STRATA_HAS_FIELD(&old, strata_host_api, ps_variable_update));
+  strata_error err;
+  strata_error_init(&err);
+  int32_t count = -1;
+  EXPECT_EQ(api->device_count(api, kDLCPU, &count, &err), STRATA_OK);
+  EXPECT_EQ(count, 1);
+  const strata_status_t st = api->device_count(api, kDLCUDA, &count, &err);
+  if (st == STRATA_OK) {
+    EXPECT_GT(count, 0);
+  } else {
+    EXPECT_TRUE(st == STRATA_ERR_FAILED_PRECONDITION || st == STRATA_ERR_UNIMPLEMENTED) << strata_status_string(st);
+    EXPECT_EQ(count, 0);
+    EXPECT_NE(std::string(err.message), "");
+  }
+}
+
 TEST(AbiTest, EnumValuesArePinned) {
   EXPECT_EQ(STRATA_ERR_ABI_MISMATCH, -14);
   EXPECT_EQ(STRATA_ERR_INTERNAL, -13);
