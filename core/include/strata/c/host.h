@@ -203,8 +203,9 @@ typedef struct strata_host_api {
    *  `*stream`; destroy it with stream_destroy. */
   strata_status_t (*stream_create)(const struct strata_host_api* host, DLDevice device, void** stream,
                                    strata_error* err);
-  /** Destroy a stream from stream_create (waits for its pending work). NULL
-   *  does nothing. */
+  /** Destroy a stream from stream_create. Does not wait: work already
+   *  enqueued still completes, then CUDA releases the stream. NULL does
+   *  nothing. */
   void (*stream_destroy)(const struct strata_host_api* host, void* stream);
   /** Wait until every operation enqueued on `stream` (NULL: the calling
    *  thread's current device's legacy default stream) has finished, polling
