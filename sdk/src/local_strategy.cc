@@ -1215,7 +1215,15 @@ DLManagedTensor* LocalStrategy::replica_all_gather(strata_replica_t r, const DLT
   s.axis = axis;
   s.out = &out;
   impl_->arrive(c.id, s);
-  return out;
+  if (!on_cuda(input) || out == nullptr) return out;
+  // The gathered host tensor, moved to the input's GPU (as the result of a
+  // GPU all_reduce stays on the GPU).
+  ManagedTensorPtr host_out(out);
+  const DLTensor& h = host_out->dl_tensor;
+  auto dev = make_device_tensor(impl_->host, h.dtype, std::vector<int64_t>(h.shape, h.shape + h.ndim), input.device);
+  impl_->host.copy(dev->dl_tensor.data, input.device, h.data, DLDevice{kDLCPU, 0}, byte_size(h),
+                   impl_->streams[c.id]);
+  return dev.release();
 }
 
 void LocalStrategy::replica_merge_call(strata_replica_t r, strata_merge_fn fn, void* merge_user,

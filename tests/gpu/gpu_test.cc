@@ -287,7 +287,7 @@ TEST(GpuTest, OneDeviceTrainingLoopKeepsTheVariableOnTheGpu) {
 // are reduce_to'd; a MEAN variable is updated with per-replica values. On a
 // GPU replica the inputs are made on its GPU.
 struct MirroredRun {
-  std::vector<float> all_reduce_sum, all_reduce_mean, reduce_sum, reduce_mean, variable;
+  std::vector<float> all_reduce_sum, all_reduce_mean, all_gather, reduce_sum, reduce_mean, variable;
   std::vector<int> result_device_types;
 };
 
@@ -309,6 +309,9 @@ MirroredRun run_mirrored(const std::string& devices_json, bool on_gpu) {
     Tensor sum = ctx.all_reduce(ReduceOp::SUM, x);
     devs[static_cast<std::size_t>(ctx.local_replica_id())] = sum.device().device_type;
     Tensor mean = ctx.all_reduce(ReduceOp::MEAN, x);
+    Tensor gathered = ctx.all_gather(x, 0);
+    EXPECT_EQ(gathered.device().device_type, on_gpu ? kDLCUDA : kDLCPU);
+    if (id == 0) out.all_gather = gathered.to("cpu:0").to_vector<float>();
     if (id == 0) {
       out.all_reduce_sum = sum.to("cpu:0").to_vector<float>();
       out.all_reduce_mean = mean.to("cpu:0").to_vector<float>();
@@ -327,6 +330,7 @@ MirroredRun run_mirrored(const std::string& devices_json, bool on_gpu) {
 void expect_same_bits(const MirroredRun& gpu, const MirroredRun& cpu) {
   EXPECT_EQ(gpu.all_reduce_sum, cpu.all_reduce_sum);
   EXPECT_EQ(gpu.all_reduce_mean, cpu.all_reduce_mean);
+  EXPECT_EQ(gpu.all_gather, cpu.all_gather);
   EXPECT_EQ(gpu.reduce_sum, cpu.reduce_sum);
   EXPECT_EQ(gpu.reduce_mean, cpu.reduce_mean);
   EXPECT_EQ(gpu.variable, cpu.variable);

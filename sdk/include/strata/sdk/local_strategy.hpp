@@ -59,8 +59,9 @@
 // cross_device_ops as they are: the SDK's LocalCrossDeviceOps (and its
 // subclasses) stage them through pinned host memory, giving the same bits
 // as host replicas; the split all-reduce handles host tensors only (GPU
-// tensors take one staged call). all_gather and gather_to of GPU tensors
-// return host tensors.
+// tensors take one staged call). A replica all_gather of a GPU tensor
+// returns a tensor on that GPU; gather_to (cross-replica) of GPU tensors
+// returns a host tensor.
 //
 // Thread-safety: cross-replica methods are serialised by the host (ABI
 // contract); replica-context methods are called concurrently by the replica
