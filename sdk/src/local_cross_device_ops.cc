@@ -8,6 +8,7 @@
 #include <string>
 
 #include "strata/error.hpp"
+#include "strata/sdk/device.hpp"
 #include "strata/sdk/options.hpp"
 
 namespace strata::sdk {
@@ -52,6 +53,11 @@ struct LocalCrossDeviceOps::Request {
 LocalCrossDeviceOps::LocalCrossDeviceOps(Host host, const char* options_json)
     : host_(std::move(host)) {
   check_known_keys(parse_options(options_json, "local cross_device_ops"), {}, "local cross_device_ops");
+}
+
+HostStaging& LocalCrossDeviceOps::staging() {
+  if (!staging_) staging_ = std::make_unique<HostStaging>(host_);
+  return *staging_;
 }
 
 LocalCrossDeviceOps::~LocalCrossDeviceOps() {
@@ -147,6 +153,14 @@ void LocalCrossDeviceOps::reduce_into(strata_reduce_op op, DLDataType dtype, uin
 
 void LocalCrossDeviceOps::all_reduce(strata_reduce_op op, uint32_t nt, uint32_t nr,
                                      const DLTensor* const* inputs, DLTensor* const* outputs) {
+  if (HostStaging::any_cuda(nt * nr, inputs) || HostStaging::any_cuda(nt * nr, outputs)) {
+    std::lock_guard<std::mutex> l(staging_mu_);
+    HostStaging& st = staging();
+    st.stage(nt * nr, inputs, nt * nr, outputs);
+    all_reduce(op, nt, nr, st.inputs(), st.outputs());
+    st.finish();
+    return;
+  }
   std::lock_guard<ExecGate> exec(exec_mu_);
   run_queued_locked(nullptr);  // started batches first, in order
   validate_batch("all_reduce", nt, nr, inputs, outputs, nr);
@@ -180,6 +194,14 @@ void LocalCrossDeviceOps::batch_all_reduce(strata_reduce_op op, uint32_t nt, uin
 
 void LocalCrossDeviceOps::reduce(strata_reduce_op op, uint32_t nt, uint32_t nr,
                                  const DLTensor* const* inputs, DLTensor* const* outputs) {
+  if (HostStaging::any_cuda(nt * nr, inputs) || HostStaging::any_cuda(nt, outputs)) {
+    std::lock_guard<std::mutex> l(staging_mu_);
+    HostStaging& st = staging();
+    st.stage(nt * nr, inputs, nt, outputs);
+    reduce(op, nt, nr, st.inputs(), st.outputs());
+    st.finish();
+    return;
+  }
   std::lock_guard<ExecGate> exec(exec_mu_);
   run_queued_locked(nullptr);  // started batches first, in order
   validate_batch("reduce", nt, nr, inputs, outputs, 1);
@@ -191,6 +213,15 @@ void LocalCrossDeviceOps::reduce(strata_reduce_op op, uint32_t nt, uint32_t nr,
 }
 
 void LocalCrossDeviceOps::broadcast(const DLTensor& src, uint32_t nr, DLTensor* const* dsts) {
+  const DLTensor* src_p[1] = {&src};
+  if (HostStaging::any_cuda(1, src_p) || HostStaging::any_cuda(nr, dsts)) {
+    std::lock_guard<std::mutex> l(staging_mu_);
+    HostStaging& st = staging();
+    st.stage(1, src_p, nr, dsts);
+    broadcast(*st.inputs()[0], nr, st.outputs());
+    st.finish();
+    return;
+  }
   std::lock_guard<ExecGate> exec(exec_mu_);
   run_queued_locked(nullptr);  // started batches first, in order
   check_tensor(src, "broadcast source");
@@ -212,6 +243,14 @@ void LocalCrossDeviceOps::broadcast(const DLTensor& src, uint32_t nr, DLTensor* 
 
 void LocalCrossDeviceOps::all_gather(uint32_t nr, const DLTensor* const* inputs, int32_t axis,
                                      DLTensor* const* outputs) {
+  if (HostStaging::any_cuda(nr, inputs) || HostStaging::any_cuda(nr, outputs)) {
+    std::lock_guard<std::mutex> l(staging_mu_);
+    HostStaging& st = staging();
+    st.stage(nr, inputs, nr, outputs);
+    all_gather(nr, st.inputs(), axis, st.outputs());
+    st.finish();
+    return;
+  }
   std::lock_guard<ExecGate> exec(exec_mu_);
   run_queued_locked(nullptr);  // started batches first, in order
   if (nr == 0) STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "all_gather: num_replicas is 0");
@@ -230,6 +269,14 @@ void LocalCrossDeviceOps::all_gather(uint32_t nr, const DLTensor* const* inputs,
 
 void LocalCrossDeviceOps::reduce_scatter(strata_reduce_op op, uint32_t nr,
                                          const DLTensor* const* inputs, DLTensor* const* outputs) {
+  if (HostStaging::any_cuda(nr, inputs) || HostStaging::any_cuda(nr, outputs)) {
+    std::lock_guard<std::mutex> l(staging_mu_);
+    HostStaging& st = staging();
+    st.stage(nr, inputs, nr, outputs);
+    reduce_scatter(op, nr, st.inputs(), st.outputs());
+    st.finish();
+    return;
+  }
   std::lock_guard<ExecGate> exec(exec_mu_);
   run_queued_locked(nullptr);  // started batches first, in order
   if (nr == 0) STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "reduce_scatter: num_replicas is 0");
@@ -268,6 +315,11 @@ void LocalCrossDeviceOps::reduce_scatter(strata_reduce_op op, uint32_t nr,
 strata_cdo_request_t LocalCrossDeviceOps::all_reduce_start(strata_reduce_op op, uint32_t nt,
                                                            uint32_t nr, const DLTensor* const* inputs,
                                                            DLTensor* const* outputs) {
+  if (HostStaging::any_cuda(nt * nr, inputs) || HostStaging::any_cuda(nt * nr, outputs))
+    STRATA_THROW(STRATA_ERR_UNIMPLEMENTED,
+                 "all_reduce_start of GPU tensors: this cross_device_ops stages GPU tensors through host "
+                 "memory and has no asynchronous form for them; call all_reduce instead (or use the nccl "
+                 "cross_device_ops)");
   validate_batch("all_reduce_start", nt, nr, inputs, outputs, nr);
   auto req = std::make_unique<Request>();
   req->op = op;

@@ -12,6 +12,7 @@
 #include <unordered_set>
 
 #include "strata/error.hpp"
+#include "strata/sdk/device.hpp"
 #include "strata/sdk/kernels.hpp"
 #include "strata/sdk/local_cross_device_ops.hpp"
 #include "strata/sdk/options.hpp"
@@ -90,9 +91,41 @@ struct Variable {
   std::vector<int64_t> shape;
   size_t count = 0;
   size_t bytes = 0;
+  // Host memory of every copy. For a copy on a GPU (devices[c] kDLCUDA) the
+  // value lives in device_data[c] and copies[c] is its host staging buffer
+  // (valid only between download and upload).
   std::vector<AlignedBuffer> copies;
+  std::vector<DLDevice> devices;
+  std::vector<void*> device_data;
+  Host host;
 
+  Variable() = default;
+  Variable(const Variable&) = delete;
+  Variable& operator=(const Variable&) = delete;
+  ~Variable() {
+    for (size_t c = 0; c < device_data.size(); ++c) host.free_memory(devices[c], device_data[c]);
+  }
+  bool on_gpu(size_t c) const { return devices[c].device_type == kDLCUDA; }
+  // GPU copy -> its host buffer (synchronous).
+  void download(size_t c) {
+    if (on_gpu(c)) host.copy(copies[c].data(), DLDevice{kDLCPU, 0}, device_data[c], devices[c], bytes);
+  }
+  // Host buffer -> GPU copy (synchronous).
+  void upload(size_t c) {
+    if (on_gpu(c)) host.copy(device_data[c], devices[c], copies[c].data(), DLDevice{kDLCPU, 0}, bytes);
+  }
+
+  // The copy where it lives (device memory for a GPU copy).
   DLTensor view(size_t copy) {
+    DLTensor t = host_view(copy);
+    if (on_gpu(copy)) {
+      t.data = device_data[copy];
+      t.device = devices[copy];
+    }
+    return t;
+  }
+  // The host buffer of a copy (for a GPU copy: what the last download left).
+  DLTensor host_view(size_t copy) {
     DLTensor t{};
     t.data = copies[copy].data();
     t.device = DLDevice{kDLCPU, 0};
@@ -225,6 +258,15 @@ struct LocalStrategy::Impl {
   std::vector<ReplicaCtx> ctxs;
   std::atomic<bool> running{false};
 
+  // Devices (ABI 1.4). devs[r]: replica r's device; streams[r]: its CUDA
+  // stream (NULL for a host replica), created with the strategy and
+  // destroyed with it; param_dev: the kSingleCopy variables' device.
+  std::vector<DLDevice> devs;
+  std::vector<void*> streams;
+  DLDevice param_dev{kDLCPU, 0};
+  bool any_gpu = false;
+  std::vector<std::string> device_errors;  // set_device failures of the worker threads
+
   // Worker pool.
   std::vector<std::thread> workers;
   std::mutex pool_mu;
@@ -272,10 +314,50 @@ struct LocalStrategy::Impl {
     pool_cv.notify_all();
     for (auto& t : workers) t.join();
     for (Variable* v : vars) delete v;
+    for (void* st : streams) host.stream_destroy(st);
   }
+
+  // ---------------------------------------------------------- devices ---
+  bool gpu_replica(uint32_t id) const { return id < devs.size() && devs[id].device_type == kDLCUDA; }
+  // Wait for the work enqueued on replica id's stream (user kernels,
+  // copies) so that host code and other streams may read its tensors.
+  void sync_stream(uint32_t id) {
+    if (gpu_replica(id) && streams[id] != nullptr)
+      host.stream_synchronize(streams[id], static_cast<int64_t>(cfg.timeout_s * 1000));
+  }
+  void sync_all_streams() {
+    if (!any_gpu) return;
+    for (uint32_t r = 0; r < n; ++r) sync_stream(r);
+  }
+  DLDevice copy_device(const Variable& v, size_t c) const { return v.copies.size() == 1 ? param_dev : devs[c]; }
+  // `value`'s elements in host memory: the tensor itself, or a copy in `buf`.
+  const void* host_data(const DLTensor& value, size_t bytes, AlignedBuffer& buf) {
+    if (!on_cuda(value)) return data_ptr(value);
+    buf.reserve(bytes);
+    host.copy(buf.data(), DLDevice{kDLCPU, 0}, data_ptr(value), value.device, bytes);
+    return buf.data();
+  }
+  // Apply `op` with host `src` to every copy of `v` (staging GPU copies).
+  void apply_all(Variable& v, strata_var_update_op op, const void* src) {
+    for (size_t c = 0; c < v.copies.size(); ++c) apply_one(v, c, op, src);
+  }
+  void apply_one(Variable& v, size_t c, strata_var_update_op op, const void* src) {
+    if (op != STRATA_VAR_ASSIGN) v.download(c);
+    kernels::apply_update(op, v.dtype, v.copies[c].data(), src, v.count);
+    v.upload(c);
+  }
+
 
   // ------------------------------------------------------------- pool ---
   void worker_loop(uint32_t id) {
+    // A GPU replica's thread makes its device current once, for its life.
+    if (gpu_replica(id)) {
+      try {
+        host.set_device(devs[id]);
+      } catch (const std::exception& e) {
+        device_errors[id] = e.what();
+      }
+    }
     uint64_t seen = 0;
     for (;;) {
       uint64_t g = gen.load(std::memory_order_acquire);
@@ -305,7 +387,15 @@ struct LocalStrategy::Impl {
     strata_error_init(&err);
     strata_status_t st;
     try {
+      if (!device_errors[id].empty())
+        STRATA_THROW(STRATA_ERR_INTERNAL, "replica ", id, " could not make ", device_string(devs[id]),
+                     " current: ", device_errors[id]);
       st = fn(user, reinterpret_cast<strata_replica_t>(&ctxs[id]), id, &err);
+      // What the replica enqueued on its stream is done when run returns.
+      if (st == STRATA_OK) sync_stream(id);
+    } catch (const Error& e) {
+      st = e.code() < 0 ? e.code() : STRATA_ERR_INTERNAL;
+      std::snprintf(err.message, sizeof err.message, "%s", e.what());
     } catch (...) {
       st = STRATA_ERR_INTERNAL;
       std::snprintf(err.message, sizeof err.message, "replica function threw a C++ exception");
@@ -343,6 +433,9 @@ struct LocalStrategy::Impl {
   }
 
   void arrive(uint32_t id, const Slot& slot) {
+    // The collective reads this replica's tensors from other threads and
+    // streams: finish what the replica enqueued on its own stream first.
+    sync_stream(id);
     std::unique_lock<std::mutex> l(rv_mu);
     if (failed)
       STRATA_THROW(STRATA_ERR_ABORTED, describe_slot(slot), " on replica ", id,
@@ -625,7 +718,7 @@ struct LocalStrategy::Impl {
       }
       case Kind::kVarUpdate: {
         Variable& v = *s0.var;
-        const void* value = data_ptr(*s0.input);
+        const void* value = data_ptr(*s0.input);  // host memory unless staged below
         if (v.agg == STRATA_VAR_AGG_SUM && n > 1 && v.bytes > 0) {
           // Every local replica passing the very same tensor is C++'s form of
           // a value that is not per-replica, which TF's SUM refuses
@@ -653,9 +746,10 @@ struct LocalStrategy::Impl {
           const uint32_t op = v.agg == STRATA_VAR_AGG_SUM ? STRATA_REDUCE_SUM : STRATA_REDUCE_MEAN;
           check_cdo(cdo_vt->reduce(cdo, op, 1, n, in_ptrs.data(), outs, &err), err, "reduce");
           value = agg_buf.data();
+        } else if (on_cuda(*s0.input)) {
+          value = host_data(*s0.input, v.bytes, agg_buf);
         }
-        for (auto& c : v.copies)
-          kernels::apply_update(static_cast<strata_var_update_op>(s0.op), v.dtype, c.data(), value, v.count);
+        apply_all(v, static_cast<strata_var_update_op>(s0.op), value);
         return;
       }
     }
@@ -785,7 +879,7 @@ struct LocalStrategy::Impl {
     if (W == 1) return;
     std::vector<DLTensor> views;
     std::vector<DLTensor*> dsts;
-    for (size_t c = 0; c < v.copies.size(); ++c) views.push_back(v.view(c));
+    for (size_t c = 0; c < v.copies.size(); ++c) views.push_back(v.host_view(c));  // uploaded after
     for (auto& t : views) dsts.push_back(&t);
     const DLTensor& src = initial;
     strata_error err;
@@ -809,7 +903,7 @@ struct LocalStrategy::Impl {
   }
 
   void check_value(const Variable& v, const DLTensor& value) {
-    check_tensor(value, "value for " + v.label());
+    check_tensor_metadata(value, "value for " + v.label());
     bool ok = dtype_equal(value.dtype, v.dtype) && value.ndim == static_cast<int32_t>(v.shape.size());
     for (size_t d = 0; ok && d < v.shape.size(); ++d) ok = value.shape[d] == v.shape[d];
     if (!ok)
@@ -822,20 +916,21 @@ struct LocalStrategy::Impl {
     auto out = make_tensor(v.dtype, v.shape);
     strata_error err;
     strata_error_init(&err);
+    for (size_t c = 0; c < v.copies.size(); ++c) v.download(c);
     if (v.agg == STRATA_VAR_AGG_ONLY_FIRST_REPLICA || (v.copies.size() == 1 && W == 1)) {
       if (W == 1) {
         if (v.bytes) std::memcpy(out->dl_tensor.data, v.copies[0].data(), v.bytes);
         return out;
       }
       // The first replica in sync is worker 0's first replica.
-      const DLTensor src = v.view(0);
+      const DLTensor src = v.host_view(0);
       DLTensor* dsts[1] = {&out->dl_tensor};
       check_cdo(cdo_vt->broadcast(cdo, &src, 1, dsts, &err), err, "broadcast");
       return out;
     }
     std::vector<DLTensor> vs;
     std::vector<const DLTensor*> ps;
-    for (size_t c = 0; c < v.copies.size(); ++c) vs.push_back(v.view(c));
+    for (size_t c = 0; c < v.copies.size(); ++c) vs.push_back(v.host_view(c));
     for (auto& t : vs) ps.push_back(&t);
     DLTensor* outs[1] = {&out->dl_tensor};
     const uint32_t op = v.agg == STRATA_VAR_AGG_SUM ? STRATA_REDUCE_SUM : STRATA_REDUCE_MEAN;
@@ -847,20 +942,7 @@ struct LocalStrategy::Impl {
 // ------------------------------------------------------------ options ---
 
 int parse_device(const std::string& device, const std::string& option) {
-  auto ordinal = [&](size_t prefix) -> int {
-    const std::string rest = device.substr(prefix);
-    if (rest.empty() || rest.size() > 6 || rest.find_first_not_of("0123456789") != std::string::npos)
-      return -1;
-    return std::stoi(rest);
-  };
-  if (device.rfind("gpu:", 0) == 0 || device.rfind("cuda:", 0) == 0)
-    STRATA_THROW(STRATA_ERR_UNIMPLEMENTED, "device '", device, "' in option '", option,
-                 "': GPU devices need a build with CUDA; use host devices \"cpu:<n>\"");
-  const int n = device.rfind("cpu:", 0) == 0 ? ordinal(4) : -1;
-  if (n < 0)
-    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "device '", device, "' in option '", option,
-                 "' is not of the form \"cpu:<n>\" (e.g. \"cpu:0\")");
-  return n;
+  return parse_device_spec(device, option).device_id;
 }
 
 std::vector<std::string> parse_device_list(const nlohmann::json& value, const std::string& option) {
@@ -885,7 +967,10 @@ std::vector<std::string> parse_device_list(const nlohmann::json& value, const st
 
 void parse_common_options(const nlohmann::json& o, LocalStrategyConfig& cfg, bool allow_devices) {
   const std::string comp = cfg.strategy_name + " strategy";
-  if (allow_devices && o.contains("devices")) cfg.devices = parse_device_list(o.at("devices"), "devices");
+  if (allow_devices && o.contains("devices")) {
+    cfg.devices = parse_device_list(o.at("devices"), "devices");
+    cfg.devices_given = true;
+  }
   if (o.contains("cross_device_ops")) {
     const auto& c = o.at("cross_device_ops");
     if (c.is_string()) {
@@ -924,10 +1009,31 @@ LocalStrategy::LocalStrategy(Host host, LocalStrategyConfig config) : impl_(std:
   if (m.cfg.devices.empty())
     STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, m.cfg.strategy_name,
                  ": devices must be non-empty: pass {\"devices\": [\"cpu:0\"]}");
-  for (const auto& d : m.cfg.devices) parse_device(d, "devices");
+  // As tf.distribute's MirroredStrategy: without a "devices" option every
+  // visible GPU is a replica, else the host. Multi-worker strategies decide
+  // for the whole job, so they opt in themselves (default_to_gpus).
+  if (m.cfg.default_to_gpus && !m.cfg.devices_given && m.cfg.num_workers == 1 &&
+      m.cfg.strategy_name != "multi_worker_mirrored" && m.cfg.devices == std::vector<std::string>{"cpu:0"}) {
+    const int32_t gpus = visible_gpu_count(m.host);
+    if (gpus > 0) {
+      m.cfg.devices.clear();
+      for (int32_t g = 0; g < gpus; ++g) m.cfg.devices.push_back("gpu:" + std::to_string(g));
+    }
+  }
+  for (const auto& d : m.cfg.devices) m.devs.push_back(parse_device_spec(d, "devices"));
   if (m.cfg.parameter_device.empty()) m.cfg.parameter_device = m.cfg.devices[0];
-  parse_device(m.cfg.parameter_device, "parameter_device");
+  m.param_dev = parse_device_spec(m.cfg.parameter_device, "parameter_device");
+  {
+    std::vector<DLDevice> all = m.devs;
+    all.push_back(m.param_dev);
+    check_devices(m.host, all, m.cfg.strategy_name + " strategy");
+    for (const DLDevice& d : all) m.any_gpu = m.any_gpu || d.device_type == kDLCUDA;
+  }
   m.n = static_cast<uint32_t>(m.cfg.devices.size());
+  m.device_errors.assign(m.n, std::string());
+  m.streams.assign(m.n, nullptr);
+  for (uint32_t r = 0; r < m.n; ++r)
+    if (m.devs[r].device_type == kDLCUDA) m.streams[r] = m.host.stream_create(m.devs[r]);
   m.spin = spin_budget(m.n);
   if (m.cfg.num_workers == 0 || m.cfg.worker_index >= m.cfg.num_workers)
     STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, m.cfg.strategy_name, ": worker_index ", m.cfg.worker_index,
@@ -1051,6 +1157,8 @@ void LocalStrategy::run(strata_replica_fn fn, void* user) {
   }
   m.fn = fn;
   m.user = user;
+  // Replica 0 runs on the caller's thread: make its device current there.
+  if (m.gpu_replica(0)) m.host.set_device(m.devs[0]);
   if (m.n > 1) {
     m.remaining.store(m.n - 1, std::memory_order_release);
     {
@@ -1067,6 +1175,13 @@ void LocalStrategy::run(strata_replica_fn fn, void* user) {
   }
   std::lock_guard<std::mutex> l(m.rv_mu);
   if (m.failed) ::strata::detail::throw_status(m.fail_code, m.fail_msg);
+}
+
+void* LocalStrategy::replica_stream(strata_replica_t r) noexcept {
+  const Impl& m = *impl_;
+  const ReplicaCtx* c = reinterpret_cast<const ReplicaCtx*>(r);
+  if (c == nullptr || c < m.ctxs.data() || c >= m.ctxs.data() + m.ctxs.size()) return nullptr;
+  return m.streams[c->id];
 }
 
 int32_t LocalStrategy::replica_id_in_sync_group(strata_replica_t r) {
@@ -1092,7 +1207,7 @@ void LocalStrategy::replica_all_reduce(strata_replica_t r, strata_reduce_op op, 
 
 DLManagedTensor* LocalStrategy::replica_all_gather(strata_replica_t r, const DLTensor& input, int32_t axis) {
   const ReplicaCtx& c = impl_->check_replica(r);
-  check_tensor(input, "all_gather input of replica " + std::to_string(c.id));
+  check_tensor_metadata(input, "all_gather input of replica " + std::to_string(c.id));
   DLManagedTensor* out = nullptr;
   Slot s;
   s.kind = Kind::kAllGather;
@@ -1100,7 +1215,15 @@ DLManagedTensor* LocalStrategy::replica_all_gather(strata_replica_t r, const DLT
   s.axis = axis;
   s.out = &out;
   impl_->arrive(c.id, s);
-  return out;
+  if (!on_cuda(input) || out == nullptr) return out;
+  // The gathered host tensor, moved to the input's GPU (as the result of a
+  // GPU all_reduce stays on the GPU).
+  ManagedTensorPtr host_out(out);
+  const DLTensor& h = host_out->dl_tensor;
+  auto dev = make_device_tensor(impl_->host, h.dtype, std::vector<int64_t>(h.shape, h.shape + h.ndim), input.device);
+  impl_->host.copy(dev->dl_tensor.data, input.device, h.data, DLDevice{kDLCPU, 0}, byte_size(h),
+                   impl_->streams[c.id]);
+  return dev.release();
 }
 
 void LocalStrategy::replica_merge_call(strata_replica_t r, strata_merge_fn fn, void* merge_user,
@@ -1132,6 +1255,18 @@ DLManagedTensor* LocalStrategy::gather_to(uint32_t num_values, const DLTensor* c
     STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, m.cfg.strategy_name, ": gather_to got ", num_values,
                  " value(s) but the strategy has ", m.n, " local replica(s); pass one value per replica");
   if (m.W > 1) return m.gather_all(values, axis, 1)[0].release();
+  // GPU values: host copies first (the result is a host tensor).
+  std::vector<ManagedTensorPtr> staged;
+  std::vector<const DLTensor*> host_values(values, values + num_values);
+  for (uint32_t i = 0; i < num_values; ++i)
+    if (values[i] != nullptr && on_cuda(*values[i])) {
+      check_tensor_metadata(*values[i], "gather_to value " + std::to_string(i));
+      staged.push_back(make_tensor(values[i]->dtype, std::vector<int64_t>(values[i]->shape, values[i]->shape + values[i]->ndim)));
+      m.host.copy(staged.back()->dl_tensor.data, DLDevice{kDLCPU, 0}, data_ptr(*values[i]), values[i]->device,
+                  byte_size(*values[i]));
+      host_values[i] = &staged.back()->dl_tensor;
+    }
+  values = host_values.data();
   auto out = make_tensor(values[0] ? values[0]->dtype : kFloat32, concat_shape(values, num_values, axis));
   concat(values, num_values, axis, out->dl_tensor);
   return out.release();
@@ -1152,8 +1287,9 @@ strata_variable_t LocalStrategy::variable_create(const strata_variable_desc& des
     STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "variable '", name,
                  "': synchronization ON_READ can be used only for non-trainable variables; you "
                  "specified trainable=true and synchronization=ON_READ (pass trainable=false)");
-  check_tensor(initial, "initial value of variable '" + name + "'");
+  check_tensor_metadata(initial, "initial value of variable '" + name + "'");
   auto v = std::make_unique<Variable>();
+  v->host = m.host;
   v->owner = &m;
   v->name = name;
   v->sync = static_cast<strata_var_sync>(sync);
@@ -1168,9 +1304,28 @@ strata_variable_t LocalStrategy::variable_create(const strata_variable_desc& des
   v->copies.resize(copies);
   for (auto& c : v->copies) {
     c.reserve(v->bytes);
-    if (v->bytes) std::memcpy(c.data(), data_ptr(initial), v->bytes);
+    if (v->bytes) m.host.copy(c.data(), DLDevice{kDLCPU, 0}, data_ptr(initial), initial.device, v->bytes);
   }
-  m.broadcast_initial(*v, initial);
+  ManagedTensorPtr host_initial;  // the broadcast source must be host memory
+  const DLTensor* init = &initial;
+  if (on_cuda(initial) && m.W > 1) {
+    host_initial = make_tensor(initial.dtype, v->shape);
+    if (v->bytes) std::memcpy(host_initial->dl_tensor.data, v->copies[0].data(), v->bytes);
+    init = &host_initial->dl_tensor;
+  }
+  m.broadcast_initial(*v, *init);
+  // A copy on a GPU lives in that GPU's memory.
+  v->devices.resize(copies);
+  v->device_data.assign(copies, nullptr);
+  for (size_t c = 0; c < copies; ++c) {
+    v->devices[c] = m.copy_device(*v, c);
+    if (!v->on_gpu(c)) continue;
+    v->device_data[c] = m.host.allocate(v->devices[c], v->bytes, 256);
+    if (v->device_data[c] == nullptr)
+      STRATA_THROW(STRATA_ERR_INTERNAL, "variable '", name, "': cannot allocate ", v->bytes, " bytes on ",
+                   device_string(v->devices[c]), " (out of device memory? the host's log has the CUDA error)");
+    v->upload(c);
+  }
   std::lock_guard<std::mutex> l(m.vars_mu);
   m.vars.insert(v.get());
   return reinterpret_cast<strata_variable_t>(v.release());
@@ -1190,15 +1345,30 @@ DLManagedTensor* LocalStrategy::variable_read(strata_variable_t h, strata_replic
   Impl& m = *impl_;
   Variable& v = m.check_var(h);
   if (r != nullptr) {
+    // Replica context: a tensor on the copy's device (the replica's GPU for
+    // a mirrored variable), copied on the replica's stream so that it is
+    // ordered after the replica's own work.
     const ReplicaCtx& c = m.check_replica(r);
     const size_t idx = v.copies.size() == 1 ? 0 : c.id;
-    auto out = make_tensor(v.dtype, v.shape);
-    if (v.bytes) std::memcpy(out->dl_tensor.data, v.copies[idx].data(), v.bytes);
+    if (!v.on_gpu(idx)) {
+      auto out = make_tensor(v.dtype, v.shape);
+      if (v.bytes) std::memcpy(out->dl_tensor.data, v.copies[idx].data(), v.bytes);
+      return out.release();
+    }
+    auto out = make_device_tensor(m.host, v.dtype, v.shape, v.devices[idx]);
+    m.host.copy(out->dl_tensor.data, v.devices[idx], v.device_data[idx], v.devices[idx], v.bytes,
+                m.streams[c.id]);
     return out.release();
   }
   if (v.sync == STRATA_VAR_SYNC_ON_WRITE) {
+    // Cross-replica context: a host tensor (what .numpy() gives in TF), so
+    // checkpoints, metrics and prints read it directly.
+    m.sync_all_streams();
     auto out = make_tensor(v.dtype, v.shape);
-    if (v.bytes) std::memcpy(out->dl_tensor.data, v.copies[0].data(), v.bytes);
+    if (v.on_gpu(0))
+      m.host.copy(out->dl_tensor.data, DLDevice{kDLCPU, 0}, v.device_data[0], v.devices[0], v.bytes);
+    else if (v.bytes)
+      std::memcpy(out->dl_tensor.data, v.copies[0].data(), v.bytes);
     return out.release();
   }
   if (v.agg == STRATA_VAR_AGG_NONE)
@@ -1206,6 +1376,7 @@ DLManagedTensor* LocalStrategy::variable_read(strata_variable_t h, strata_replic
                  " in cross-replica context: its aggregation is NONE, which cannot be converted to a "
                  "reduce op; create it with aggregation SUM, MEAN or ONLY_FIRST_REPLICA, or read it in "
                  "replica context");
+  m.sync_all_streams();
   return m.aggregate_on_read(v).release();
 }
 
@@ -1215,7 +1386,9 @@ void LocalStrategy::variable_update(strata_variable_t h, strata_replica_t r, str
   Variable& v = m.check_var(h);
   m.check_value(v, value);
   if (r == nullptr) {  // cross-replica: every copy
-    const void* src = data_ptr(value);
+    m.sync_all_streams();
+    AlignedBuffer value_buf;
+    const void* src = m.host_data(value, v.bytes, value_buf);
     if (v.sync == STRATA_VAR_SYNC_ON_READ && v.agg == STRATA_VAR_AGG_SUM) {
       if (op != STRATA_VAR_ASSIGN)
         STRATA_THROW(STRATA_ERR_FAILED_PRECONDITION, "ON_READ ", v.label(), " does not support ", update_name(op),
@@ -1227,12 +1400,16 @@ void LocalStrategy::variable_update(strata_variable_t h, strata_replica_t r, str
       kernels::divide(v.dtype, m.cross_buf.data(), v.count, static_cast<double>(v.copies.size()) * m.W);
       src = m.cross_buf.data();
     }
-    for (auto& c : v.copies) kernels::apply_update(op, v.dtype, c.data(), src, v.count);
+    m.apply_all(v, op, src);
     return;
   }
   const ReplicaCtx& c = m.check_replica(r);
   if (v.sync == STRATA_VAR_SYNC_ON_READ) {
-    kernels::apply_update(op, v.dtype, v.copies[c.id].data(), data_ptr(value), v.count);
+    // The replica's own copy: staged through host memory when on a GPU
+    // (download, host kernel, upload), after the replica's pending work.
+    m.sync_stream(c.id);
+    AlignedBuffer value_buf;
+    m.apply_one(v, c.id, op, m.host_data(value, v.bytes, value_buf));
     return;
   }
   if (v.agg == STRATA_VAR_AGG_NONE && (m.cfg.require_aggregation || m.total > 1))

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "strata/sdk/tensor.hpp"
 
+#include "strata/sdk/device.hpp"
+
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -99,7 +101,7 @@ std::vector<int64_t> concat_shape(const DLTensor* const* inputs, uint32_t n, int
   for (uint32_t r = 0; r < n; ++r) {
     if (inputs[r] == nullptr)
       STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "gather input ", r, " is NULL");
-    check_tensor(*inputs[r], "gather input " + std::to_string(r));
+    check_tensor_metadata(*inputs[r], "gather input " + std::to_string(r));  // shapes only: GPU inputs too
   }
   const DLTensor& first = *inputs[0];
   const int32_t ndim = first.ndim;

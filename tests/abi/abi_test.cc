@@ -50,7 +50,7 @@ static_assert(offsetof(strata_collective_fingerprint, dtype) == 40, "strata_coll
 static_assert(offsetof(strata_collective_fingerprint, count) == 48, "strata_collective_fingerprint.count moved");
 static_assert(offsetof(strata_collective_fingerprint, rank) == 56, "strata_collective_fingerprint.rank moved");
 static_assert(offsetof(strata_collective_fingerprint, peer) == 60, "strata_collective_fingerprint.peer moved");
-static_assert(sizeof(strata_host_api) == 152, "strata_host_api size changed: the ABI is frozen; append fields and bump STRATA_ABI_MINOR");
+static_assert(sizeof(strata_host_api) == 200, "strata_host_api size changed: the ABI is frozen; append fields and bump STRATA_ABI_MINOR");
 static_assert(offsetof(strata_host_api, struct_size) == 0, "strata_host_api.struct_size moved");
 static_assert(offsetof(strata_host_api, abi_minor) == 4, "strata_host_api.abi_minor moved");
 static_assert(offsetof(strata_host_api, ext) == 8, "strata_host_api.ext moved");
@@ -71,7 +71,14 @@ static_assert(offsetof(strata_host_api, request_abort) == 120, "strata_host_api.
 static_assert(offsetof(strata_host_api, ps_variable_create) == 128, "strata_host_api.ps_variable_create moved");
 static_assert(offsetof(strata_host_api, ps_variable_read) == 136, "strata_host_api.ps_variable_read moved");
 static_assert(offsetof(strata_host_api, ps_variable_update) == 144, "strata_host_api.ps_variable_update moved");
+static_assert(offsetof(strata_host_api, device_count) == 152, "strata_host_api.device_count moved");
+static_assert(offsetof(strata_host_api, set_device) == 160, "strata_host_api.set_device moved");
+static_assert(offsetof(strata_host_api, stream_create) == 168, "strata_host_api.stream_create moved");
+static_assert(offsetof(strata_host_api, stream_destroy) == 176, "strata_host_api.stream_destroy moved");
+static_assert(offsetof(strata_host_api, stream_synchronize) == 184, "strata_host_api.stream_synchronize moved");
+static_assert(offsetof(strata_host_api, memcpy_async) == 192, "strata_host_api.memcpy_async moved");
 static_assert(STRATA_HOST_API_STRUCT_SIZE_1_2 == 128, "1.2 host table size moved");
+static_assert(STRATA_HOST_API_STRUCT_SIZE_1_3 == 152, "1.3 host table size moved");
 static_assert(sizeof(strata_plugin_component) == 48, "strata_plugin_component size changed: the ABI is frozen; append fields and bump STRATA_ABI_MINOR");
 static_assert(offsetof(strata_plugin_component, struct_size) == 0, "strata_plugin_component.struct_size moved");
 static_assert(offsetof(strata_plugin_component, abi_minor) == 4, "strata_plugin_component.abi_minor moved");
@@ -100,7 +107,7 @@ static_assert(offsetof(strata_variable_desc, aggregation) == 28, "strata_variabl
 static_assert(offsetof(strata_variable_desc, trainable) == 32, "strata_variable_desc.trainable moved");
 static_assert(offsetof(strata_variable_desc, attach_ref) == 40, "strata_variable_desc.attach_ref moved");
 static_assert(offsetof(strata_variable_desc, attach_ref_len) == 48, "strata_variable_desc.attach_ref_len moved");
-static_assert(sizeof(strata_strategy_vtable) == 168, "strata_strategy_vtable size changed: the ABI is frozen; append fields and bump STRATA_ABI_MINOR");
+static_assert(sizeof(strata_strategy_vtable) == 176, "strata_strategy_vtable size changed: the ABI is frozen; append fields and bump STRATA_ABI_MINOR");
 static_assert(offsetof(strata_strategy_vtable, struct_size) == 0, "strata_strategy_vtable.struct_size moved");
 static_assert(offsetof(strata_strategy_vtable, abi_minor) == 4, "strata_strategy_vtable.abi_minor moved");
 static_assert(offsetof(strata_strategy_vtable, ext) == 8, "strata_strategy_vtable.ext moved");
@@ -123,7 +130,9 @@ static_assert(offsetof(strata_strategy_vtable, save_state) == 136, "strata_strat
 static_assert(offsetof(strata_strategy_vtable, restore_state) == 144, "strata_strategy_vtable.restore_state moved");
 static_assert(offsetof(strata_strategy_vtable, set_transport) == 152, "strata_strategy_vtable.set_transport moved");
 static_assert(offsetof(strata_strategy_vtable, variable_ref) == 160, "strata_strategy_vtable.variable_ref moved");
+static_assert(offsetof(strata_strategy_vtable, replica_stream) == 168, "strata_strategy_vtable.replica_stream moved");
 static_assert(STRATA_STRATEGY_VTABLE_STRUCT_SIZE_1_2 == 160, "1.2 strategy vtable size moved");
+static_assert(STRATA_STRATEGY_VTABLE_STRUCT_SIZE_1_3 == 168, "1.3 strategy vtable size moved");
 static_assert(sizeof(strata_cross_device_ops_vtable) == 96, "strata_cross_device_ops_vtable size changed: the ABI is frozen; append fields and bump STRATA_ABI_MINOR");
 static_assert(offsetof(strata_cross_device_ops_vtable, struct_size) == 0, "strata_cross_device_ops_vtable.struct_size moved");
 static_assert(offsetof(strata_cross_device_ops_vtable, abi_minor) == 4, "strata_cross_device_ops_vtable.abi_minor moved");
@@ -226,7 +235,9 @@ static_assert(offsetof(strata_input_generator, next) == 32, "strata_input_genera
 static_assert(offsetof(strata_input_generator, finish) == 40, "strata_input_generator.finish moved");
 
 static_assert(STRATA_ABI_MAJOR == 1, "ABI major");
-static_assert(STRATA_ABI_MINOR == 3, "ABI minor: add pinned numbers for the new fields when raising it");
+static_assert(STRATA_ABI_MINOR == 4, "ABI minor: add pinned numbers for the new fields when raising it");
+// 1.3 sizes: what a 1.3 build hands out (1.4 appended the host device services
+// device_count .. memcpy_async and the strategy's replica_stream).
 // 1.2 sizes: what a 1.2 build hands out (1.3 appended the ps_variable_* host entries,
 // strategy variable_ref and strata_variable_desc.attach_ref/attach_ref_len).
 static_assert(offsetof(strata_variable_desc, attach_ref) == 40, "strata_variable_desc 1.2 size");
@@ -280,7 +291,7 @@ const Layout kLayout[] = {
     {"strata_collective_fingerprint", "count", offsetof(strata_collective_fingerprint, count), 48},
     {"strata_collective_fingerprint", "rank", offsetof(strata_collective_fingerprint, rank), 56},
     {"strata_collective_fingerprint", "peer", offsetof(strata_collective_fingerprint, peer), 60},
-    {"strata_host_api", nullptr, sizeof(strata_host_api), 152},
+    {"strata_host_api", nullptr, sizeof(strata_host_api), 200},
     {"strata_host_api", "struct_size", offsetof(strata_host_api, struct_size), 0},
     {"strata_host_api", "abi_minor", offsetof(strata_host_api, abi_minor), 4},
     {"strata_host_api", "ext", offsetof(strata_host_api, ext), 8},
@@ -301,6 +312,12 @@ const Layout kLayout[] = {
     {"strata_host_api", "ps_variable_create", offsetof(strata_host_api, ps_variable_create), 128},
     {"strata_host_api", "ps_variable_read", offsetof(strata_host_api, ps_variable_read), 136},
     {"strata_host_api", "ps_variable_update", offsetof(strata_host_api, ps_variable_update), 144},
+    {"strata_host_api", "device_count", offsetof(strata_host_api, device_count), 152},
+    {"strata_host_api", "set_device", offsetof(strata_host_api, set_device), 160},
+    {"strata_host_api", "stream_create", offsetof(strata_host_api, stream_create), 168},
+    {"strata_host_api", "stream_destroy", offsetof(strata_host_api, stream_destroy), 176},
+    {"strata_host_api", "stream_synchronize", offsetof(strata_host_api, stream_synchronize), 184},
+    {"strata_host_api", "memcpy_async", offsetof(strata_host_api, memcpy_async), 192},
     {"strata_plugin_component", nullptr, sizeof(strata_plugin_component), 48},
     {"strata_plugin_component", "struct_size", offsetof(strata_plugin_component, struct_size), 0},
     {"strata_plugin_component", "abi_minor", offsetof(strata_plugin_component, abi_minor), 4},
@@ -329,7 +346,7 @@ const Layout kLayout[] = {
     {"strata_variable_desc", "trainable", offsetof(strata_variable_desc, trainable), 32},
     {"strata_variable_desc", "attach_ref", offsetof(strata_variable_desc, attach_ref), 40},
     {"strata_variable_desc", "attach_ref_len", offsetof(strata_variable_desc, attach_ref_len), 48},
-    {"strata_strategy_vtable", nullptr, sizeof(strata_strategy_vtable), 168},
+    {"strata_strategy_vtable", nullptr, sizeof(strata_strategy_vtable), 176},
     {"strata_strategy_vtable", "struct_size", offsetof(strata_strategy_vtable, struct_size), 0},
     {"strata_strategy_vtable", "abi_minor", offsetof(strata_strategy_vtable, abi_minor), 4},
     {"strata_strategy_vtable", "ext", offsetof(strata_strategy_vtable, ext), 8},
@@ -352,6 +369,7 @@ const Layout kLayout[] = {
     {"strata_strategy_vtable", "restore_state", offsetof(strata_strategy_vtable, restore_state), 144},
     {"strata_strategy_vtable", "set_transport", offsetof(strata_strategy_vtable, set_transport), 152},
     {"strata_strategy_vtable", "variable_ref", offsetof(strata_strategy_vtable, variable_ref), 160},
+    {"strata_strategy_vtable", "replica_stream", offsetof(strata_strategy_vtable, replica_stream), 168},
     {"strata_cross_device_ops_vtable", nullptr, sizeof(strata_cross_device_ops_vtable), 96},
     {"strata_cross_device_ops_vtable", "struct_size", offsetof(strata_cross_device_ops_vtable, struct_size), 0},
     {"strata_cross_device_ops_vtable", "abi_minor", offsetof(strata_cross_device_ops_vtable, abi_minor), 4},
@@ -463,7 +481,42 @@ TEST(AbiTest, LayoutMatchesThePinnedNumbers) {
       EXPECT_EQ(l.actual, l.pinned) << "sizeof(" << l.type << ")";
     }
   }
-  EXPECT_EQ(rows, 197u);
+  EXPECT_EQ(rows, 204u);
+}
+
+// 1.4: the host hands out the device services in every build (a build
+// without CUDA fills them with entries that report UNIMPLEMENTED), so a
+// plugin checks STRATA_HAS_FIELD once and then calls them.
+TEST(AbiTest, HostTableHasTheDeviceServices) {
+  PluginHost host;
+  const strata_host_api* api = host.host_api();
+  EXPECT_EQ(api->struct_size, STRATA_HOST_API_STRUCT_SIZE);
+  EXPECT_EQ(api->abi_minor, static_cast<uint32_t>(STRATA_ABI_MINOR));
+  ASSERT_TRUE(STRATA_HAS_FIELD(api, strata_host_api, memcpy_async));
+  EXPECT_NE(api->device_count, nullptr);
+  EXPECT_NE(api->set_device, nullptr);
+  EXPECT_NE(api->stream_create, nullptr);
+  EXPECT_NE(api->stream_destroy, nullptr);
+  EXPECT_NE(api->stream_synchronize, nullptr);
+  EXPECT_NE(api->memcpy_async, nullptr);
+  // A reader of a 1.3 table must not see them.
+  strata_host_api old = *api;
+  old.struct_size = STRATA_HOST_API_STRUCT_SIZE_1_3;
+  EXPECT_FALSE(STRATA_HAS_FIELD(&old, strata_host_api, device_count));
+  EXPECT_TRUE(STRATA_HAS_FIELD(&old, strata_host_api, ps_variable_update));
+  strata_error err;
+  strata_error_init(&err);
+  int32_t count = -1;
+  EXPECT_EQ(api->device_count(api, kDLCPU, &count, &err), STRATA_OK);
+  EXPECT_EQ(count, 1);
+  const strata_status_t st = api->device_count(api, kDLCUDA, &count, &err);
+  if (st == STRATA_OK) {
+    EXPECT_GT(count, 0);
+  } else {
+    EXPECT_TRUE(st == STRATA_ERR_FAILED_PRECONDITION || st == STRATA_ERR_UNIMPLEMENTED) << strata_status_string(st);
+    EXPECT_EQ(count, 0);
+    EXPECT_NE(std::string(err.message), "");
+  }
 }
 
 TEST(AbiTest, EnumValuesArePinned) {
@@ -552,6 +605,7 @@ TEST(AbiTest, PluginBuiltAgainstMinor0LoadsWithNewFieldsNull) {
   EXPECT_EQ(vt->save_state, nullptr);
   EXPECT_EQ(vt->restore_state, nullptr);
   EXPECT_EQ(vt->set_transport, nullptr);  // 1.2: also beyond a 1.0 table
+  EXPECT_EQ(vt->replica_stream, nullptr);  // 1.4: also beyond a 1.0 table
   EXPECT_EQ(vt->run, raw->run);
   EXPECT_EQ(vt->variable_update, raw->variable_update);
   std::string out;

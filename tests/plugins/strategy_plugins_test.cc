@@ -3,6 +3,9 @@
 // the plugin host and driven through strata_strategy_vtable.
 #include <gtest/gtest.h>
 
+#include "strata/config.h"
+#include "strata/tensor.hpp"
+
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -536,12 +539,17 @@ TEST_P(StrategyPluginsTest, BadOptionsNameTheKey) {
     EXPECT_NE(std::string(e.what()).find("'devicez'"), std::string::npos) << e.what();
   }
   const char* key = c().name == "one_device" ? "device" : "devices";
-  nlohmann::json bad = c().name == "one_device" ? nlohmann::json("gpu:0") : nlohmann::json({"gpu:0"});
+  // A GPU no machine has: UNIMPLEMENTED without CUDA, FAILED_PRECONDITION
+  // (no GPU visible) or INVALID_ARGUMENT (beyond the visible count) with it.
+  nlohmann::json bad = c().name == "one_device" ? nlohmann::json("gpu:99") : nlohmann::json({"gpu:99"});
   try {
     Strat st(c().name, nlohmann::json{{key, bad}}.dump());
-    FAIL() << "accepted a GPU device";
+    FAIL() << "accepted a GPU device that does not exist";
   } catch (const Error& e) {
-    EXPECT_EQ(e.code(), STRATA_ERR_UNIMPLEMENTED);
+    const strata_status_t want = !STRATA_HAVE_CUDA    ? STRATA_ERR_UNIMPLEMENTED
+                                 : num_gpus() == 0 ? STRATA_ERR_FAILED_PRECONDITION
+                                                   : STRATA_ERR_INVALID_ARGUMENT;
+    EXPECT_EQ(e.code(), want) << e.what();
     EXPECT_NE(std::string(e.what()).find("CUDA"), std::string::npos) << e.what();
   }
   if (c().name != "one_device") {

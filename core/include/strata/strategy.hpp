@@ -340,6 +340,15 @@ class STRATA_API ReplicaContext {
   Tensor merge_call_per_replica(
       const std::function<PerReplica(Strategy&, const PerReplica&)>& fn, const TensorView& arg);
 
+  /// The CUDA stream (cudaStream_t, as void*) of this replica's GPU, on
+  /// which the strategy orders its own copies for the replica: enqueue
+  /// your kernels and copies here (libtorch: c10::cuda::getStreamFromExternal).
+  /// The strategy waits for it before a collective reads this replica's
+  /// tensors and before run() returns. NULL for a replica on a host device
+  /// (and for strategies from before ABI 1.4). The device is already
+  /// current on the replica's thread.
+  void* stream() const;
+
   /// Internal: the C handle (NULL never for a live context).
   strata_replica_t handle() const { return replica_; }
   detail::StrategyImpl* impl() const { return impl_; }

@@ -24,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
+#include <string>
 #include <vector>
 
 #include "strata/error.hpp"
@@ -81,6 +82,8 @@ class STRATA_API TensorView {
   ~TensorView() = default;
 
   const DLTensor& dl() const { return dl_; }
+  /// Where the elements live ({kDLCPU, 0}, {kDLCUDA, n}, ...).
+  DLDevice device() const { return dl_.device; }
   DType dtype() const;
   std::vector<std::int64_t> shape() const;
   std::int64_t ndim() const { return dl_.ndim; }
@@ -143,7 +146,8 @@ class STRATA_API Tensor {
   /// shape/strides; the caller keeps the memory alive while the Tensor (and
   /// anything borrowing from it) lives.
   static Tensor borrow(const TensorView& view);
-  /// A compact host copy (deep copy, even of a borrowed tensor).
+  /// A compact copy (deep copy, even of a borrowed tensor): on the host,
+  /// or on the same GPU for a GPU tensor (compact ones only).
   static Tensor copy_of(const TensorView& view);
 
   Tensor clone() const;
@@ -177,9 +181,40 @@ class STRATA_API Tensor {
   /// Every element converted to double (any dtype, including float16).
   std::vector<double> to_doubles() const;
 
+  // ---- devices (element access above needs host memory: on a GPU tensor
+  // it throws FailedPreconditionError saying to call .to("cpu:0")) ----
+
+  /// Where the elements live: {kDLCPU, 0} for host tensors, {kDLCUDA, n}
+  /// for GPU n. Throws FailedPreconditionError on an empty Tensor.
+  DLDevice device() const;
+  /// "cpu:0", "gpu:1", ... (see device_name).
+  std::string device_string() const;
+  bool is_cuda() const { return defined() && dl().device.device_type == kDLCUDA; }
+  /// A compact copy on `device`: "cpu:0", "gpu:<n>" or "cuda:<n>" (or the
+  /// DLDevice). Host to GPU, GPU to host and GPU to GPU copies go through
+  /// the CUDA runtime and are finished when to() returns. Always a new
+  /// tensor (also when it is already there). Throws FailedPreconditionError
+  /// "no CUDA device visible: ..." without a GPU, InvalidArgumentError for
+  /// gpu:<n> beyond the visible count, UnimplementedError in a build
+  /// without CUDA.
+  Tensor to(const std::string& device) const;
+  Tensor to(DLDevice device) const;
+
  private:
   DLManagedTensor* m_ = nullptr;
 };
+
+/// Parse "cpu:<n>", "gpu:<n>" or "cuda:<n>" (the alias) into a DLDevice;
+/// InvalidArgumentError otherwise. Does not check that the GPU exists.
+STRATA_API DLDevice parse_device(const std::string& name);
+/// "cpu:0", "gpu:1" (kDLCUDA), "cuda_host:0" (kDLCUDAHost).
+STRATA_API std::string device_name(DLDevice device);
+/// CUDA devices visible to this process; 0 when there are none or the
+/// build has no CUDA. Never throws.
+STRATA_API int num_gpus() noexcept;
+/// Why no GPU can be used ("no CUDA device visible: <CUDA error>. Check
+/// ..."), or "" when num_gpus() > 0.
+STRATA_API std::string gpu_unavailable_reason();
 
 /// Number of elements of `shape` (1 for a scalar). Throws
 /// InvalidArgumentError on a negative dimension.

@@ -21,7 +21,10 @@
 //  - NONE synchronization is rejected (InvalidArgumentError), as in TF.
 // value()/read_value() return copies: in replica context that replica's
 // copy, in cross-replica context the primary (ON_WRITE) or the aggregate
-// (ON_READ). read_view() borrows the memory without copying where the
+// (ON_READ). On a GPU strategy a replica-context read is a tensor on the
+// copy's GPU (use it in kernels, or .to("cpu:0")); a cross-replica read
+// is a host tensor (as .numpy() in TF). read_view() is nullopt for a copy
+// in GPU memory. read_view() borrows the memory without copying where the
 // plugin supports it.
 //
 // Ownership: move-only; keeps its strategy instance alive. Thread-safety:

@@ -34,6 +34,9 @@ void store_double(DLTensor& t, std::int64_t i, double v);
 /// A host tensor whose bytes are NOT cleared, for a caller that writes every
 /// byte next (a copy, a receive): saves Tensor::zeros' pass over memory.
 Tensor uninitialized_tensor(const std::vector<std::int64_t>& shape, DType dtype);
+// A tensor on `device` (kDLCUDA: device memory, uninitialised; otherwise as
+// uninitialized_tensor). Throws the no-GPU / bad-ordinal errors.
+Tensor device_tensor(const std::vector<std::int64_t>& shape, DType dtype, DLDevice device);
 
 /// dst = src (same dtype and shape, both compact; may alias).
 void copy_into(DLTensor& dst, const DLTensor& src);

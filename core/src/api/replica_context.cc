@@ -18,8 +18,14 @@ int ReplicaContext::num_replicas_in_sync() const { return impl_->num_replicas_in
 
 Strategy& ReplicaContext::strategy() const { return *impl_->view; }
 
+// The result of a collective lives where its input does (GPU input: GPU
+// result; the collective writes every element).
+static Tensor result_like(const std::vector<std::int64_t>& shape, DType dtype, DLDevice device) {
+  return device.device_type == kDLCUDA ? detail::device_tensor(shape, dtype, device) : Tensor::zeros(shape, dtype);
+}
+
 Tensor ReplicaContext::all_reduce(ReduceOp op, const TensorView& value) {
-  Tensor out = Tensor::zeros(value.shape(), value.dtype());
+  Tensor out = result_like(value.shape(), value.dtype(), value.device());
   const DLTensor* in = &value.dl();
   DLTensor* o = &out.mutable_dl();
   strata_error err;
@@ -35,7 +41,7 @@ std::vector<Tensor> ReplicaContext::all_reduce(ReduceOp op, const std::vector<Te
   std::vector<DLTensor*> optrs;
   outs.reserve(values.size());
   for (const Tensor& v : values) {
-    outs.push_back(Tensor::zeros(v.shape(), v.dtype()));
+    outs.push_back(result_like(v.shape(), v.dtype(), v.dl().device));
     ins.push_back(&v.dl());
     optrs.push_back(&outs.back().mutable_dl());
   }
@@ -220,6 +226,13 @@ Tensor ReplicaContext::merge_call_per_replica(
   u.kind = MergeKind::kPerReplica;
   u.fn_per_replica = &fn;
   return do_merge(impl_, replica_, local_id_, u, &arg.dl());
+}
+
+void* ReplicaContext::stream() const {
+  // replica_stream is a 1.4 field: NULL (host replicas only) for older plugins.
+  if (!STRATA_HAS_FIELD(impl_->vt, strata_strategy_vtable, replica_stream) || impl_->vt->replica_stream == nullptr)
+    return nullptr;
+  return impl_->vt->replica_stream(impl_->handle, replica_);
 }
 
 }  // namespace strata

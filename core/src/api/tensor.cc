@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "api/kernels.h"
+#include "host/cuda_device.h"
 #include "strata/sdk/kernels.hpp"
 
 namespace strata {
@@ -127,6 +128,10 @@ std::size_t TensorView::nbytes() const {
 bool TensorView::is_contiguous() const { return detail::is_contiguous(dl_); }
 
 void* TensorView::raw_data() const {
+  STRATA_ENFORCE(dl_.device.device_type != kDLCUDA, STRATA_ERR_FAILED_PRECONDITION, "tensor lives on ",
+                 device_name(dl_.device),
+                 "; element access (data, to_vector, to_doubles) needs host memory: call .to(\"cpu:0\") "
+                 "first");
   STRATA_ENFORCE(dl_.device.device_type == kDLCPU || dl_.device.device_type == kDLCUDAHost,
                  STRATA_ERR_INVALID_ARGUMENT, "tensor lives on device type ",
                  int(dl_.device.device_type),
@@ -156,6 +161,7 @@ struct Holder {
   std::vector<std::int64_t> strides;
   void* buffer = nullptr;  // owned; NULL for borrowed tensors
   std::size_t alloc = 0;   // its size
+  DLDevice device{kDLCPU, 0};  // where buffer lives (kDLCUDA: freed through CUDA)
 };
 
 // Large buffers of freed tensors are kept for the next tensor of the same
@@ -222,7 +228,10 @@ BufferCache& buffer_cache() {
 
 void holder_deleter(DLManagedTensor* self) {
   auto* h = static_cast<Holder*>(self->manager_ctx);
-  if (h->buffer) buffer_cache().give(h->buffer, h->alloc);
+  if (h->buffer && h->device.device_type == kDLCUDA)
+    detail::cuda::free_memory(h->device, h->buffer);
+  else if (h->buffer)
+    buffer_cache().give(h->buffer, h->alloc);
   delete h;
 }
 
@@ -338,6 +347,7 @@ Tensor Tensor::borrow(const TensorView& view) {
 
 Tensor Tensor::copy_of(const TensorView& view) {
   const DLTensor& src = view.dl();
+  if (src.device.device_type == kDLCUDA) return borrow(view).to(src.device);  // a copy on the same GPU
   Tensor t = detail::uninitialized_tensor(view.shape(), view.dtype());  // copy_into writes every element
   detail::copy_into(t.mutable_dl(), src);
   return t;
@@ -376,11 +386,118 @@ std::size_t Tensor::nbytes() const { return TensorView(*this).nbytes(); }
 
 std::vector<double> Tensor::to_doubles() const {
   const DLTensor& t = dl();
+  TensorView(*this).raw_data();  // host memory only: the .to("cpu:0") message
   STRATA_ENFORCE(detail::is_contiguous(t), STRATA_ERR_INVALID_ARGUMENT,
                  "to_doubles needs a compact tensor; make a copy with Tensor::copy_of first");
   const std::int64_t n = numel();
   std::vector<double> out(static_cast<std::size_t>(n));
   for (std::int64_t i = 0; i < n; ++i) out[static_cast<std::size_t>(i)] = detail::load_double(t, i);
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// Devices
+
+DLDevice parse_device(const std::string& name) {
+  auto ordinal = [&](std::size_t prefix) -> int {
+    const std::string rest = name.substr(prefix);
+    if (rest.empty() || rest.size() > 6 || rest.find_first_not_of("0123456789") != std::string::npos) return -1;
+    return std::stoi(rest);
+  };
+  int n = -1;
+  DLDeviceType type = kDLCPU;
+  if (name.rfind("cpu:", 0) == 0) {
+    n = ordinal(4);
+  } else if (name.rfind("gpu:", 0) == 0) {
+    n = ordinal(4);
+    type = kDLCUDA;
+  } else if (name.rfind("cuda:", 0) == 0) {
+    n = ordinal(5);
+    type = kDLCUDA;
+  }
+  STRATA_ENFORCE(n >= 0, STRATA_ERR_INVALID_ARGUMENT, "device '", name,
+                 "' is not of the form \"cpu:<n>\", \"gpu:<n>\" or \"cuda:<n>\" (e.g. \"gpu:0\")");
+  return DLDevice{type, n};
+}
+
+std::string device_name(DLDevice d) {
+  switch (d.device_type) {
+    case kDLCPU: return "cpu:" + std::to_string(d.device_id);
+    case kDLCUDA: return "gpu:" + std::to_string(d.device_id);
+    case kDLCUDAHost: return "cuda_host:" + std::to_string(d.device_id);
+    default: return "device_type_" + std::to_string(int(d.device_type)) + ":" + std::to_string(d.device_id);
+  }
+}
+
+int num_gpus() noexcept {
+  try {
+    int32_t n = 0;
+    std::string why;
+    return detail::cuda::device_count(&n, &why) == STRATA_OK ? n : 0;
+  } catch (...) {
+    return 0;
+  }
+}
+
+std::string gpu_unavailable_reason() {
+  int32_t n = 0;
+  std::string why;
+  return detail::cuda::device_count(&n, &why) == STRATA_OK ? std::string() : why;
+}
+
+namespace detail {
+Tensor device_tensor(const std::vector<std::int64_t>& shape, DType dtype, DLDevice device) {
+  if (device.device_type != kDLCUDA) return uninitialized_tensor(shape, dtype);
+  std::string why;
+  const strata_status_t st = cuda::check_device(device, &why);
+  if (st != STRATA_OK) throw_status(st, why);
+  auto h = std::make_unique<Holder>();
+  h->shape = shape;
+  const std::size_t bytes = static_cast<std::size_t>(shape_numel(shape)) * dtype_size(dtype);
+  h->buffer = cuda::allocate(device, bytes, &why);
+  if (h->buffer == nullptr) throw_status(STRATA_ERR_INTERNAL, why);
+  h->alloc = bytes;
+  h->device = device;
+  DLTensor& t = h->managed.dl_tensor;
+  t.data = h->buffer;
+  t.device = device;
+  t.ndim = static_cast<int32_t>(h->shape.size());
+  t.dtype = to_dlpack(dtype);
+  t.shape = h->shape.empty() ? nullptr : h->shape.data();
+  h->managed.manager_ctx = h.get();
+  h->managed.deleter = &holder_deleter;
+  return Tensor::adopt(&h.release()->managed);
+}
+}  // namespace detail
+
+DLDevice Tensor::device() const { return dl().device; }
+std::string Tensor::device_string() const { return device_name(device()); }
+
+Tensor Tensor::to(const std::string& device) const { return to(parse_device(device)); }
+
+Tensor Tensor::to(DLDevice dst) const {
+  const DLTensor& src = dl();
+  const bool src_host = src.device.device_type == kDLCPU || src.device.device_type == kDLCUDAHost;
+  STRATA_ENFORCE(dst.device_type == kDLCPU || dst.device_type == kDLCUDA, STRATA_ERR_INVALID_ARGUMENT,
+                 "Tensor::to(", device_name(dst), "): only \"cpu:<n>\" and \"gpu:<n>\" are supported");
+  STRATA_ENFORCE(src_host || src.device.device_type == kDLCUDA, STRATA_ERR_INVALID_ARGUMENT,
+                 "Tensor::to: the tensor lives on ", device_name(src.device), ", which Strata cannot copy from");
+  if (dst.device_type == kDLCPU && src_host) return clone();
+  STRATA_ENFORCE(detail::is_contiguous(src), STRATA_ERR_INVALID_ARGUMENT,
+                 "Tensor::to(", device_name(dst), ") needs a compact tensor; make a copy with Tensor::copy_of first");
+  std::string why;
+  for (DLDevice d : {src.device, dst})
+    if (d.device_type == kDLCUDA) {
+      const strata_status_t st = detail::cuda::check_device(d, &why);
+      if (st != STRATA_OK) detail::throw_status(st, "Tensor::to(" + device_name(dst) + "): " + why);
+    }
+  const std::size_t bytes = nbytes();
+  Tensor out = detail::device_tensor(shape(), dtype(), dst);
+  const void* from = static_cast<const char*>(src.data) + src.byte_offset;
+  const strata_status_t st =
+      detail::cuda::memcpy_async(out.m_->dl_tensor.data, out.m_->dl_tensor.device, from, src.device, bytes,
+                                 /*stream=*/nullptr, &why);  // NULL stream: synchronous
+  if (st != STRATA_OK) detail::throw_status(st, "Tensor::to(" + device_name(dst) + "): " + why);
   return out;
 }
 

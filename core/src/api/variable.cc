@@ -247,6 +247,9 @@ std::optional<TensorView> Variable::read_view() const {
   strata_error_init(&err);
   detail::check(s.vt->variable_view(s.handle, state_->handle, r, &out, &err), err,
                 ("viewing variable '" + state_->options.name + "'").c_str());
+  // A copy in GPU memory is no host view: callers (checkpoints) read it
+  // through value() instead, which copies it to the host.
+  if (out.device.device_type == kDLCUDA) return std::nullopt;
   return TensorView(out);
 }
 

@@ -384,6 +384,24 @@ class FunctionProducer : public StepProducer {
 }  // namespace
 
 // What a distributed dataset needs to open a pass.
+// Each local replica's device from the strategy's worker_devices ("gpu:<n>"
+// / "cuda:<n>" -> kDLCUDA; anything else, or a list of another length, is
+// the host).
+std::vector<DLDevice> replica_devices(const StrategyImpl& s, std::size_t local) {
+  std::vector<DLDevice> out(local, DLDevice{kDLCPU, 0});
+  if (s.worker_devices.size() != local) return out;
+  for (std::size_t r = 0; r < local; ++r) {
+    const std::string& d = s.worker_devices[r];
+    if (d.rfind("gpu:", 0) != 0 && d.rfind("cuda:", 0) != 0) continue;
+    try {
+      out[r] = parse_device(d);
+    } catch (const Error&) {
+      // Not a device name Strata knows: leave the batch on the host.
+    }
+  }
+  return out;
+}
+
 struct DistributedDatasetImpl {
   std::shared_ptr<StrategyImpl> strategy;
   InputOptions options;
@@ -617,12 +635,18 @@ struct DistributedIteratorImpl {
       step.emplace();
       for (int i = 0; i < local; ++i) step->push_back(empty_like(spec_));
     }
-    // Transpose: per component, one tensor per local replica.
+    // Transpose: per component, one tensor per local replica. A replica on
+    // a GPU gets its batch in that GPU's memory (copied here, before the
+    // step that consumes it; the input thread has prepared it on the host).
+    const std::vector<DLDevice> devices = replica_devices(*ds_->strategy, step->size());
     std::vector<std::string> names = (*step)[0].names;
     std::vector<PerReplica> values;
     for (std::size_t c = 0; c < names.size(); ++c) {
       std::vector<Tensor> per;
-      for (auto& e : *step) per.push_back(std::move(e.tensors.at(c)));
+      for (std::size_t r = 0; r < step->size(); ++r) {
+        Tensor& t = (*step)[r].tensors.at(c);
+        per.push_back(devices[r].device_type == kDLCUDA ? t.to(devices[r]) : std::move(t));
+      }
       values.emplace_back(std::move(per));
     }
     return DistributedElement(std::move(names), std::move(values));

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "host/cuda_device.h"
 #include "host/host_state.h"
 #include "ps/ps_host_api.h"
 #include "log.h"
@@ -206,6 +207,18 @@ void api_release_plugin(const strata_host_api* host, strata_plugin_instance* ins
 }
 
 void* api_allocate(const strata_host_api* host, DLDevice device, uint64_t bytes, uint64_t alignment) {
+  if (device.device_type == kDLCUDA || device.device_type == kDLCUDAHost) {
+    // CUDA allocations are aligned to at least 256 bytes.
+    if (alignment > 256 || (alignment & (alignment - 1)) != 0) return nullptr;
+    try {
+      std::string why;
+      void* p = cuda::allocate(device, bytes, &why);
+      if (p == nullptr) logger("host")->warn("allocate: {}", why);
+      return p;
+    } catch (...) {
+      return nullptr;
+    }
+  }
   if (device.device_type != kDLCPU) return nullptr;
   if (alignment == 0) alignment = 64;
   if ((alignment & (alignment - 1)) != 0) return nullptr;
@@ -218,7 +231,94 @@ void* api_allocate(const strata_host_api* host, DLDevice device, uint64_t bytes,
 }
 
 void api_free_memory(const strata_host_api* host, DLDevice device, void* ptr) {
-  if (device.device_type == kDLCPU) std::free(ptr);
+  if (device.device_type == kDLCPU)
+    std::free(ptr);
+  else if (device.device_type == kDLCUDA || device.device_type == kDLCUDAHost)
+    cuda::free_memory(device, ptr);
+}
+
+// ---- 1.4: CUDA devices (cuda_device.h does the work) ----
+
+strata_status_t api_device_count(const strata_host_api* host, int32_t device_type, int32_t* count,
+                                 strata_error* err) {
+  if (!count) return set_error(err, STRATA_ERR_INVALID_ARGUMENT, "device_count: count is NULL");
+  *count = 0;
+  try {
+    if (device_type == kDLCPU) {
+      *count = 1;
+      return STRATA_OK;
+    }
+    if (device_type != kDLCUDA)
+      return set_error(err, STRATA_ERR_INVALID_ARGUMENT,
+                       "device_count: device type " + std::to_string(device_type) +
+                           " is not supported; ask for kDLCPU (1) or kDLCUDA (2)");
+    std::string why;
+    const strata_status_t st = cuda::device_count(count, &why);
+    return st == STRATA_OK ? st : set_error(err, st, why);
+  } catch (...) {
+    return internal_error(err, "device_count");
+  }
+}
+
+strata_status_t api_set_device(const strata_host_api* host, DLDevice device, strata_error* err) {
+  try {
+    std::string why;
+    const strata_status_t st = cuda::set_device(device, &why);
+    return st == STRATA_OK ? st : set_error(err, st, "set_device: " + why);
+  } catch (...) {
+    return internal_error(err, "set_device");
+  }
+}
+
+strata_status_t api_stream_create(const strata_host_api* host, DLDevice device, void** stream,
+                                  strata_error* err) {
+  try {
+    std::string why;
+    const strata_status_t st = cuda::stream_create(device, stream, &why);
+    return st == STRATA_OK ? st : set_error(err, st, "stream_create: " + why);
+  } catch (...) {
+    return internal_error(err, "stream_create");
+  }
+}
+
+void api_stream_destroy(const strata_host_api* host, void* stream) {
+  try {
+    cuda::stream_destroy(stream);
+  } catch (...) {
+  }
+}
+
+int64_t collective_timeout_ms(HostShared* s) {
+  std::lock_guard<std::mutex> lock(s->config_mu);
+  double sec = 300.0;
+  auto jp = nlohmann::json::json_pointer("/timeouts/collective_s");
+  if (s->config.contains(jp) && s->config[jp].is_number()) sec = s->config[jp].get<double>();
+  return static_cast<int64_t>(sec * 1000.0);
+}
+
+strata_status_t api_stream_synchronize(const strata_host_api* host, void* stream, int64_t timeout_ms,
+                                       strata_error* err) {
+  try {
+    HostShared* s = HostShared::from(host);
+    if (timeout_ms < 0) timeout_ms = collective_timeout_ms(s);
+    std::string why;
+    const strata_status_t st =
+        cuda::stream_synchronize(stream, timeout_ms, [s] { return s->abort.load(); }, &why);
+    return st == STRATA_OK ? st : set_error(err, st, why);
+  } catch (...) {
+    return internal_error(err, "stream_synchronize");
+  }
+}
+
+strata_status_t api_memcpy_async(const strata_host_api* host, void* dst, DLDevice dst_device, const void* src,
+                                 DLDevice src_device, uint64_t bytes, void* stream, strata_error* err) {
+  try {
+    std::string why;
+    const strata_status_t st = cuda::memcpy_async(dst, dst_device, src, src_device, bytes, stream, &why);
+    return st == STRATA_OK ? st : set_error(err, st, why);
+  } catch (...) {
+    return internal_error(err, "memcpy_async");
+  }
 }
 
 int64_t effective_timeout(HostShared* s, int64_t timeout_ms) {
@@ -342,6 +442,12 @@ HostShared::HostShared() {
   a.ps_variable_create = ps_detail::host_ps_variable_create;
   a.ps_variable_read = ps_detail::host_ps_variable_read;
   a.ps_variable_update = ps_detail::host_ps_variable_update;
+  a.device_count = api_device_count;
+  a.set_device = api_set_device;
+  a.stream_create = api_stream_create;
+  a.stream_destroy = api_stream_destroy;
+  a.stream_synchronize = api_stream_synchronize;
+  a.memcpy_async = api_memcpy_async;
   table.shared = this;
   static_assert(std::is_standard_layout_v<HostTable>, "HostTable must map back from its first member");
 }

@@ -3,7 +3,8 @@
 // per replica) while every ON_WRITE variable has a single copy on the
 // parameter device; replica-context updates are aggregated across replicas
 // before being applied once. ON_READ variables stay per replica, as in TF.
-// Options: {"devices": [...] (default ["cpu:0"]), "parameter_device":
+// Options: {"devices": [...] (default: every visible GPU, else ["cpu:0"]),
+// "parameter_device":
 // "cpu:0", "cross_device_ops": {...} (default reduction_to_one_device onto
 // the parameter device), "timeout_s": 300}.
 #include "strata/sdk/local_strategy.hpp"

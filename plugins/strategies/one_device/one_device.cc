@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // OneDeviceStrategy: a single replica on one device, run on the caller's
-// thread. Options: {"device": "cpu:0", "timeout_s": 300}. Reductions over
+// thread. Options: {"device": "cpu:0" | "gpu:<n>" | "cuda:<n>", "timeout_s":
+// 300}. On a GPU the variables live in its memory and the replica's work
+// is ordered on the strategy's stream (see LocalStrategy). Reductions over
 // the single replica use the SDK's built-in CrossDeviceOps (TF's
 // OneDeviceStrategy has none either), so no other plugin is needed.
 #include "strata/sdk/local_strategy.hpp"
@@ -21,6 +23,7 @@ sdk::LocalStrategyConfig make_config(const char* options_json) {
   cfg.parameter_device = device;
   cfg.placement = sdk::VariablePlacement::kSingleCopy;
   cfg.require_aggregation = false;
+  cfg.default_to_gpus = false;  // the device is named (default "cpu:0")
   sdk::parse_common_options(o, cfg, /*allow_devices=*/false);
   return cfg;
 }

@@ -34,8 +34,10 @@ extern "C" {
 /** ABI minor: raised whenever a field is appended to any struct or vtable.
  *  1.0: initial layout. 1.1: appended the fields marked "since 1.1".
  *  1.2: appended the fields marked "since 1.2" (set_transport).
- *  1.3: appended the fields marked "since 1.3" (parameter-server variables). */
-#define STRATA_ABI_MINOR 3
+ *  1.3: appended the fields marked "since 1.3" (parameter-server variables).
+ *  1.4: appended the fields marked "since 1.4" (CUDA devices: host device
+ *       services, strategy replica_stream). */
+#define STRATA_ABI_MINOR 4
 
 #if defined(_WIN32)
 #define STRATA_EXPORT __declspec(dllexport)

@@ -104,7 +104,11 @@ typedef struct strata_host_api {
 
   /** Allocate `bytes` on `device` aligned to `alignment` (a power of two, 0 =
    *  64). Returns NULL on failure (or when the device kind is unsupported).
-   *  Free with free_memory, same device. Never blocks for long. */
+   *  Free with free_memory, same device. Never blocks for long.
+   *  Since 1.4, in a host built with CUDA: kDLCUDA (device memory of GPU
+   *  device_id from a stream-ordered pool, usable by any stream once
+   *  allocate returns; alignment up to 256) and kDLCUDAHost (pinned host
+   *  memory). A host without CUDA returns NULL for both. */
   void* (*allocate)(const struct strata_host_api* host, DLDevice device, uint64_t bytes,
                     uint64_t alignment);
   void (*free_memory)(const struct strata_host_api* host, DLDevice device, void* ptr);
@@ -175,6 +179,50 @@ typedef struct strata_host_api {
   strata_status_t (*ps_variable_update)(const struct strata_host_api* host, const void* ref,
                                         uint64_t ref_len, uint32_t op, const DLTensor* value,
                                         strata_error* err);
+
+  /* ---- since 1.4: CUDA devices ----
+   * A host built without CUDA fills these entries with functions that fail
+   * with STRATA_ERR_UNIMPLEMENTED ("needs a build with CUDA") and report a
+   * count of 0, so a plugin never needs its own CUDA link to learn whether
+   * GPUs exist. Streams are opaque (cudaStream_t) and belong to the device
+   * they were created on. All are thread-safe. */
+
+  /** Number of devices of `device_type` (kDLCUDA; kDLCPU reports 1) visible
+   *  to this process through `*count`. With no usable GPU (no driver, no
+   *  device, CUDA_VISIBLE_DEVICES empty) `*count` is 0 and the call returns
+   *  STRATA_ERR_FAILED_PRECONDITION whose message gives the CUDA error and
+   *  what to check; UNIMPLEMENTED when the host has no CUDA. Never blocks
+   *  for long (the first call initialises the driver). */
+  strata_status_t (*device_count)(const struct strata_host_api* host, int32_t device_type,
+                                  int32_t* count, strata_error* err);
+  /** Make `device` (kDLCUDA) current for the calling thread (cudaSetDevice).
+   *  kDLCPU: does nothing. INVALID_ARGUMENT naming the ordinal and the
+   *  visible count when it is out of range. */
+  strata_status_t (*set_device)(const struct strata_host_api* host, DLDevice device, strata_error* err);
+  /** Create a non-blocking stream on `device` (kDLCUDA) and write it to
+   *  `*stream`; destroy it with stream_destroy. */
+  strata_status_t (*stream_create)(const struct strata_host_api* host, DLDevice device, void** stream,
+                                   strata_error* err);
+  /** Destroy a stream from stream_create. Does not wait: work already
+   *  enqueued still completes, then CUDA releases the stream. NULL does
+   *  nothing. */
+  void (*stream_destroy)(const struct strata_host_api* host, void* stream);
+  /** Wait until every operation enqueued on `stream` (NULL: the calling
+   *  thread's current device's legacy default stream) has finished, polling
+   *  at most `timeout_ms` (< 0: the host's collective timeout). Fails with
+   *  DEADLINE_EXCEEDED when it passes, ABORTED when the job is asked to stop,
+   *  INTERNAL with the CUDA error when an operation failed. */
+  strata_status_t (*stream_synchronize)(const struct strata_host_api* host, void* stream,
+                                        int64_t timeout_ms, strata_error* err);
+  /** Copy `bytes` from `src` on `src_device` to `dst` on `dst_device`
+   *  (kDLCPU pageable, kDLCUDAHost pinned, kDLCUDA device; any pair,
+   *  including between two GPUs), ordered on `stream`. Returns once
+   *  enqueued: synchronise the stream before reading `dst` or reusing
+   *  `src`. `stream` NULL: the copy is synchronous (done when this returns;
+   *  it does not wait for work on other streams). */
+  strata_status_t (*memcpy_async)(const struct strata_host_api* host, void* dst, DLDevice dst_device,
+                                  const void* src, DLDevice src_device, uint64_t bytes, void* stream,
+                                  strata_error* err);
 } strata_host_api;
 
 /** Size of the host table at ABI 1.0 (the last 1.0 field is record_collective). */
@@ -183,6 +231,9 @@ typedef struct strata_host_api {
 /** Size of the host table at ABI 1.2 (the last field then was request_abort). */
 #define STRATA_HOST_API_STRUCT_SIZE_1_2 \
   ((uint32_t)(offsetof(strata_host_api, request_abort) + sizeof(void*)))
+/** Size of the host table at ABI 1.3 (the last field then was ps_variable_update). */
+#define STRATA_HOST_API_STRUCT_SIZE_1_3 \
+  ((uint32_t)(offsetof(strata_host_api, ps_variable_update) + sizeof(void*)))
 #define STRATA_HOST_API_STRUCT_SIZE ((uint32_t)sizeof(strata_host_api))
 
 #ifdef __cplusplus

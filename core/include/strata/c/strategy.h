@@ -217,6 +217,16 @@ typedef struct strata_strategy_vtable {
    *  Never blocks. */
   strata_status_t (*variable_ref)(strata_strategy_t s, strata_variable_t v, strata_write_fn write,
                                   void* user, strata_error* err);
+
+  /* ---- since 1.4 (optional) ---- */
+
+  /** The cudaStream_t (as void*) on which replica `r`'s device work is
+   *  ordered: the strategy creates one per GPU replica and orders its own
+   *  copies for that replica on it, so user kernels enqueued on it see
+   *  the replica's inputs and variables. NULL for a replica on a host
+   *  device (or NULL `r`). Called from the replica's thread during run;
+   *  never blocks. NULL entry = the strategy has host replicas only. */
+  void* (*replica_stream)(strata_strategy_t s, strata_replica_t r);
 } strata_strategy_vtable;
 
 /** Size of the vtable at ABI 1.0 (up to variable_update). */
@@ -228,6 +238,9 @@ typedef struct strata_strategy_vtable {
 /** Size of the vtable at ABI 1.2 (up to set_transport). */
 #define STRATA_STRATEGY_VTABLE_STRUCT_SIZE_1_2 \
   ((uint32_t)(offsetof(strata_strategy_vtable, set_transport) + sizeof(void*)))
+/** Size of the vtable at ABI 1.3 (up to variable_ref). */
+#define STRATA_STRATEGY_VTABLE_STRUCT_SIZE_1_3 \
+  ((uint32_t)(offsetof(strata_strategy_vtable, variable_ref) + sizeof(void*)))
 #define STRATA_STRATEGY_VTABLE_STRUCT_SIZE ((uint32_t)sizeof(strata_strategy_vtable))
 
 #ifdef __cplusplus

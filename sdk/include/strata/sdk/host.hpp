@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -115,6 +116,75 @@ class Host {
     if (api_ != nullptr && ptr != nullptr) api_->free_memory(api_, device, ptr);
   }
 
+  // ---- since 1.4: CUDA devices through the host (the SDK links no CUDA) ----
+  /// Whether the host table has the 1.4 device services.
+  bool has_device_services() const {
+    return STRATA_HAS_FIELD(api_, strata_host_api, memcpy_async) && api_->device_count != nullptr &&
+           api_->memcpy_async != nullptr;
+  }
+  /// Visible CUDA devices. Throws the host's error when there are none
+  /// (FAILED_PRECONDITION "no CUDA device visible: ..."), UNIMPLEMENTED
+  /// when the host has no CUDA or predates ABI 1.4.
+  int32_t cuda_device_count() const {
+    require_devices("device_count");
+    int32_t count = 0;
+    strata_error err;
+    strata_error_init(&err);
+    ::strata::detail::check_status(api_->device_count(api_, kDLCUDA, &count, &err), err, "GPU devices");
+    return count;
+  }
+  /// Make `device` current for the calling thread (kDLCPU: no-op).
+  void set_device(DLDevice device) const {
+    if (device.device_type == kDLCPU) return;
+    require_devices("set_device");
+    strata_error err;
+    strata_error_init(&err);
+    ::strata::detail::check_status(api_->set_device(api_, device, &err), err, "set_device");
+  }
+  /// A new non-blocking stream on `device`; give it back with stream_destroy.
+  void* stream_create(DLDevice device) const {
+    require_devices("stream_create");
+    void* stream = nullptr;
+    strata_error err;
+    strata_error_init(&err);
+    ::strata::detail::check_status(api_->stream_create(api_, device, &stream, &err), err, "stream_create");
+    return stream;
+  }
+  void stream_destroy(void* stream) const noexcept {
+    if (stream != nullptr && has_device_services()) api_->stream_destroy(api_, stream);
+  }
+  /// Wait (polling, at most timeout_ms; < 0 = the host's collective timeout)
+  /// for the work on `stream`.
+  void stream_synchronize(void* stream, int64_t timeout_ms = -1) const {
+    require_devices("stream_synchronize");
+    strata_error err;
+    strata_error_init(&err);
+    ::strata::detail::check_status(api_->stream_synchronize(api_, stream, timeout_ms, &err), err,
+                                   "stream_synchronize");
+  }
+  /// Enqueue a copy on `stream` (see strata_host_api.memcpy_async).
+  void memcpy_async(void* dst, DLDevice dst_device, const void* src, DLDevice src_device, uint64_t bytes,
+                    void* stream) const {
+    if (bytes == 0) return;
+    require_devices("memcpy_async");
+    strata_error err;
+    strata_error_init(&err);
+    ::strata::detail::check_status(
+        api_->memcpy_async(api_, dst, dst_device, src, src_device, bytes, stream, &err), err, "memcpy_async");
+  }
+  /// memcpy_async, then stream_synchronize: `dst` is ready on return
+  /// (stream NULL: a synchronous copy). Host to host is a memcpy.
+  void copy(void* dst, DLDevice dst_device, const void* src, DLDevice src_device, uint64_t bytes,
+            void* stream = nullptr) const {
+    if (bytes == 0) return;
+    if (dst_device.device_type != kDLCUDA && src_device.device_type != kDLCUDA) {
+      std::memcpy(dst, src, static_cast<size_t>(bytes));
+      return;
+    }
+    memcpy_async(dst, dst_device, src, src_device, bytes, stream);
+    if (stream != nullptr) stream_synchronize(stream);
+  }
+
   uint64_t now_ns() const { require("now_ns"); return api_->now_ns(api_); }
   bool abort_requested() const { return api_ != nullptr && api_->abort_requested(api_) != 0; }
   /// Since 1.1; returns false when the host is older (nothing was done).
@@ -178,6 +248,13 @@ class Host {
   }
 
  private:
+  void require_devices(const char* what) const {
+    require(what);
+    if (!has_device_services())
+      STRATA_THROW(STRATA_ERR_UNIMPLEMENTED, "host service ", what,
+                   ": GPU devices need a host of ABI 1.4 or newer (this host's table predates the device "
+                   "services); run with a newer Strata");
+  }
   void require(const char* what) const {
     if (api_ == nullptr)
       STRATA_THROW(STRATA_ERR_FAILED_PRECONDITION, "host service ", what,

@@ -34,12 +34,14 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <unordered_set>
 #include <vector>
 
 #include "strata/sdk/kernels.hpp"
+#include "strata/sdk/device.hpp"
 #include "strata/sdk/plugin.hpp"
 #include "strata/sdk/tensor.hpp"
 
@@ -86,6 +88,14 @@ class LocalCrossDeviceOps : public CrossDeviceOpsBase {
                    const DLTensor* const* group, void* dst, size_t count);
 
   Host host_;
+  /// GPU tensors (kDLCUDA) given to all_reduce, reduce, broadcast,
+  /// all_gather or reduce_scatter are staged through pinned host memory:
+  /// copied in, handled by the host code (batch_all_reduce included, so a
+  /// subclass sees host tensors only) and copied back, giving the same bits
+  /// as host replicas. Staged calls are serialised (staging_mu_).
+  HostStaging& staging();
+  std::mutex staging_mu_;
+  std::unique_ptr<HostStaging> staging_;
   std::vector<const void*> ptrs_;  // reused pointer array for the kernels
   AlignedBuffer scratch_;
 

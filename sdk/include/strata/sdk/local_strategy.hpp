@@ -42,6 +42,27 @@
 // must issue the same collectives in the same order; the CrossDeviceOps
 // detects mismatches and dead peers within its timeout.
 //
+// GPU replicas ("gpu:<n>" / "cuda:<n>", ABI 1.4; the SDK reaches CUDA
+// through the host services only). Creation checks the devices with the
+// host: FAILED_PRECONDITION "no CUDA device visible: ..." without a GPU,
+// INVALID_ARGUMENT naming the ordinal and the visible count when one is out
+// of range. Each GPU replica owns a non-blocking stream (replica_stream),
+// created with the strategy, and its thread makes the device current once.
+// A collective first waits for the arriving replica's stream, and run waits
+// for every replica's stream before it returns, so host code and other
+// streams see finished tensors. A variable copy on a GPU lives in that
+// GPU's memory; an update stages it through host memory (copy to host,
+// apply the host kernel, copy back, synchronously): correct, not fast (two
+// PCIe copies per copy per update). Reads in replica context return a
+// tensor on the copy's device; reads in cross-replica context return a host
+// tensor (as .numpy() does in TF). Collectives of GPU tensors go to the
+// cross_device_ops as they are: the SDK's LocalCrossDeviceOps (and its
+// subclasses) stage them through pinned host memory, giving the same bits
+// as host replicas; the split all-reduce handles host tensors only (GPU
+// tensors take one staged call). A replica all_gather of a GPU tensor
+// returns a tensor on that GPU; gather_to (cross-replica) of GPU tensors
+// returns a host tensor.
+//
 // Thread-safety: cross-replica methods are serialised by the host (ABI
 // contract); replica-context methods are called concurrently by the replica
 // threads of the current run. save_state/restore_state are not provided
@@ -62,7 +83,16 @@ enum class VariablePlacement { kPerReplica, kSingleCopy };
 
 struct LocalStrategyConfig {
   std::string strategy_name = "local";          ///< for messages and describe
-  std::vector<std::string> devices{"cpu:0"};    ///< one replica per device, in order
+  /// One replica per device, in order: "cpu:<n>", "gpu:<n>" or "cuda:<n>".
+  std::vector<std::string> devices{"cpu:0"};
+  /// Set by parse_common_options when the options named "devices".
+  bool devices_given = false;
+  /// true: without a "devices" option (devices_given false, devices still
+  /// the default {"cpu:0"}) and with one worker, use every visible GPU
+  /// ("gpu:0".."gpu:<k-1>"), as tf.distribute's MirroredStrategy does; with
+  /// none visible, "cpu:0". one_device sets it false (it names its device);
+  /// multi_worker_mirrored is left out until its plugin opts in.
+  bool default_to_gpus = true;
   VariablePlacement placement = VariablePlacement::kPerReplica;
   std::string parameter_device;                 ///< kSingleCopy; "" = devices[0]
   /// CrossDeviceOps plugin; "" = the SDK's built-in LocalCrossDeviceOps.
@@ -99,8 +129,9 @@ struct LocalStrategyConfig {
   nlohmann::json describe_extra = nlohmann::json::object();
 };
 
-/// "cpu:<n>" -> n. "gpu:<n>" is UNIMPLEMENTED (GPU devices need CUDA);
-/// anything else INVALID_ARGUMENT naming `option`.
+/// "cpu:<n>", "gpu:<n>" or "cuda:<n>" -> n (syntax only: whether the GPU
+/// exists is checked when the strategy is created, through the host);
+/// anything else INVALID_ARGUMENT naming `option`. See parse_device_spec.
 int parse_device(const std::string& device, const std::string& option);
 /// Validate a JSON array of unique device names (non-empty).
 std::vector<std::string> parse_device_list(const nlohmann::json& value, const std::string& option);
@@ -128,7 +159,10 @@ class LocalStrategy : public StrategyBase {
   DLManagedTensor* variable_read(strata_variable_t v, strata_replica_t r) override;
   void variable_update(strata_variable_t v, strata_replica_t r, strata_var_update_op op,
                        const DLTensor& value) override;
-  /// ABI 1.1 variable_view: a borrowed view of replica r's (or the primary) copy.
+  /// ABI 1.4: replica r's CUDA stream, NULL for a host replica.
+  void* replica_stream(strata_replica_t r) noexcept;
+  /// ABI 1.1 variable_view: a borrowed view of replica r's (or the primary)
+  /// copy, in device memory (kDLCUDA) for a copy on a GPU.
   DLTensor variable_view(strata_variable_t v, strata_replica_t r);
   /// Hand an ABI 1.2 set_transport to the cross_device_ops plugin (a
   /// subclass that spans processes declares set_transport and calls this;

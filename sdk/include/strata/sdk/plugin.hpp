@@ -136,6 +136,7 @@ STRATA_SDK_HAS_MEMBER_(HasDetect, detect)
 STRATA_SDK_HAS_MEMBER_(HasCardinality, cardinality)
 STRATA_SDK_HAS_MEMBER_(HasSetTransport, set_transport)
 STRATA_SDK_HAS_MEMBER_(HasVariableRef, variable_ref)
+STRATA_SDK_HAS_MEMBER_(HasReplicaStream, replica_stream)
 STRATA_SDK_HAS_MEMBER_(HasVariableAttach, variable_attach)
 STRATA_SDK_HAS_MEMBER_(HasSubsystem, kSubsystem)
 
@@ -156,6 +157,8 @@ Host make_host(const strata_host_api* host, const char* kind) {
 ///   void set_transport(const std::string& name, const std::string& options_json);  (ABI 1.2;
 ///       options_json is "{}" when the caller passed NULL or "")
 ///   std::string variable_ref(strata_variable_t v);  (ABI 1.3)
+///   void* replica_stream(strata_replica_t r) noexcept;  (ABI 1.4: the replica's
+///       cudaStream_t, NULL for host replicas; must not throw)
 ///   strata_variable_t variable_attach(const strata_variable_desc& desc);  (ABI 1.3: called
 ///       instead of variable_create when desc.attach_ref is set; without it such a
 ///       desc is INVALID_ARGUMENT)
@@ -315,6 +318,15 @@ struct StrategyAdapter {
       v.variable_ref = [](strata_strategy_t s, strata_variable_t var, strata_write_fn write, void* user,
                           strata_error* err) {
         return guard(err, [&] { detail::write_string(write, user, self(s).variable_ref(var)); });
+      };
+    }
+    if constexpr (detail::HasReplicaStream<T>::value) {
+      v.replica_stream = [](strata_strategy_t s, strata_replica_t r) -> void* {
+        try {
+          return self(s).replica_stream(r);
+        } catch (...) {
+          return nullptr;  // no exception crosses the ABI
+        }
       };
     }
     if constexpr (detail::HasSetTransport<T>::value) {
