@@ -167,8 +167,9 @@ TEST_F(HostServicesTest, AllocateHonoursAlignmentAndDevice) {
   EXPECT_EQ(api_->allocate(api_, cpu, 100, 48), nullptr);  // not a power of two
   // Device memory (ABI 1.4) only where a GPU is visible; tests/gpu covers it.
   int32_t gpus = 0;
-  if (api_->device_count(api_, kDLCUDA, &gpus, &err_) != STRATA_OK)
+  if (api_->device_count(api_, kDLCUDA, &gpus, &err_) != STRATA_OK) {
     EXPECT_EQ(api_->allocate(api_, DLDevice{kDLCUDA, 0}, 100, 0), nullptr);
+  }
   EXPECT_EQ(api_->allocate(api_, DLDevice{kDLOpenCL, 0}, 100, 0), nullptr);  // never supported
 }
 

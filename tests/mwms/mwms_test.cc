@@ -22,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "strata/tensor.hpp"
 #include "test_support.h"
 
 #include <algorithm>
@@ -230,6 +231,8 @@ class MwmsTest : public ::testing::Test {
     if (std::getenv("LSAN_OPTIONS") == nullptr) token_env_["LSAN_OPTIONS"] = "use_tls=0";
   }
   void TearDown() override { fs::remove_all(dir_); }
+
+  void check_api_operations(int workers, const std::string& devices, const std::string& communication);
 
   std::vector<std::string> train_argv(const std::string& args) const {
     std::vector<std::string> argv{STRATA_TRAIN_BIN};
@@ -458,10 +461,13 @@ TEST_F(MwmsTest, StrataRunSummaryNamesTheStoppedOrKilledRank) {
 
 // Every cross-worker operation of the C++ API, checked against values
 // computed here from the global replica ids.
-TEST_F(MwmsTest, ApiOperationsSpanAllWorkers) {
-  for (const auto& [workers, devices] : {std::pair<int, std::string>{2, "cpu:0,cpu:1"}, {3, "cpu:0"}}) {
+// Every cross-worker operation of mwms_worker, checked against values
+// computed here: `workers` processes with `devices` each (comma-separated),
+// with `communication` ("" = the strategy's default).
+void MwmsTest::check_api_operations(int workers, const std::string& devices, const std::string& communication) {
+  {
     SCOPED_TRACE(std::to_string(workers) + " workers with " + devices);
-    const int local = devices == "cpu:0" ? 1 : 2;
+    const int local = static_cast<int>(std::count(devices.begin(), devices.end(), ',')) + 1;
     const int T = workers * local;
     json cluster;
     for (int i = 0; i < workers; ++i) cluster["worker"].push_back("127.0.0.1:" + std::to_string(free_port()));
@@ -469,7 +475,7 @@ TEST_F(MwmsTest, ApiOperationsSpanAllWorkers) {
     for (int i = 0; i < workers; ++i) {
       auto env = token_env_;
       env["TF_CONFIG"] = tf_config(cluster, "worker", i);
-      c.start({STRATA_MWMS_WORKER_BIN, devices}, env, "api" + std::to_string(i));
+      c.start({STRATA_MWMS_WORKER_BIN, devices, communication}, env, "api" + std::to_string(i));
     }
     ASSERT_TRUE(c.wait_all(120)) << c.all_output();
     std::vector<json> res;
@@ -551,6 +557,20 @@ TEST_F(MwmsTest, ApiOperationsSpanAllWorkers) {
       EXPECT_NEAR(r["on_read_sum_after_assign"][1].get<double>(), 20.0, 1e-5);
     }
   }
+}
+
+TEST_F(MwmsTest, ApiOperationsSpanAllWorkers) {
+  check_api_operations(2, "cpu:0,cpu:1", "");
+  check_api_operations(3, "cpu:0", "");
+}
+
+// Several processes sharing one GPU (NCCL refuses that, so RING): replica
+// values on gpu:0, staged through pinned host memory by the ring; the same
+// values as the host case. Label gpu; skips without a visible GPU.
+TEST_F(MwmsTest, GpuWorkersSharingOneGpuOverRing) {
+  if (strata::num_gpus() == 0) GTEST_SKIP() << strata::gpu_unavailable_reason();
+  check_api_operations(2, "gpu:0", "RING");
+  if (strata::num_gpus() >= 2) check_api_operations(2, "gpu:0,gpu:1", "RING");
 }
 
 // tf.distribute refuses workers with different numbers of local devices

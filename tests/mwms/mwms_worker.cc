@@ -4,7 +4,7 @@
 // as strata-train does), runs every cross-worker operation with values
 // that depend on the global replica id, and prints the raw results as one
 // JSON object on stdout; the test computes the expected values itself.
-//   mwms_worker [devices,comma,separated]
+//   mwms_worker [devices,comma,separated] [RING|NCCL|AUTO]
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -23,7 +23,10 @@ using strata::Tensor;
 
 std::vector<double> doubles(const Tensor& t) {
   std::vector<double> out;
-  for (float v : t.to_vector<float>()) out.push_back(v);
+  // Replica-context results of GPU replicas stay on their GPU.
+  const std::vector<float> values =
+      t.device().device_type == kDLCPU ? t.to_vector<float>() : t.to("cpu:0").to_vector<float>();
+  for (float v : values) out.push_back(v);
   return out;
 }
 
@@ -31,7 +34,7 @@ Tensor filled(std::int64_t n, std::int64_t cols, float v) {
   return Tensor::from_vector(std::vector<float>(static_cast<std::size_t>(n * cols), v), {n, cols});
 }
 
-int work(const std::string& devices) {
+int work(const std::string& devices, const std::string& communication) {
   const char* path = std::getenv("STRATA_CONFIG");
   strata::Config cfg = path ? strata::Config::from_file(path) : strata::Config();
   cfg.apply_env();
@@ -40,6 +43,8 @@ int work(const std::string& devices) {
   std::stringstream ss(devices);
   for (std::string d; std::getline(ss, d, ',');) devs.push_back(d);
   cfg.set("/strategy/options/devices", json(devs).dump());
+  if (!communication.empty())
+    cfg.set("/strategy/options/communication", json{{"implementation", communication}}.dump());
   strata::Strategy s = strata::Strategy::from_config(cfg);
   auto scope = s.scope();
   json out;
@@ -140,7 +145,7 @@ int work(const std::string& devices) {
 
 int main(int argc, char** argv) {
   try {
-    return work(argc > 1 ? argv[1] : "cpu:0");
+    return work(argc > 1 ? argv[1] : "cpu:0", argc > 2 ? argv[2] : "");
   } catch (const strata::Error& e) {
     std::fprintf(stderr, "mwms_worker: error: %s (%s)\n", e.what(), e.code_name());
     return 2;
