@@ -702,7 +702,7 @@ struct LocalStrategy::Impl {
       case Kind::kAllGather: {
         in_ptrs.resize(n);
         for (uint32_t r = 0; r < n; ++r) in_ptrs[r] = slots[r].input;
-        std::vector<ManagedTensorPtr> results = gather_all(in_ptrs.data(), s0.axis, n);
+        std::vector<ManagedTensorPtr> results = gather_all(in_ptrs.data(), s0.axis, n, /*on_devices=*/true);
         for (uint32_t r = 0; r < n; ++r) *slots[r].out = results[r].release();
         return;
       }
@@ -855,7 +855,11 @@ struct LocalStrategy::Impl {
 
   // Gather `values` (one per local replica) of every worker along `axis`
   // into `copies` new tensors, each the full concatenation.
-  std::vector<ManagedTensorPtr> gather_all(const DLTensor* const* values, int32_t axis, uint32_t copies) {
+  // on_devices: each replica's output on its value's device (a replica
+  // all_gather of GPU tensors stays on the GPUs, as a GPU cross_device_ops
+  // such as nccl wants); else host tensors.
+  std::vector<ManagedTensorPtr> gather_all(const DLTensor* const* values, int32_t axis, uint32_t copies,
+                                           bool on_devices = false) {
     const std::vector<int64_t> shape = global_concat_shape(values, axis);
     std::vector<ManagedTensorPtr> results;
     std::vector<DLTensor*> outs(n);
@@ -863,7 +867,10 @@ struct LocalStrategy::Impl {
     for (uint32_t r = 0; r < n; ++r) {
       // The CrossDeviceOps writes every local replica's output; extra ones
       // beyond `copies` are scratch.
-      results.push_back(make_tensor(values[0]->dtype, shape));
+      if (on_devices && values[r] != nullptr && on_cuda(*values[r]))
+        results.push_back(make_device_tensor(host, values[0]->dtype, shape, values[r]->device));
+      else
+        results.push_back(make_tensor(values[0]->dtype, shape));
       outs[r] = &results.back()->dl_tensor;
     }
     strata_error err;
@@ -1215,8 +1222,8 @@ DLManagedTensor* LocalStrategy::replica_all_gather(strata_replica_t r, const DLT
   s.axis = axis;
   s.out = &out;
   impl_->arrive(c.id, s);
-  if (!on_cuda(input) || out == nullptr) return out;
-  // The gathered host tensor, moved to the input's GPU (as the result of a
+  if (!on_cuda(input) || out == nullptr || on_cuda(out->dl_tensor)) return out;
+  // A gathered host tensor, moved to the input's GPU (as the result of a
   // GPU all_reduce stays on the GPU).
   ManagedTensorPtr host_out(out);
   const DLTensor& h = host_out->dl_tensor;
