@@ -428,6 +428,11 @@ struct DistributedIteratorImpl {
     Spec spec;  // the producer's spec after this step
     std::optional<Element> global;  // DataShardProducer: the unsliced global batch
     std::int64_t rows_after = 0;    // RebatchProducer: rows taken after this step
+    // The step's tensors already in the memory of replicas on GPUs, copied
+    // by the input thread ahead of the step ([replica][component]; empty
+    // for a host replica, or when nothing is on a GPU). `step` keeps the
+    // host copy, which a saved state writes out.
+    std::vector<std::vector<Tensor>> on_device;
   };
 
   struct Shared {
@@ -440,6 +445,7 @@ struct DistributedIteratorImpl {
     // Opened by the thread, or before it by restore_state; touched by the
     // consumer only while the thread is paused and idle (or not started).
     std::unique_ptr<StepProducer> producer;
+    std::vector<DLDevice> devices;  // each local replica's device
     bool stop = false;
     bool done = false;    // the thread has returned (or is about to)
     bool paused = false;  // save_state wants the thread to hold still
@@ -459,6 +465,7 @@ struct DistributedIteratorImpl {
     sh_->ds = ds_;
     sh_->pass = pass;
     sh_->depth = static_cast<std::size_t>(std::max(1, ds_->options.prefetch_depth));
+    sh_->devices = replica_devices(*ds_->strategy, static_cast<std::size_t>(ds_->strategy->num_local_replicas));
   }
   ~DistributedIteratorImpl() {
     if (thread_.joinable()) stop_producer(*sh_, thread_, "the distributed input thread");
@@ -489,7 +496,7 @@ struct DistributedIteratorImpl {
         std::lock_guard<std::mutex> l(sh.mu);
         sh.producer = std::move(p);
       } catch (...) {
-        sh.push(Item{std::nullopt, std::current_exception(), {}, std::nullopt, 0});
+        sh.push(Item{std::nullopt, std::current_exception(), {}, std::nullopt, 0, {}});
         return;
       }
     }
@@ -506,6 +513,7 @@ struct DistributedIteratorImpl {
       Item item;
       try {
         item.step = producer.next();
+        if (item.step) item.on_device = to_devices(*item.step, sh.devices);
       } catch (...) {
         item.error = std::current_exception();
       }
@@ -516,6 +524,23 @@ struct DistributedIteratorImpl {
       sh.push(std::move(item));
       if (last) return;
     }
+  }
+
+  // Copies of `step`'s tensors on the GPUs of the replicas that have one
+  // (prefetch to device, as tf.distribute's distributed iterators do), or
+  // nothing when every replica is on the host.
+  static std::vector<std::vector<Tensor>> to_devices(const std::vector<Element>& step,
+                                                     const std::vector<DLDevice>& devices) {
+    std::vector<std::vector<Tensor>> out;
+    if (devices.size() != step.size() ||
+        std::none_of(devices.begin(), devices.end(), [](const DLDevice& d) { return d.device_type == kDLCUDA; }))
+      return out;
+    out.resize(step.size());
+    for (std::size_t r = 0; r < step.size(); ++r) {
+      if (devices[r].device_type != kDLCUDA) continue;
+      for (const Tensor& t : step[r].tensors) out[r].push_back(t.to(devices[r]));
+    }
+    return out;
   }
 
   // The next local step, waiting at most InputOptions::timeout_s for it.
@@ -602,6 +627,7 @@ struct DistributedIteratorImpl {
     if (ended_) return std::nullopt;
     start();
     LocalStep step;
+    std::vector<std::vector<Tensor>> on_device;  // the input thread's GPU copies, if any
     if (!exhausted_) {
       Item item;
       try {
@@ -616,6 +642,7 @@ struct DistributedIteratorImpl {
       }
       if (item.spec.known) spec_ = item.spec;
       step = std::move(item.step);
+      on_device = std::move(item.on_device);
       if (!step) exhausted_ = true;
       consumed_rows_ = item.rows_after;
     }
@@ -636,8 +663,8 @@ struct DistributedIteratorImpl {
       for (int i = 0; i < local; ++i) step->push_back(empty_like(spec_));
     }
     // Transpose: per component, one tensor per local replica. A replica on
-    // a GPU gets its batch in that GPU's memory (copied here, before the
-    // step that consumes it; the input thread has prepared it on the host).
+    // a GPU gets its batch in that GPU's memory: copied by the input thread
+    // ahead of the step, or here for an empty step made above.
     const std::vector<DLDevice> devices = replica_devices(*ds_->strategy, step->size());
     std::vector<std::string> names = (*step)[0].names;
     std::vector<PerReplica> values;
@@ -645,7 +672,12 @@ struct DistributedIteratorImpl {
       std::vector<Tensor> per;
       for (std::size_t r = 0; r < step->size(); ++r) {
         Tensor& t = (*step)[r].tensors.at(c);
-        per.push_back(devices[r].device_type == kDLCUDA ? t.to(devices[r]) : std::move(t));
+        if (devices[r].device_type != kDLCUDA)
+          per.push_back(std::move(t));
+        else if (r < on_device.size() && c < on_device[r].size())
+          per.push_back(std::move(on_device[r][c]));
+        else
+          per.push_back(t.to(devices[r]));
       }
       values.emplace_back(std::move(per));
     }

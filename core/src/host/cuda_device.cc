@@ -284,6 +284,10 @@ strata_status_t memcpy_async(void* dst, DLDevice dst_dev, const void* src, DLDev
   if (dev >= 0 && stream == nullptr) {  // synchronous (see host.h)
     DeviceGuard g(dev);
     e = cudaMemcpy(dst, src, static_cast<std::size_t>(bytes), cudaMemcpyDefault);
+    // From pageable host memory cudaMemcpy may return once the bytes are
+    // staged, before they land; work on a replica's (non-blocking) stream
+    // is not ordered after it, so wait for the legacy stream that runs it.
+    if (e == cudaSuccess && src_dev.device_type != kDLCUDA) e = cudaStreamSynchronize(cudaStreamLegacy);
   } else {
     e = cudaMemcpyAsync(dst, src, static_cast<std::size_t>(bytes), cudaMemcpyDefault,
                         static_cast<cudaStream_t>(stream));
