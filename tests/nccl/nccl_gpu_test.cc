@@ -207,8 +207,10 @@ void reduce_scatter(TransportRank& r, const void* s, void* d, uint64_t n, DLData
 // deadline, so that a broken GPU fails a test instead of hanging it.
 struct OneRank {
   PluginHost host;
-  TransportRank rank{host, "nccl", R"({"device": 0, "timeout_s": 60})"};
-  OneRank() { rank.join(unique_name("nccl-gpu"), 0, 1, 60000); }
+  TransportRank rank;
+  explicit OneRank(const char* options = R"({"device": 0, "timeout_s": 60})") : rank(host, "nccl", options) {
+    rank.join(unique_name("nccl-gpu"), 0, 1, 60000);
+  }
 };
 
 TEST(NcclGpuTest, AllReduceEveryOpAndDtypeWorldOne) {
@@ -236,9 +238,16 @@ TEST(NcclGpuTest, AllReduceEveryOpAndDtypeWorldOne) {
   }
 }
 
-TEST(NcclGpuTest, StreamOrderedAllReduceOnTheCallersStream) {
+// Both with the watchdog's CUDA event per enqueued collective (the
+// default) and without it (option watch_enqueued false).
+class NcclStreamOrderedTest : public ::testing::TestWithParam<const char*> {};
+INSTANTIATE_TEST_SUITE_P(Watch, NcclStreamOrderedTest,
+                         ::testing::Values(R"({"device": 0, "timeout_s": 60})",
+                                           R"({"device": 0, "timeout_s": 60, "watch_enqueued": false})"));
+
+TEST_P(NcclStreamOrderedTest, AllReduceOnTheCallersStream) {
   REQUIRE_GPUS(1);
-  OneRank one;
+  OneRank one(GetParam());
   const size_t count = (4u << 20) / 4;  // 4 MiB of float32
   const DType& f32 = kDTypes[2];
   const std::vector<char> in = pattern(f32, count, 5);

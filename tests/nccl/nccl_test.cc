@@ -104,6 +104,8 @@ TEST(NcclTest, OptionsAreValidated) {
   EXPECT_THROW(TransportRank(host, "nccl", R"({"timeout_s": 0})"), InvalidArgumentError);
   EXPECT_THROW(TransportRank(host, "nccl", R"({"setup_timeout_s": -1})"), InvalidArgumentError);
   EXPECT_THROW(TransportRank(host, "nccl", R"({"timeout_s": "fast"})"), InvalidArgumentError);
+  EXPECT_THROW(TransportRank(host, "nccl", R"({"watch_enqueued": "no"})"), InvalidArgumentError);
+  TransportRank unwatched(host, "nccl", R"({"watch_enqueued": false})");
   EXPECT_THROW(TransportRank(host, "nccl", R"([1, 2])"), InvalidArgumentError);
   EXPECT_THROW(TransportRank(host, "nccl", R"({"device": )"), InvalidArgumentError);
   // Creating the transport touches no GPU (strata-info lists it anywhere).

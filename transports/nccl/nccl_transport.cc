@@ -672,7 +672,8 @@ void NcclComm::collective(const char* op_name, strata_collective_op op, uint32_t
     check_async_locked(what);  // an error of an earlier, stream-ordered collective
     finish_call_locked(enqueue(comm_, s), what, deadline);
     if (user_stream != nullptr) {
-      track_locked(what, s, deadline);
+      if (opts_.watch_enqueued) track_locked(what, s, deadline);
+      else last_op_ = what;
       return;
     }
     last_op_ = what;
@@ -713,7 +714,8 @@ void NcclComm::wait_own_stream(const OpId& what, Clock::time_point deadline) {
 NcclTransport::NcclTransport(sdk::Host host, const char* options_json) : host_(std::move(host)) {
   const std::string comp = "transport 'nccl'";
   const auto o = sdk::parse_options(options_json, comp);
-  sdk::check_known_keys(o, {"device", "timeout_s", "setup_timeout_s"}, comp);
+  sdk::check_known_keys(o, {"device", "timeout_s", "setup_timeout_s", "watch_enqueued"}, comp);
+  opts_.watch_enqueued = sdk::get_option<bool>(o, "watch_enqueued", true, comp);
   opts_.device = sdk::get_option<int>(o, "device", -1, comp);
   if (o.contains("device") && !o["device"].is_null() && opts_.device < 0)
     STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'device' of ", comp, " must be a CUDA device ordinal >= 0, got ",
