@@ -1028,6 +1028,11 @@ LocalStrategy::LocalStrategy(Host host, LocalStrategyConfig config) : impl_(std:
     }
   }
   for (const auto& d : m.cfg.devices) m.devs.push_back(parse_device_spec(d, "devices"));
+  if (!m.cfg.gpu_cross_device_ops.empty() &&
+      std::all_of(m.devs.begin(), m.devs.end(), [](const DLDevice& d) { return d.device_type == kDLCUDA; })) {
+    m.cfg.cross_device_ops = m.cfg.gpu_cross_device_ops;
+    m.cfg.split_all_reduce = false;  // one call over every GPU (NCCL groups them itself)
+  }
   if (m.cfg.parameter_device.empty()) m.cfg.parameter_device = m.cfg.devices[0];
   m.param_dev = parse_device_spec(m.cfg.parameter_device, "parameter_device");
   {

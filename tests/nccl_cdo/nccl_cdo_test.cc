@@ -414,25 +414,26 @@ TEST_F(NcclCdoGpuTest, TwoReplicasOnOneGpuAreRefusedPointingToRing) {
   EXPECT_NE(s.message.find("ring"), std::string::npos) << s.message;
 }
 
-// tf.distribute's defaults on GPUs: mirrored picks NcclAllReduce and
-// multi_worker_mirrored's AUTO picks NCCL (needs the SDK to accept gpu:N).
+// tf.distribute's defaults on GPUs: mirrored picks NcclAllReduce (with
+// named GPUs and with its every-visible-GPU default) and
+// multi_worker_mirrored's AUTO picks NCCL; an explicit choice wins.
 TEST_F(NcclCdoGpuTest, StrategiesPickNcclOnGpuDevices) {
   REQUIRE_GPUS(1);
-  try {
-    Strategy m = Strategy::create("mirrored", R"({"devices": ["gpu:0"]})");
-    EXPECT_EQ(json::parse(m.extended().describe_json()).value("cross_device_ops", ""), "nccl")
-        << m.extended().describe_json();
-    Strategy w = Strategy::create("multi_worker_mirrored", R"({"devices": ["gpu:0"]})");
-    const json d = json::parse(w.extended().describe_json());
-    EXPECT_EQ(d.value("communication", ""), "NCCL") << d.dump();
-    EXPECT_EQ(d.value("cross_device_ops", ""), "nccl") << d.dump();
-    Strategy e = Strategy::create("mirrored", R"({"devices": ["gpu:0"], "cross_device_ops": "ring"})");
-    EXPECT_EQ(json::parse(e.extended().describe_json()).value("cross_device_ops", ""), "ring");
-  } catch (const Error& e) {
-    if (e.code() == STRATA_ERR_UNIMPLEMENTED && std::string(e.what()).find("gpu") != std::string::npos)
-      GTEST_SKIP() << "this build's SDK does not accept GPU devices yet: " << e.what();
-    throw;
-  }
+  Strategy m = Strategy::create("mirrored", R"({"devices": ["gpu:0"]})");
+  EXPECT_EQ(json::parse(m.extended().describe_json()).value("cross_device_ops", ""), "nccl")
+      << m.extended().describe_json();
+  Strategy all = Strategy::create("mirrored", "{}");
+  const json da = json::parse(all.extended().describe_json());
+  EXPECT_EQ(da.value("cross_device_ops", ""), "nccl") << da.dump();
+  EXPECT_EQ(da.at("worker_devices").at(0), "gpu:0") << da.dump();
+  Strategy w = Strategy::create("multi_worker_mirrored", R"({"devices": ["gpu:0"]})");
+  const json d = json::parse(w.extended().describe_json());
+  EXPECT_EQ(d.value("communication", ""), "NCCL") << d.dump();
+  EXPECT_EQ(d.value("cross_device_ops", ""), "nccl") << d.dump();
+  Strategy e = Strategy::create("mirrored", R"({"devices": ["gpu:0"], "cross_device_ops": "ring"})");
+  EXPECT_EQ(json::parse(e.extended().describe_json()).value("cross_device_ops", ""), "ring");
+  Strategy h = Strategy::create("mirrored", R"({"devices": ["cpu:0"]})");
+  EXPECT_EQ(json::parse(h.extended().describe_json()).value("cross_device_ops", ""), "reduction_to_one_device");
 }
 
 // =========================================================== two GPUs ===

@@ -75,6 +75,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -309,23 +310,7 @@ class NcclCrossDeviceOps : public sdk::CrossDeviceOpsBase {
     timeout_ms_ = int64_t(sdk::collective_timeout_s(host_, o, kComponent) * 1000.0);
     setup_timeout_ms_ = int64_t(sdk::rendezvous_timeout_s(host_, o, kComponent) * 1000.0);
     std::string tname = "nccl", topts = "{}";
-    if (auto it = o.find("transport"); it != o.end() && !it->is_null()) {
-      if (it->is_string()) {
-        tname = it->get<std::string>();
-      } else if (it->is_object()) {
-        sdk::check_known_keys(*it, {"name", "options"}, "option 'transport' of nccl cross_device_ops");
-        tname = sdk::get_option<std::string>(*it, "name", "nccl", kComponent);
-        if (auto oo = it->find("options"); oo != it->end() && !oo->is_null()) {
-          if (!oo->is_object())
-            STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'transport.options' of ", kComponent,
-                         " must be a JSON object, got ", oo->dump());
-          topts = oo->dump();
-        }
-      } else {
-        STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'transport' of ", kComponent,
-                     " must be a name or {\"name\": ..., \"options\": {...}}, got ", it->dump());
-      }
-    }
+    std::tie(tname, topts) = sdk::transport_option(o, tname, kComponent);
     // "auto" (what multi_worker_mirrored passes by default) means the
     // transport that has native collectives on device memory.
     if (tname == "auto") tname = "nccl";

@@ -90,6 +90,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <tuple>
 #include <unordered_set>
 #include <vector>
 
@@ -208,23 +209,7 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
 
     std::string tname = "auto";
     std::string topts = "{}";
-    if (auto it = o.find("transport"); it != o.end() && !it->is_null()) {
-      if (it->is_string()) {
-        tname = it->get<std::string>();
-      } else if (it->is_object()) {
-        sdk::check_known_keys(*it, {"name", "options"}, "option 'transport' of ring cross_device_ops");
-        tname = sdk::get_option<std::string>(*it, "name", "auto", kComponent);
-        if (auto oo = it->find("options"); oo != it->end() && !oo->is_null()) {
-          if (!oo->is_object())
-            STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'transport.options' of ", kComponent,
-                         " must be a JSON object, got ", oo->dump());
-          topts = oo->dump();
-        }
-      } else {
-        STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'transport' of ", kComponent,
-                     " must be a name or {\"name\": ..., \"options\": {...}}, got ", it->dump());
-      }
-    }
+    std::tie(tname, topts) = sdk::transport_option(o, tname, kComponent);
     transport_label_ = label_of(tname, topts);
     if (world_ > 1) {
       transport_ = host_.create_plugin<strata_transport_vtable>(tname, topts);

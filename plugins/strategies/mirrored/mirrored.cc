@@ -3,11 +3,11 @@
 // ON_WRITE variables are mirrored (one copy per replica, kept equal at every
 // write). Options: {"devices": ["cpu:0", ...] (default ["cpu:0"]),
 // "cross_device_ops": {"name": ..., "options": {...}} (default: "nccl" when
-// every device is a GPU ("gpu:N" or "cuda:N") in a CUDA build, as
-// tf.distribute's MirroredStrategy picks NcclAllReduce on GPUs; else
+// every replica is on a GPU ("gpu:N" / "cuda:N", or every visible GPU when
+// "devices" is left out) in a CUDA build, as tf.distribute's
+// MirroredStrategy picks NcclAllReduce on GPUs; else
 // "reduction_to_one_device", which is what TF picks when the devices are
 // CPUs; an explicit cross_device_ops always wins), "timeout_s": 300}.
-// The choice is made from the device names in the options alone.
 //
 // With the in-process cross_device_ops (reduction_to_one_device,
 // hierarchical_copy, or "" = the SDK's built-in one) a large replica
@@ -22,19 +22,6 @@
 namespace strata::plugins {
 namespace {
 
-// True when option 'devices' lists only GPUs ("gpu:N" / "cuda:N").
-// (Used only in a CUDA build.)
-[[maybe_unused]] bool all_gpu_devices(const nlohmann::json& o) {
-  const auto it = o.find("devices");
-  if (it == o.end() || !it->is_array() || it->empty()) return false;
-  for (const auto& d : *it) {
-    if (!d.is_string()) return false;
-    const std::string s = d.get<std::string>();
-    if (s.rfind("gpu:", 0) != 0 && s.rfind("cuda:", 0) != 0) return false;
-  }
-  return true;
-}
-
 sdk::LocalStrategyConfig make_config(const char* options_json) {
   const std::string comp = "mirrored strategy";
   const nlohmann::json o = sdk::parse_options(options_json, comp);
@@ -44,7 +31,8 @@ sdk::LocalStrategyConfig make_config(const char* options_json) {
   cfg.placement = sdk::VariablePlacement::kPerReplica;
   cfg.cross_device_ops = "reduction_to_one_device";
 #if STRATA_HAVE_CUDA
-  if (all_gpu_devices(o)) cfg.cross_device_ops = "nccl";
+  // Every replica on a GPU (named, or every visible GPU by default): NCCL.
+  if (!o.contains("cross_device_ops")) cfg.gpu_cross_device_ops = "nccl";
 #endif
   sdk::parse_common_options(o, cfg, /*allow_devices=*/true);  // an explicit cross_device_ops replaces the default
   cfg.split_all_reduce = cfg.cross_device_ops.empty() || cfg.cross_device_ops == "reduction_to_one_device" ||

@@ -97,6 +97,11 @@ struct LocalStrategyConfig {
   std::string parameter_device;                 ///< kSingleCopy; "" = devices[0]
   /// CrossDeviceOps plugin; "" = the SDK's built-in LocalCrossDeviceOps.
   std::string cross_device_ops;
+  /// When not empty and every replica ends up on a GPU (named, or the
+  /// every-visible-GPU default), this replaces cross_device_ops and the
+  /// all-reduce is not split (mirrored: "nccl" in a CUDA build, unless the
+  /// options named a cross_device_ops).
+  std::string gpu_cross_device_ops;
   std::string cross_device_ops_options = "{}";
   double timeout_s = 300;                       ///< collective deadline
   /// true: the cross_device_ops works within this process only and its

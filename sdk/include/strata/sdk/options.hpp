@@ -6,6 +6,7 @@
 
 #include <initializer_list>
 #include <string>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -91,6 +92,33 @@ inline double collective_timeout_s(const Host& host, const nlohmann::json& optio
   const double v = get_option<double>(options, "timeout_s", fallback, component);
   if (!(v > 0)) STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'timeout_s' of ", component, " must be > 0, got ", v);
   return v;
+}
+
+/// Option "transport" of a component that composes a transport: a name
+/// ("tcp") or {"name": ..., "options": {...}}. Returns {name, options JSON};
+/// absent or null gives {default_name, "{}"}.
+inline std::pair<std::string, std::string> transport_option(const nlohmann::json& options,
+                                                            const std::string& default_name,
+                                                            const std::string& component) {
+  std::pair<std::string, std::string> out{default_name, "{}"};
+  const auto it = options.find("transport");
+  if (it == options.end() || it->is_null()) return out;
+  if (it->is_string()) {
+    out.first = it->get<std::string>();
+  } else if (it->is_object()) {
+    check_known_keys(*it, {"name", "options"}, "option 'transport' of " + component);
+    out.first = get_option<std::string>(*it, "name", default_name, component);
+    if (auto oo = it->find("options"); oo != it->end() && !oo->is_null()) {
+      if (!oo->is_object())
+        STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'transport.options' of ", component,
+                     " must be a JSON object, got ", oo->dump());
+      out.second = oo->dump();
+    }
+  } else {
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'transport' of ", component,
+                 " must be a name or {\"name\": ..., \"options\": {...}}, got ", it->dump());
+  }
+  return out;
 }
 
 }  // namespace strata::sdk
