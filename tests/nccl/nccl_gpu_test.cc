@@ -243,7 +243,10 @@ TEST(NcclGpuTest, AllReduceEveryOpAndDtypeWorldOne) {
 class NcclStreamOrderedTest : public ::testing::TestWithParam<const char*> {};
 INSTANTIATE_TEST_SUITE_P(Watch, NcclStreamOrderedTest,
                          ::testing::Values(R"({"device": 0, "timeout_s": 60})",
-                                           R"({"device": 0, "timeout_s": 60, "watch_enqueued": false})"));
+                                           R"({"device": 0, "timeout_s": 60, "watch_enqueued": false})"),
+                         [](const ::testing::TestParamInfo<const char*>& p) {
+                           return std::string(p.index == 0 ? "Watched" : "Unwatched");
+                         });
 
 TEST_P(NcclStreamOrderedTest, AllReduceOnTheCallersStream) {
   REQUIRE_GPUS(1);
