@@ -32,6 +32,8 @@ using ::strata::detail::str_cat;
 // within this period; the cost is one ncclCommGetAsyncError and a few
 // cudaEventQuery calls per period.
 constexpr auto kWatchdogPeriod = std::chrono::milliseconds(20);
+// Enqueued collectives the calling thread lets wait for the watchdog's reaping.
+constexpr size_t kMaxUnreaped = 4096;
 // How often a blocking collective checks ncclCommGetAsyncError and its
 // deadline between cudaStreamQuery polls.
 constexpr auto kErrorCheckPeriod = std::chrono::milliseconds(1);
@@ -541,7 +543,12 @@ void NcclComm::track_locked(const OpId& op, cudaStream_t s, Clock::time_point de
     return;
   }
   inflight_.push_back(InFlight{op, ev, deadline});
-  reap_locked(false);
+  // The watchdog reaps completed events every kWatchdogPeriod. Querying a
+  // pending event here, on every call, makes the driver flush the work
+  // queued so far, which cost stream-ordered bursts their launch batching
+  // (measured: about 2.5 us per collective on an H100); the calling thread
+  // reaps only when the queue is long.
+  if (inflight_.size() >= kMaxUnreaped) reap_locked(false);
 }
 
 void NcclComm::reap_locked(bool enforce_deadlines) {
