@@ -662,7 +662,10 @@ struct Proc {
 
 class PsCluster {
  public:
-  PsCluster(int workers, int ps, double coordinator_timeout_s = 10)
+  // The servers count the coordinator's silence from their own start, so
+  // the default leaves room for a coordinator that starts slowly (a
+  // sanitizer build on a loaded machine took over 10 s to reach them).
+  PsCluster(int workers, int ps, double coordinator_timeout_s = 30)
       : workers_(workers), ps_(ps), timeout_s_(coordinator_timeout_s) {
     auto port = [] { return "127.0.0.1:" + std::to_string(strata::test::unused_port()); };
     spec_["chief"] = {port()};
