@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "../common/gpu_skip.h"
 #include "bench_runner.h"
 
 #include "strata/error.hpp"
@@ -31,26 +32,6 @@ using Clock = std::chrono::steady_clock;
 using test::run_ranks;
 using test::TransportRank;
 using test::unique_name;
-
-int gpu_count(std::string* why) {
-  int n = 0;
-  const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess) {
-    (void)cudaGetLastError();
-    *why = std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
-    return 0;
-  }
-  if (n == 0) *why = "cudaGetDeviceCount returned 0";
-  return n;
-}
-
-#define REQUIRE_GPUS(n)                                                                              \
-  do {                                                                                               \
-    std::string why_;                                                                                \
-    const int have_ = gpu_count(&why_);                                                              \
-    if (have_ == 0) GTEST_SKIP() << "no CUDA device visible: " << why_;                              \
-    if (have_ < (n)) GTEST_SKIP() << "needs " << (n) << " CUDA devices, " << have_ << " visible"; \
-  } while (0)
 
 #define CUDA_OK(call)                                                                 \
   do {                                                                                \
@@ -375,9 +356,8 @@ TEST(NcclGpuTest, AbortThenEveryCallFailsAborted) {
 }
 
 TEST(NcclGpuTest, DeviceOptionOutOfRangeIsRefused) {
-  std::string why;
-  const int n = gpu_count(&why);
-  if (n == 0) GTEST_SKIP() << "no CUDA device visible: " << why;
+  REQUIRE_GPUS(1);
+  const int n = strata::num_gpus();
   PluginHost host;
   TransportRank r(host, "nccl", "{\"device\": " + std::to_string(n) + "}");
   try {

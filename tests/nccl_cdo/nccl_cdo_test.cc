@@ -23,6 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../common/gpu_skip.h"
 #include "strata/plugin_host.hpp"
 #include "strata/sdk/kernels.hpp"
 #include "strata/strategy.hpp"
@@ -44,26 +45,6 @@ void load_plugins() {
   }();
   (void)done;
 }
-
-// The number of visible CUDA devices; 0 with `why` set when none.
-int gpu_count(std::string* why) {
-  int n = 0;
-  const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess) {
-    if (why) *why = std::string("cudaGetDeviceCount: ") + cudaGetErrorString(e);
-    return 0;
-  }
-  if (n == 0 && why) *why = "cudaGetDeviceCount returned 0";
-  return n;
-}
-
-#define REQUIRE_GPUS(k)                                                                        \
-  do {                                                                                         \
-    std::string why_;                                                                          \
-    const int n_ = gpu_count(&why_);                                                           \
-    if (n_ == 0) GTEST_SKIP() << "no CUDA device visible: " << why_;                           \
-    if (n_ < (k)) GTEST_SKIP() << "needs " << (k) << " CUDA devices, " << n_ << " visible";    \
-  } while (0)
 
 // ------------------------------------------------------------ tensors ---
 
@@ -287,7 +268,7 @@ TEST_F(NcclCdoTest, HostTensorsAreRejectedPointingToRing) {
 }
 
 TEST_F(NcclCdoTest, NoVisibleGpuIsAClearError) {
-  if (gpu_count(nullptr) > 0) GTEST_SKIP() << "a CUDA device is visible; this checks machines without one";
+  if (strata::num_gpus() > 0) GTEST_SKIP() << "a CUDA device is visible; this checks machines without one";
   // Never dereferenced: the device check comes first.
   std::vector<int64_t> shape{4};
   static float fake[8];

@@ -22,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../common/gpu_skip.h"
 #include "strata/plugin_host.hpp"
 #include "strata/sdk/kernels.hpp"
 
@@ -41,17 +42,6 @@ void load_plugins() {
     return true;
   }();
   (void)done;
-}
-
-int gpu_count(std::string* why) {
-  int n = 0;
-  const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess) {
-    if (why) *why = std::string("cudaGetDeviceCount: ") + cudaGetErrorString(e);
-    return 0;
-  }
-  if (n == 0 && why) *why = "cudaGetDeviceCount returned 0";
-  return n;
 }
 
 // Bytes of `count` elements of `d`: values with fractions, so that sums
@@ -213,7 +203,7 @@ std::vector<std::vector<unsigned char>> run_all(Cdo& c, bool gpu, DLDataType d, 
 // ============================================================= no GPU ===
 
 TEST(RingGpuStagingTest, CudaTensorWithoutAGpuIsAClearError) {
-  if (gpu_count(nullptr) > 0) GTEST_SKIP() << "a CUDA device is visible; this checks machines without one";
+  if (strata::num_gpus() > 0) GTEST_SKIP() << "a CUDA device is visible; this checks machines without one";
   load_plugins();
   Cdo c("{}");
   std::vector<int64_t> shape{4};
@@ -231,8 +221,7 @@ TEST(RingGpuStagingTest, CudaTensorWithoutAGpuIsAClearError) {
 class RingGpuTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string why;
-    if (gpu_count(&why) == 0) GTEST_SKIP() << "no CUDA device visible: " << why;
+    REQUIRE_GPUS(1);
     load_plugins();
   }
 };
