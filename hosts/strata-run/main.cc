@@ -2,7 +2,8 @@
 // strata-run: start N local processes of one program as a multi-worker job.
 //
 // Each process gets TF_CONFIG={"cluster": {"worker": [addr0, ...]}, "task":
-// {"type": "worker", "index": i}} (ports picked free on --host), the job's
+// {"type": "worker", "index": i}} (free ports on --host, just below the
+// kernel's ephemeral range when there is room: see pick_ports), the job's
 // STRATA_AUTH_TOKEN (random per job unless already set), STRATA_RANK=i,
 // STRATA_TRACE_DIR=<absolute dir> and, with --config,
 // STRATA_CONFIG=<absolute path>. SLURM_PROCID is removed from
@@ -91,6 +92,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -131,10 +133,53 @@ std::string signal_name(int sig) {
 
 // ---- setup ----------------------------------------------------------------
 
-/// Picks `n` distinct free TCP ports on `host`, none of them in `avoid`: all
-/// probe sockets stay bound until every port is chosen, so the kernel cannot
-/// hand out one twice, and a port in `avoid` stays bound too, so that the
-/// kernel moves on to another.
+/// The ports strata-run prefers, [first, last): just below the kernel's
+/// ephemeral range (net.ipv4.ip_local_port_range, where bind(port 0) and
+/// every outgoing connection take their local port). A port picked there and
+/// released until the chief binds it cannot be taken meanwhile by some
+/// process's outgoing connection or port-0 listener (which is how a picked
+/// port was sometimes "already in use" when the chief's store started on a
+/// busy machine); only an explicit bind to that very port could. Empty when
+/// the ephemeral range leaves no room below it.
+std::pair<int, int> preferred_port_range() {
+  int lo = 32768, hi = 60999;
+  if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "re")) {
+    if (std::fscanf(f, "%d %d", &lo, &hi) != 2) lo = 32768;
+    std::fclose(f);
+  }
+  const int first = std::max(1024, lo - 16384);
+  return first + 256 <= lo ? std::make_pair(first, lo) : std::make_pair(0, 0);
+}
+
+/// Binds a probe socket to `port` (0: the kernel picks) on `ai`; the fd and
+/// the bound port, or -1 with errno set.
+int bind_probe(const addrinfo* ai, uint16_t port, uint16_t* bound) {
+  sockaddr_storage ss{};
+  std::memcpy(&ss, ai->ai_addr, ai->ai_addrlen);
+  if (ss.ss_family == AF_INET6)
+    reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port = htons(port);
+  else
+    reinterpret_cast<sockaddr_in*>(&ss)->sin_port = htons(port);
+  int fd = ::socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  socklen_t len = ai->ai_addrlen;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&ss), len) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) {
+    const int e = errno;
+    ::close(fd);
+    errno = e;
+    return -1;
+  }
+  *bound = ntohs(ss.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port
+                                          : reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+  return fd;
+}
+
+/// Picks `n` distinct free TCP ports on `host`, none of them in `avoid`,
+/// preferably below the ephemeral range (preferred_port_range), else from
+/// the kernel (port 0). All probe sockets stay bound until every port is
+/// chosen, so none is handed out twice, and a port in `avoid` stays bound
+/// too, so that the kernel moves on to another.
 std::vector<uint16_t> pick_ports(const std::string& host, int n, const std::set<uint16_t>& avoid) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -150,37 +195,37 @@ std::vector<uint16_t> pick_ports(const std::string& host, int n, const std::set<
     for (int fd : fds) ::close(fd);
   };
   std::vector<uint16_t> ports;
+  const auto [pref_first, pref_last] = preferred_port_range();
+  std::random_device rd;
+  std::mt19937 rng(rd());
   for (int i = 0; i < n; ++i) {
     int last_errno = 0;
     bool bound = false;
+    // A preferred port is taken by a probe bound to it; one in use (or in
+    // `avoid`) costs a try, and 64 misses give way to the kernel's choice.
+    for (int tries = 0; pref_last > pref_first && tries < 64 && !bound; ++tries) {
+      const auto want = static_cast<uint16_t>(std::uniform_int_distribution<int>(pref_first, pref_last - 1)(rng));
+      if (avoid.count(want) != 0 || std::find(ports.begin(), ports.end(), want) != ports.end()) continue;
+      uint16_t port = 0;
+      const int fd = bind_probe(res, want, &port);
+      if (fd < 0) continue;
+      fds.push_back(fd);
+      ports.push_back(port);
+      bound = true;
+    }
     // A bind to port 0 only fails when the ephemeral range is momentarily
     // exhausted; a few retries ride that out. A port to avoid is no failed
     // attempt: it stays held, so each comes back at most once.
     for (int attempt = 0; attempt < 5 && !bound;) {
-      int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      uint16_t port = 0;
+      const int fd = bind_probe(res, 0, &port);
       if (fd < 0) {
         last_errno = errno;
-        ++attempt;
-        continue;
-      }
-      if (::bind(fd, res->ai_addr, res->ai_addrlen) != 0) {
-        last_errno = errno;
-        ::close(fd);
         ::usleep(10000);
         ++attempt;
         continue;
       }
-      sockaddr_storage ss{};
-      socklen_t len = sizeof ss;
-      if (::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) {
-        last_errno = errno;
-        ::close(fd);
-        ++attempt;
-        continue;
-      }
       fds.push_back(fd);
-      const uint16_t port = ntohs(ss.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port
-                                                           : reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
       if (avoid.count(port) != 0) continue;
       ports.push_back(port);
       bound = true;
@@ -1033,7 +1078,8 @@ const CLI::Validator kRestartDelay(
 int main(int argc, char** argv) {
   CLI::App app{
       "strata-run: start N local processes of PROGRAM as one multi-worker Strata job.\n\n"
-      "Each process gets TF_CONFIG (a worker cluster on free ports of --host, task index = rank),\n"
+      "Each process gets TF_CONFIG (a worker cluster on free ports of --host, just below the kernel's\n"
+      "ephemeral range, net.ipv4.ip_local_port_range; task index = rank),\n"
       "STRATA_AUTH_TOKEN (random per job unless already set), STRATA_RANK, STRATA_TRACE_DIR and,\n"
       "with --config, STRATA_CONFIG; SLURM_PROCID is removed so that, inside a Slurm allocation, they\n"
       "resolve their cluster from TF_CONFIG. Output lines are prefixed \"[<rank>] \". SIGINT/SIGTERM/SIGHUP\n"

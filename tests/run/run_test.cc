@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -119,6 +120,11 @@ std::string value_of(const std::vector<std::string>& lines, const std::string& k
 }
 
 TEST_F(RunTest, StartsNProcessesWithClusterEnvironmentAndPrefixedOutput) {
+  int ephemeral_lo = 0;
+  if (std::FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "re")) {
+    if (std::fscanf(f, "%d", &ephemeral_lo) != 1) ephemeral_lo = 0;
+    std::fclose(f);
+  }
   for (int n = 1; n <= 4; ++n) {
     SCOPED_TRACE("n=" + std::to_string(n));
     const test::ProcResult r = test::run_program(run_args(n, {}), {{"STRATA_AUTH_TOKEN", std::nullopt}}, 60);
@@ -151,6 +157,12 @@ TEST_F(RunTest, StartsNProcessesWithClusterEnvironmentAndPrefixedOutput) {
       const int port = std::stoi(addr.substr(addr.find(':') + 1));
       EXPECT_GT(port, 0);
       EXPECT_LT(port, 65536);
+      // Below the kernel's ephemeral range, where no outgoing connection
+      // or port-0 listener can take it before the chief binds it.
+      if (ephemeral_lo >= 1024 + 256) {
+        EXPECT_TRUE(port >= std::max(1024, ephemeral_lo - 16384) && port < ephemeral_lo)
+            << "port " << port << " is not just below the ephemeral range starting at " << ephemeral_lo;
+      }
       addresses.insert(addr);
     }
     EXPECT_EQ(addresses.size(), static_cast<size_t>(n)) << "ports must be distinct: " << cluster0.dump();
