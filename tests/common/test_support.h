@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -52,18 +53,37 @@ class TempDir {
   std::filesystem::path path_;
 };
 
-/// A 127.0.0.1 port that nothing listens on: bound to port 0, read back,
-/// released. Tests use it for "the peer never came" cases.
-inline uint16_t unused_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
+/// A 127.0.0.1 port that nothing listens on, for cluster specs and for "the
+/// peer never came" cases: bound, read back, released. Preferably one just
+/// below the kernel's ephemeral range (as strata-run picks), where no other
+/// process's outgoing connection or port-0 listener can take it before the
+/// test binds it; else one the kernel picks. -1 when none can be bound.
+inline int unused_port() {
+  static std::mt19937 rng{std::random_device{}()};
+  int lo = 32768;
+  if (std::FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "re")) {
+    if (std::fscanf(f, "%d", &lo) != 1) lo = 32768;
+    std::fclose(f);
+  }
+  const int first = std::max(1024, lo - 16384);
+  for (int attempt = 0; attempt < 65; ++attempt) {
+    const bool preferred = attempt < 64 && first + 256 <= lo;
+    if (attempt < 64 && !preferred) continue;
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(preferred ? static_cast<uint16_t>(std::uniform_int_distribution<int>(first, lo - 1)(rng)) : 0);
+    socklen_t len = sizeof a;
+    int port = -1;
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+      port = ntohs(a.sin_port);
+    ::close(fd);
+    if (port > 0) return port;
+  }
+  return -1;
 }
 
 /// Where a process that missed its deadline is stuck, for the failure

@@ -48,22 +48,7 @@ using Clock = std::chrono::steady_clock;
 const std::string kModel =
     " --steps 50 --global-batch 96 --features 16 --hidden 32 --classes 4 --lr 0.5 --dataset-size 4096";
 
-// A free TCP port on 127.0.0.1 chosen by the OS.
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return -1;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  socklen_t len = sizeof a;
-  int port = -1;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
-    port = ntohs(a.sin_port);
-  ::close(fd);
-  return port;
-}
+using strata::test::unused_port;
 
 std::vector<std::string> split_words(const std::string& s) {
   std::vector<std::string> out;
@@ -263,7 +248,7 @@ class MwmsTest : public ::testing::Test {
   // only the chief wrote a weights file.
   json train_cluster(int workers, const std::string& extra, bool with_chief = false) {
     std::vector<std::string> addrs;
-    for (int i = 0; i < workers; ++i) addrs.push_back("127.0.0.1:" + std::to_string(free_port()));
+    for (int i = 0; i < workers; ++i) addrs.push_back("127.0.0.1:" + std::to_string(unused_port()));
     json cluster;
     if (with_chief) {
       cluster["chief"] = json::array({addrs[0]});
@@ -470,7 +455,7 @@ void MwmsTest::check_api_operations(int workers, const std::string& devices, con
     const int local = static_cast<int>(std::count(devices.begin(), devices.end(), ',')) + 1;
     const int T = workers * local;
     json cluster;
-    for (int i = 0; i < workers; ++i) cluster["worker"].push_back("127.0.0.1:" + std::to_string(free_port()));
+    for (int i = 0; i < workers; ++i) cluster["worker"].push_back("127.0.0.1:" + std::to_string(unused_port()));
     Cluster c(dir_);
     for (int i = 0; i < workers; ++i) {
       auto env = token_env_;
@@ -579,7 +564,7 @@ TEST_F(MwmsTest, GpuWorkersSharingOneGpuOverRing) {
 // worker must fail when the strategy is built, naming each worker's count.
 TEST_F(MwmsTest, WorkersWithDifferentDeviceCountsAreRefusedByEveryWorker) {
   json cluster;
-  for (int i = 0; i < 3; ++i) cluster["worker"].push_back("127.0.0.1:" + std::to_string(free_port()));
+  for (int i = 0; i < 3; ++i) cluster["worker"].push_back("127.0.0.1:" + std::to_string(unused_port()));
   const std::vector<std::string> devices{"cpu:0,cpu:1", "cpu:0", "cpu:0,cpu:1"};
   Cluster c(dir_);
   for (int i = 0; i < 3; ++i) {
@@ -600,10 +585,10 @@ TEST_F(MwmsTest, WorkersWithDifferentDeviceCountsAreRefusedByEveryWorker) {
 
 TEST_F(MwmsTest, EvaluatorRunsStandaloneAndPsIsRejected) {
   // Nobody else runs: an evaluator must not wait for the cluster.
-  const json cluster = {{"chief", {"127.0.0.1:" + std::to_string(free_port())}},
-                        {"worker", {"127.0.0.1:" + std::to_string(free_port())}},
-                        {"evaluator", {"127.0.0.1:" + std::to_string(free_port())}},
-                        {"ps", {"127.0.0.1:" + std::to_string(free_port())}}};
+  const json cluster = {{"chief", {"127.0.0.1:" + std::to_string(unused_port())}},
+                        {"worker", {"127.0.0.1:" + std::to_string(unused_port())}},
+                        {"evaluator", {"127.0.0.1:" + std::to_string(unused_port())}},
+                        {"ps", {"127.0.0.1:" + std::to_string(unused_port())}}};
   Cluster c(dir_);
   auto env = token_env_;
   env["TF_CONFIG"] = tf_config(cluster, "evaluator", 0);
@@ -623,8 +608,8 @@ TEST_F(MwmsTest, EvaluatorRunsStandaloneAndPsIsRejected) {
 // cluster; CollectiveAllReduceExtended refuses a cluster spec without this
 // process's task (Strata used to run it as a lone process).
 TEST_F(MwmsTest, EvaluatorIsItsOwnChiefAndAClusterWithoutATaskIsRefused) {
-  const json cluster = {{"worker", {"127.0.0.1:" + std::to_string(free_port())}},
-                        {"evaluator", {"127.0.0.1:" + std::to_string(free_port())}}};
+  const json cluster = {{"worker", {"127.0.0.1:" + std::to_string(unused_port())}},
+                        {"evaluator", {"127.0.0.1:" + std::to_string(unused_port())}}};
   Cluster c(dir_);
   auto env = token_env_;
   env["TF_CONFIG"] = tf_config(cluster, "evaluator", 0);
@@ -662,7 +647,7 @@ TEST_F(MwmsTest, KilledWorkerMakesTheOthersFailNamingIt) {
   const std::string cfg = write_config(
       R"({"timeouts": {"collective_s": )" + std::to_string(kTimeout) + R"(, "rendezvous_s": 30}})");
   json cluster;
-  for (int i = 0; i < kWorkers; ++i) cluster["worker"].push_back("127.0.0.1:" + std::to_string(free_port()));
+  for (int i = 0; i < kWorkers; ++i) cluster["worker"].push_back("127.0.0.1:" + std::to_string(unused_port()));
   Cluster c(dir_);
   for (int i = 0; i < kWorkers; ++i) {
     auto env = token_env_;
@@ -698,9 +683,9 @@ TEST_F(MwmsTest, WorkerThatNeverStartsIsARendezvousDeadline) {
   // The collective deadline is long on purpose: the rendezvous deadline, not
   // it, must bound the wait for a worker that never starts.
   const std::string cfg = write_config(R"({"timeouts": {"collective_s": 300, "rendezvous_s": 6}})");
-  const json cluster = {{"worker", {"127.0.0.1:" + std::to_string(free_port()),
-                                    "127.0.0.1:" + std::to_string(free_port()),
-                                    "127.0.0.1:" + std::to_string(free_port())}}};
+  const json cluster = {{"worker", {"127.0.0.1:" + std::to_string(unused_port()),
+                                    "127.0.0.1:" + std::to_string(unused_port()),
+                                    "127.0.0.1:" + std::to_string(unused_port())}}};
   Cluster c(dir_);
   // Workers 0 (serves the store) and 1 run; worker 2 never starts.
   auto env = token_env_;
@@ -737,8 +722,8 @@ TEST_F(MwmsTest, WorkerThatNeverStartsIsARendezvousDeadline) {
 
 TEST_F(MwmsTest, WrongAuthTokenIsRefused) {
   const std::string cfg = write_config(R"({"timeouts": {"collective_s": 300, "rendezvous_s": 6}})");
-  const json cluster = {{"worker", {"127.0.0.1:" + std::to_string(free_port()),
-                                    "127.0.0.1:" + std::to_string(free_port())}}};
+  const json cluster = {{"worker", {"127.0.0.1:" + std::to_string(unused_port()),
+                                    "127.0.0.1:" + std::to_string(unused_port())}}};
   Cluster c(dir_);
   auto env = token_env_;
   env["TF_CONFIG"] = tf_config(cluster, "worker", 0);
