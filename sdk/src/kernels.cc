@@ -239,17 +239,17 @@ void divide_n(T* __restrict x, size_t n, double divisor) {
 
 // Native types: accumulate a block in a stack buffer, then store, so that the
 // output may alias any input (every input's block is read before the store).
+// Every output gets the block (reduce_broadcast); one output for reduce().
 template <class T, T (*Op)(T, T)>
-void reduce_native(size_t n_inputs, const void* const* inputs, void* output, size_t count,
-                   bool mean, double divisor) {
+void reduce_native(size_t n_inputs, const void* const* inputs, size_t n_outputs, void* const* outputs,
+                   size_t count, bool mean, double divisor) {
   const T* const* in = reinterpret_cast<const T* const*>(inputs);
-  T* out = static_cast<T*>(output);
   alignas(64) T acc[kBlock];
   for (size_t off = 0; off < count; off += kBlock) {
     const size_t n = std::min(kBlock, count - off);
     reduce_block<T, Op>(n_inputs, in, off, acc, n);
     if (mean) divide_n<T>(acc, n, divisor);
-    std::memcpy(out + off, acc, n * sizeof(T));
+    for (size_t o = 0; o < n_outputs; ++o) std::memcpy(static_cast<T*>(outputs[o]) + off, acc, n * sizeof(T));
   }
 }
 
@@ -261,10 +261,10 @@ void load_block(const uint16_t* __restrict src, float* __restrict dst, size_t n)
 // 16-bit floats: convert each input block to float32, accumulate in float32,
 // round once at the end.
 template <float (*Load)(uint16_t), uint16_t (*Store)(float), float (*Op)(float, float)>
-void reduce_half(size_t n_inputs, const void* const* inputs, void* output, size_t count,
-                 bool mean, double divisor) {
+void reduce_half(size_t n_inputs, const void* const* inputs, size_t n_outputs, void* const* outputs,
+                 size_t count, bool mean, double divisor) {
   const uint16_t* const* in = reinterpret_cast<const uint16_t* const*>(inputs);
-  uint16_t* out = static_cast<uint16_t*>(output);
+  alignas(64) uint16_t res[kBlock];
   alignas(64) float acc[kBlock];
   alignas(64) float a[kBlock];
   alignas(64) float b[kBlock];
@@ -282,36 +282,38 @@ void reduce_half(size_t n_inputs, const void* const* inputs, void* output, size_
       fold1<float, Op>(acc, a, n);
     }
     if (mean) divide_n<float>(acc, n, divisor);
-    for (size_t i = 0; i < n; ++i) out[off + i] = Store(acc[i]);
+    for (size_t i = 0; i < n; ++i) res[i] = Store(acc[i]);
+    for (size_t o = 0; o < n_outputs; ++o)
+      std::memcpy(static_cast<uint16_t*>(outputs[o]) + off, res, n * sizeof(uint16_t));
   }
 }
 
 template <class T>
-void reduce_typed(strata_reduce_op op, size_t n, const void* const* in, void* out, size_t count,
-                  double divisor) {
+void reduce_typed(strata_reduce_op op, size_t n, const void* const* in, size_t no, void* const* out,
+                  size_t count, double divisor) {
   switch (op) {
-    case STRATA_REDUCE_SUM: return reduce_native<T, op_add<T>>(n, in, out, count, false, 1);
-    case STRATA_REDUCE_MEAN: return reduce_native<T, op_add<T>>(n, in, out, count, true, divisor);
-    case STRATA_REDUCE_MIN: return reduce_native<T, op_min<T>>(n, in, out, count, false, 1);
-    case STRATA_REDUCE_MAX: return reduce_native<T, op_max<T>>(n, in, out, count, false, 1);
-    case STRATA_REDUCE_PROD: return reduce_native<T, op_mul<T>>(n, in, out, count, false, 1);
+    case STRATA_REDUCE_SUM: return reduce_native<T, op_add<T>>(n, in, no, out, count, false, 1);
+    case STRATA_REDUCE_MEAN: return reduce_native<T, op_add<T>>(n, in, no, out, count, true, divisor);
+    case STRATA_REDUCE_MIN: return reduce_native<T, op_min<T>>(n, in, no, out, count, false, 1);
+    case STRATA_REDUCE_MAX: return reduce_native<T, op_max<T>>(n, in, no, out, count, false, 1);
+    case STRATA_REDUCE_PROD: return reduce_native<T, op_mul<T>>(n, in, no, out, count, false, 1);
   }
 }
 
 template <float (*Load)(uint16_t), uint16_t (*Store)(float)>
-void reduce_16(strata_reduce_op op, size_t n, const void* const* in, void* out, size_t count,
+void reduce_16(strata_reduce_op op, size_t n, const void* const* in, size_t no, void* const* out, size_t count,
                double divisor) {
   switch (op) {
     case STRATA_REDUCE_SUM:
-      return reduce_half<Load, Store, op_add<float>>(n, in, out, count, false, 1);
+      return reduce_half<Load, Store, op_add<float>>(n, in, no, out, count, false, 1);
     case STRATA_REDUCE_MEAN:
-      return reduce_half<Load, Store, op_add<float>>(n, in, out, count, true, divisor);
+      return reduce_half<Load, Store, op_add<float>>(n, in, no, out, count, true, divisor);
     case STRATA_REDUCE_MIN:
-      return reduce_half<Load, Store, op_min<float>>(n, in, out, count, false, 1);
+      return reduce_half<Load, Store, op_min<float>>(n, in, no, out, count, false, 1);
     case STRATA_REDUCE_MAX:
-      return reduce_half<Load, Store, op_max<float>>(n, in, out, count, false, 1);
+      return reduce_half<Load, Store, op_max<float>>(n, in, no, out, count, false, 1);
     case STRATA_REDUCE_PROD:
-      return reduce_half<Load, Store, op_mul<float>>(n, in, out, count, false, 1);
+      return reduce_half<Load, Store, op_mul<float>>(n, in, no, out, count, false, 1);
   }
 }
 
@@ -400,6 +402,12 @@ uint16_t float_to_bfloat16(float f) {
 
 void reduce(strata_reduce_op op, DLDataType dtype, size_t n_inputs, const void* const* inputs,
             void* output, size_t count, double divisor) {
+  void* const outputs[1] = {output};
+  reduce_broadcast(op, dtype, n_inputs, inputs, 1, outputs, count, divisor);
+}
+
+void reduce_broadcast(strata_reduce_op op, DLDataType dtype, size_t n_inputs, const void* const* inputs,
+                      size_t n_outputs, void* const* outputs, size_t count, double divisor) {
   check_reduce_op(op);
   check_dtype_supported(dtype, "reduction input");
   if (n_inputs == 0)
@@ -409,15 +417,15 @@ void reduce(strata_reduce_op op, DLDataType dtype, size_t n_inputs, const void* 
   if (count == 0) return;
   switch (dtype.code) {
     case kDLFloat:
-      if (dtype.bits == 32) return reduce_typed<float>(op, n_inputs, inputs, output, count, divisor);
-      if (dtype.bits == 64) return reduce_typed<double>(op, n_inputs, inputs, output, count, divisor);
-      return reduce_16<half_to_float, float_to_half>(op, n_inputs, inputs, output, count, divisor);
+      if (dtype.bits == 32) return reduce_typed<float>(op, n_inputs, inputs, n_outputs, outputs, count, divisor);
+      if (dtype.bits == 64) return reduce_typed<double>(op, n_inputs, inputs, n_outputs, outputs, count, divisor);
+      return reduce_16<half_to_float, float_to_half>(op, n_inputs, inputs, n_outputs, outputs, count, divisor);
     case kDLBfloat:
-      return reduce_16<bfloat16_to_float, float_to_bfloat16>(op, n_inputs, inputs, output, count,
+      return reduce_16<bfloat16_to_float, float_to_bfloat16>(op, n_inputs, inputs, n_outputs, outputs, count,
                                                               divisor);
     case kDLInt:
-      if (dtype.bits == 32) return reduce_typed<int32_t>(op, n_inputs, inputs, output, count, divisor);
-      return reduce_typed<int64_t>(op, n_inputs, inputs, output, count, divisor);
+      if (dtype.bits == 32) return reduce_typed<int32_t>(op, n_inputs, inputs, n_outputs, outputs, count, divisor);
+      return reduce_typed<int64_t>(op, n_inputs, inputs, n_outputs, outputs, count, divisor);
     default: break;
   }
 }

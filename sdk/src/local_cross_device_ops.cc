@@ -170,25 +170,18 @@ void LocalCrossDeviceOps::all_reduce(strata_reduce_op op, uint32_t nt, uint32_t 
 void LocalCrossDeviceOps::batch_all_reduce(strata_reduce_op op, uint32_t nt, uint32_t nr,
                                            const DLTensor* const* inputs,
                                            DLTensor* const* outputs) {
-  // A block at a time, so that replica 0's result is still in cache when it
-  // is copied to the others.
-  constexpr size_t kBlockBytes = 64 << 10;
+  // Each block of a group's result goes from an L1 buffer straight into
+  // every output (inputs read once, outputs written once).
   ptrs_.resize(nr);
+  out_ptrs_.resize(nr);
   for (uint32_t t = 0; t < nt; ++t) {
     const DLTensor& first = *inputs[t * nr];
-    const size_t count = static_cast<size_t>(element_count(first));
-    const size_t esize = dtype_size(first.dtype);
-    char* dst0 = static_cast<char*>(data_ptr(*outputs[t * nr]));
-    const size_t block = std::max<size_t>(1, kBlockBytes / esize);
-    for (size_t lo = 0; lo < count; lo += block) {
-      const size_t n = std::min(block, count - lo);
-      for (uint32_t r = 0; r < nr; ++r) ptrs_[r] = static_cast<const char*>(data_ptr(*inputs[t * nr + r])) + lo * esize;
-      kernels::reduce(op, first.dtype, nr, ptrs_.data(), dst0 + lo * esize, n, static_cast<double>(nr));
-      for (uint32_t r = 1; r < nr; ++r) {
-        char* dst = static_cast<char*>(data_ptr(*outputs[t * nr + r]));
-        if (dst != dst0) std::memcpy(dst + lo * esize, dst0 + lo * esize, n * esize);
-      }
+    for (uint32_t r = 0; r < nr; ++r) {
+      ptrs_[r] = data_ptr(*inputs[t * nr + r]);
+      out_ptrs_[r] = data_ptr(*outputs[t * nr + r]);
     }
+    kernels::reduce_broadcast(op, first.dtype, nr, ptrs_.data(), nr, out_ptrs_.data(),
+                              static_cast<size_t>(element_count(first)), static_cast<double>(nr));
   }
 }
 

@@ -133,6 +133,38 @@ TEST_P(KernelsTest, OutputMayAliasAnyInput) {
   }
 }
 
+// reduce_broadcast gives every output reduce()'s bits, also when the
+// outputs are the inputs themselves (an in-place all-reduce), and writes
+// nothing past `count`.
+TEST_P(KernelsTest, ReduceBroadcastGivesEveryOutputReducesBits) {
+  const Case c = GetParam();
+  const size_t esize = c.dtype.bits / 8;
+  for (size_t n : {1u, 2u, 3u, 4u})
+    for (size_t count : {0u, 1u, 5u, 1023u, 1024u, 1025u, 4099u})
+      for (bool in_place : {false, true}) {
+        Arrays a(c.dtype, n, count);
+        for (size_t i = 0; i < n; ++i)
+          for (size_t k = 0; k < count; ++k)
+            a.set(i, k, static_cast<double>(static_cast<int>((k * 7 + i * 3) % 11) - 5) / (i + 2.0) + 0.5);
+        Arrays expect(c.dtype, 1, count);
+        auto p = a.ptrs();
+        kernels::reduce(c.op, c.dtype, n, p.data(), expect.data[0].data(), count, static_cast<double>(n));
+        Arrays outs(c.dtype, n, count);
+        for (auto& o : outs.data) std::fill(o.begin(), o.end(), 0xEE);
+        std::vector<void*> dst;
+        for (size_t i = 0; i < n; ++i) dst.push_back(in_place ? a.data[i].data() : outs.data[i].data());
+        kernels::reduce_broadcast(c.op, c.dtype, n, p.data(), n, dst.data(), count, static_cast<double>(n));
+        for (size_t i = 0; i < n; ++i) {
+          ASSERT_EQ(0, std::memcmp(expect.data[0].data(), dst[i], count * esize))
+              << dtype_name(c.dtype) << " " << reduce_op_name(c.op) << " n=" << n << " count=" << count
+              << " output " << i << (in_place ? " in place" : "");
+          if (!in_place) {
+            EXPECT_EQ(outs.data[i][count * esize], 0xEE) << "output " << i << " count " << count;
+          }
+        }
+      }
+}
+
 std::vector<Case> all_cases() {
   std::vector<Case> cases;
   for (DLDataType d : {kFloat32, kFloat64, kFloat16, kBFloat16, kInt32, kInt64})

@@ -237,10 +237,11 @@ void store(DLDataType d, void* p, size_t i, double v) {
 }
 
 std::vector<Group> make_groups(uint32_t n, strata_reduce_op op) {
-  // Sizes above and below the split threshold, odd counts, an empty one.
+  // Sizes above and below the split threshold, odd counts (not divisible by
+  // the replica count), one element between two range cuts, an empty one.
   const std::vector<std::pair<DLDataType, int64_t>> specs = {
       {kFloat32, 100003}, {kFloat16, 70001}, {kInt64, 3}, {kFloat32, 0}, {kFloat64, 20001}, {kBFloat16, 33333},
-      {kInt32, 65537}};
+      {kFloat32, 1}, {kInt32, 65537}};
   std::vector<Group> groups;
   for (size_t t = 0; t < specs.size(); ++t) {
     Group g{specs[t].first, specs[t].second, {}, {}, {}};

@@ -65,6 +65,22 @@ class HierarchicalCopy : public sdk::LocalCrossDeviceOps {
     size_t total = 0;
     for (uint32_t t : group_) total += static_cast<size_t>(sdk::element_count(*inputs[t * nr]));
     if (total == 0) return;
+    if (group_.size() == 1) {
+      // One tensor is its own pack: reduce it straight into the outputs
+      // (same bits; the elements and their order are the same). This is the
+      // usual case under MirroredStrategy's split all-reduce, whose ranges
+      // mostly fall inside one tensor.
+      const uint32_t t = group_[0];
+      ptrs_.resize(nr);
+      out_ptrs_.resize(nr);
+      for (uint32_t r = 0; r < nr; ++r) {
+        ptrs_[r] = sdk::data_ptr(*inputs[t * nr + r]);
+        out_ptrs_[r] = sdk::data_ptr(*outputs[t * nr + r]);
+      }
+      sdk::kernels::reduce_broadcast(op, dtype, nr, ptrs_.data(), nr, out_ptrs_.data(), total,
+                                     static_cast<double>(nr));
+      return;
+    }
     if (packed_.size() < nr) packed_.resize(nr);
     for (uint32_t r = 0; r < nr; ++r) packed_[r].reserve(total * esize);
     ptrs_.resize(nr);

@@ -93,6 +93,17 @@ uint16_t float_to_bfloat16(float f);
 void reduce(strata_reduce_op op, DLDataType dtype, size_t n_inputs, const void* const* inputs,
             void* output, size_t count, double divisor = 1.0);
 
+/**
+ * reduce() into every outputs[0..n_outputs) at once: each block of the
+ * result is computed once in a small (L1-resident) buffer and stored into
+ * every output, so an all-reduce reads each input once and writes each
+ * output once, with no intermediate array. Outputs get reduce()'s bits.
+ * Any output may alias any input (elementwise, same offset); outputs that
+ * alias each other get the same bits.
+ */
+void reduce_broadcast(strata_reduce_op op, DLDataType dtype, size_t n_inputs, const void* const* inputs,
+                      size_t n_outputs, void* const* outputs, size_t count, double divisor = 1.0);
+
 /// dst = src (ASSIGN), dst += src (ASSIGN_ADD) or dst -= src (ASSIGN_SUB), elementwise.
 void apply_update(strata_var_update_op op, DLDataType dtype, void* dst, const void* src,
                   size_t count);

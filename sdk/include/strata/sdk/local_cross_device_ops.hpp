@@ -4,8 +4,8 @@
 // validates every call (dtype, element counts, contiguity, host memory),
 // implements reduce, broadcast, all_gather, reduce_scatter and the start/wait
 // pair, and leaves the batch all-reduce algorithm to subclasses through
-// batch_all_reduce (the default reduces each tensor group into the first
-// replica's output and copies it to the others).
+// batch_all_reduce (the default reduces each tensor group a block at a time
+// into a small buffer and stores it into every output: kernels::reduce_broadcast).
 //
 // Threads: one call at a time per instance (as the ABI says); scratch
 // buffers are reused between calls, so steady-state blocking calls do not
@@ -96,7 +96,8 @@ class LocalCrossDeviceOps : public CrossDeviceOpsBase {
   HostStaging& staging();
   std::mutex staging_mu_;
   std::unique_ptr<HostStaging> staging_;
-  std::vector<const void*> ptrs_;  // reused pointer array for the kernels
+  std::vector<const void*> ptrs_;  // reused pointer arrays for the kernels
+  std::vector<void*> out_ptrs_;
   AlignedBuffer scratch_;
 
  private:
