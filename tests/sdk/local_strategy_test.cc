@@ -299,7 +299,9 @@ TEST(LocalStrategyTest, SplitAllReduceIsBitIdenticalToOneReductionOnEveryReplica
                 << "group " << t << " (" << dtype_name(g.dtype) << "[" << g.count << "]) replica " << r
                 << " of " << n << " op " << reduce_op_name(op) << (in_place ? " in place" : "");
             // Nothing past the end was written.
-            if (!in_place) EXPECT_EQ(got[bytes], 0xEE) << "group " << t << " replica " << r;
+            if (!in_place) {
+              EXPECT_EQ(got[bytes], 0xEE) << "group " << t << " replica " << r;
+            }
           }
         }
       }
