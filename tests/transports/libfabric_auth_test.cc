@@ -194,10 +194,10 @@ class Stranger {
     while (!poll())
       if (Clock::now() > until) throw std::runtime_error("stranger: no send completion");
   }
-  // A control message (its eager payload's size in `total`, as the
-  // transport's own).
+  // A control message (its eager payload's size in `total` and, for a
+  // whole message, in `chunk`, as the transport's own).
   void send_ctrl(lf::CtrlHeader h, const std::string& payload = "") {
-    if (h.nchunks == 0) h.total = payload.size();
+    if (h.nchunks == 0) h.total = h.chunk = payload.size();
     std::vector<char> buf(sizeof h + payload.size());
     std::memcpy(buf.data(), &h, sizeof h);
     std::memcpy(buf.data() + sizeof h, payload.data(), payload.size());
@@ -417,6 +417,58 @@ TEST_P(LibfabricAuth, DataUnderAGuessedWireTagDoesNotLand) {
     for (uint64_t seq = 0; seq < 4; ++seq)
       s.send(lf::data_wire_tag(1, seq, s.tag_bits(), seq_bits, 0), junk.data(), junk.size());
   });
+}
+
+// (d) A control message signed with the right key but out of the wire
+// format's order: a fragment (kFrag) with no fragmented message before it,
+// as a peer running another version could send. The receiver fails that
+// peer with DATA_LOSS naming it instead of delivering the bytes. (The
+// stranger plays rank 1 with the pair key derived from the secret in the
+// store, which only a member of the job can read.)
+TEST_P(LibfabricAuth, AFragmentWithoutItsMessageIsDataLossNamingThePeer) {
+  PluginHost host;
+  const std::string name = unique_name("lf-frag");
+  std::atomic<bool> done{false};
+  std::string forge_error;
+  StderrCapture capture;
+  std::unique_ptr<Stranger> s;  // closed after the ranks (shm maps peers' memory)
+  std::thread stranger([&] {
+    try {
+      const std::string addr = store_get(host.host_api(), name + "/lf/addr/0", 20000);
+      const std::string secret = store_get(host.host_api(), name + "/lf/secret", 20000);
+      lf::AuthKey key{};
+      if (!lf::pair_key(secret, name, 1, 0, &key)) throw std::runtime_error("pair_key failed");
+      s = std::make_unique<Stranger>(GetParam().provider, unhex(addr));
+      lf::CtrlHeader h = forged_header(0, lf::kFrag);
+      std::memcpy(h.auth, key.data(), sizeof h.auth);
+      s->send_ctrl(h, "FRAGMENT");
+    } catch (const std::exception& e) {
+      forge_error = e.what();
+    }
+  });
+  run_ranks(2, [&](int rank) {
+    Rank r(host, "libfabric", GetParam().options);
+    r.join(name, rank, 2);
+    if (rank == 0) {
+      uint64_t v = 0;
+      try {
+        r.wait(r.irecv(1, 7, &v, 8), 20000);
+        ADD_FAILURE() << "a fragment without its message was delivered";
+      } catch (const DataLossError& e) {
+        EXPECT_NE(std::string(e.what()).find("rank 1"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("a fragment that belongs to no message"), std::string::npos)
+            << e.what();
+      }
+      done = true;
+    } else {
+      const auto until = Clock::now() + std::chrono::seconds(30);
+      while (!done.load() && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
+  stranger.join();
+  s.reset();
+  capture.take();
+  EXPECT_EQ(forge_error, "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Providers, LibfabricAuth,

@@ -249,8 +249,13 @@ void exchange_sizes(const TransportCase& tc, const std::string& options, bool re
   const std::string name = unique_name("sizes");
   // 4176 and 8447..8449: a 4 KiB collective with the ring's 80-byte header,
   // and both sides of the libfabric transport's eager limit (8 KiB + 256).
-  const std::vector<uint64_t> sizes = {0, 1, 7, 4095, 4096, 4097, 4176, 8447, 8448, 8449, (256u << 10) - 1,
-                                       (1u << 20) + 3, 5u << 20, 64u << 20};
+  // 4016/4017 and 8032/8033: with shm's 4 KiB inject_size, the libfabric
+  // transport's control message (80-byte header) exactly at it and one byte
+  // past (two fragments), and two fragments exactly full and one byte past
+  // (three).
+  const std::vector<uint64_t> sizes = {0,    1,    7,    4016, 4017, 4095, 4096,
+                                       4097, 4176, 8032, 8033, 8447, 8448, 8449,
+                                       (256u << 10) - 1, (1u << 20) + 3, 5u << 20, 64u << 20};
   run_ranks(2, [&](int rank) {
     Rank r(host, tc.name, options);
     r.join(name, rank, 2);
@@ -343,17 +348,21 @@ void receive_buffer_too_small(const TransportCase& tc, const std::string& option
     Rank r(host, tc.name, options);
     r.join(name, rank, 2);
     std::vector<char> big(3u << 20, 'x'), small(10);
+    // Tag 4: 6000 bytes, which the libfabric transport on shm sends in two
+    // fragments (see exchange_sizes).
+    const auto size_of = [&](uint64_t tag) -> uint64_t { return tag == 1 ? 100 : tag == 4 ? 6000 : big.size(); };
     if (rank == 0) {
       r.wait(r.isend(1, 1, big.data(), 100));
       r.wait(r.isend(1, 2, big.data(), big.size()));
+      r.wait(r.isend(1, 4, big.data(), 6000));
       r.wait(r.isend(1, 3, big.data(), 5));
     } else {
-      for (uint64_t tag : {1, 2}) {
+      for (uint64_t tag : {1, 2, 4}) {
         try {
           r.wait(r.irecv(0, tag, small.data(), small.size()));
           FAIL() << "a larger message fit a 10-byte buffer";
         } catch (const InvalidArgumentError& e) {
-          const std::string want = tag == 1 ? "100 bytes" : std::to_string(big.size()) + " bytes";
+          const std::string want = std::to_string(size_of(tag)) + " bytes";
           EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
         }
       }

@@ -81,6 +81,16 @@ constexpr auto kGoneGrace = std::chrono::seconds(2);
 constexpr auto kForgedWarnPeriod = std::chrono::seconds(10);
 
 constexpr size_t kSlotBytes = sizeof(CtrlHeader) + kEagerBytes;
+// An eager message whose control message would exceed the provider's
+// inject_size travels as this many inject-size control messages at most
+// (kMsg, then kFrag: wire.h), when the provider's inject_size allows that
+// for every eager size; otherwise as one. Above inject_size a provider may
+// switch to a costlier protocol: shm (inject_size 4 KiB) has the receiver
+// read the sender's memory (process_vm_readv) and acknowledge it, which made
+// a 4 KiB collective's 4,256-byte control message take several times as long
+// as two injected ones. Providers whose inject_size is small (tcp;ofi_rxm:
+// 64, below the 80-byte header) send every control message whole, as before.
+constexpr uint64_t kMaxFragments = 3;
 
 struct ExportedKey {
   uint64_t magic;
@@ -270,7 +280,23 @@ struct Op {
   SendSlot slot;  // kCtrlSend
   uint64_t got = 0;  // kCtrlRecv: bytes the completion reported
   size_t* count = nullptr;  // a counter of live ops of this kind, if any
+  size_t set_index = 0;     // position in LfComm::ops_
   Op() = default;
+  // For reuse from the communicator's pool (ctx is the provider's scratch).
+  void reset() {
+    serial = 0;
+    kind = OpKind::kCtrlRecv;
+    posted = false;
+    req = nullptr;
+    peer = -1;
+    buf = nullptr;
+    len = 0;
+    desc = nullptr;
+    wire_tag = remote_addr = rkey = 0;
+    slot = SendSlot{};
+    got = 0;
+    count = nullptr;
+  }
   Op(const Op&) = delete;
   Op& operator=(const Op&) = delete;
   ~Op() {
@@ -307,6 +333,57 @@ struct Request {
   uint64_t chunk = 0, nchunks = 0, first_seq = 0, next_chunk = 0;  // data messages, posted kDataWindow at a time
   bool awaiting_cts = false;       // split sends: data waits for the receiver's kCts
   bool cts_sent = false;           // split receives
+  // Pool bookkeeping (LfComm::requests_): the slot and generation make the
+  // handle, so a handle of a released request is rejected after its slot
+  // is reused.
+  uint32_t slot = 0, gen = 0;
+  bool live = false;
+  size_t set_index = 0;  // position in LfComm::live_
+
+  // Back to a fresh request, keeping the pool bookkeeping and the storage
+  // of `ops` and `error`.
+  void reset() {
+    std::vector<Op*> o = std::move(ops);
+    std::string e = std::move(error);
+    o.clear();
+    e.clear();
+    const uint32_t s = slot, g = gen;
+    *this = Request();
+    ops = std::move(o);
+    error = std::move(e);
+    slot = s;
+    gen = g;
+  }
+};
+
+// Pointers that store their position in the pointee (member `Index`), so
+// that insert and erase allocate nothing (an unordered_set allocates a node
+// per insert, several per message) and take constant time. Order is not
+// kept. The pointees must outlive their membership (pooled here).
+template <class T, size_t T::*Index>
+class IndexedSet {
+ public:
+  void insert(T* x) {
+    x->*Index = v_.size();
+    v_.push_back(x);
+  }
+  bool contains(const T* x) const { return x->*Index < v_.size() && v_[x->*Index] == x; }
+  size_t erase(T* x) {
+    if (!contains(x)) return 0;
+    T* last = v_.back();
+    v_[x->*Index] = last;
+    last->*Index = x->*Index;
+    v_.pop_back();
+    return 1;
+  }
+  size_t size() const { return v_.size(); }
+  bool empty() const { return v_.empty(); }
+  void clear() { v_.clear(); }
+  typename std::vector<T*>::const_iterator begin() const { return v_.begin(); }
+  typename std::vector<T*>::const_iterator end() const { return v_.end(); }
+
+ private:
+  std::vector<T*> v_;
 };
 
 struct Region {
@@ -321,6 +398,7 @@ struct InMsg {
   uint64_t kind = kMsg;
   uint64_t tag = 0, total = 0, first_seq = 0, nchunks = 0, chunk = 0;
   uint64_t ctrl_seq = 0;
+  uint64_t carried = 0;       // eager payload bytes in this control message (< total: fragments follow)
   std::vector<char> payload;  // eager payload, once kept past its delivery
   // The eager payload still in the control receive slot: valid only while
   // the message is delivered from its completion (a receive already posted
@@ -329,7 +407,7 @@ struct InMsg {
 
   void keep() {
     if (inline_data == nullptr) return;
-    payload.assign(inline_data, inline_data + total);
+    payload.assign(inline_data, inline_data + carried);
     inline_data = nullptr;
   }
   const char* bytes() const { return inline_data != nullptr ? inline_data : payload.data(); }
@@ -355,6 +433,12 @@ struct Peer {
   uint64_t send_ctrl_seq = 0, send_data_seq = 0;
   uint64_t recv_ctrl_next = 0;
   std::map<uint64_t, InMsg> early;  // control messages ahead of recv_ctrl_next
+  // A fragmented eager message being put together (kMsg then kFrag): its
+  // head, and its payload so far in frag_buf (kept for the next one).
+  bool assembling = false;
+  InMsg frag_head;
+  std::vector<char> frag_buf;
+  uint64_t frag_have = 0;
   std::unordered_map<uint64_t, std::deque<Request*>> posted;
   std::unordered_map<uint64_t, std::deque<InMsg>> unexpected;
   bool failed = false;
@@ -547,6 +631,8 @@ class LfComm : public sdk::CommBase {
   void post_starved_locked();
   void peer_closed_locked(int p, const InMsg& m);
   void post_ctrl_recv_locked(char* slot);
+  void send_ctrl_locked(Request* r, int p, const CtrlHeader& h, const char* payload, uint64_t n);
+  bool inject_locked(int p, const char* msg, size_t len);
   SendSlot take_send_slot_locked();
 
   sdk::Host host_;
@@ -574,6 +660,12 @@ class LfComm : public sdk::CommBase {
   uint64_t dropped_ = 0;  // control messages dropped as forged or malformed
   Clock::time_point next_drop_warn_{};
   uint64_t max_chunk_ = 1ull << 30;
+  // Control messages up to inject_bytes_ (the provider's inject_size) are
+  // injected (fi_tinject: no completion, nothing to track); eager payloads
+  // above frag_payload_ travel in fragments of that size (0: whole).
+  size_t inject_bytes_ = 0;
+  uint64_t frag_payload_ = 0;
+  std::unique_ptr<char[]> inject_buf_;  // header + payload of the message being injected
   uint64_t next_key_ = 1;
   bool virt_addr_ = false, prov_key_ = false, mr_endpoint_ = false;
 
@@ -586,8 +678,29 @@ class LfComm : public sdk::CommBase {
   uint64_t drain_bytes_ = 0;
 
   std::mutex mu_;
-  std::unordered_set<Request*> live_;
-  std::unordered_set<Op*> ops_;
+  // Requests and operations are pooled (a warm communicator allocates
+  // nothing per message): requests_ holds every request (a deque, so their
+  // addresses stay put), free_requests_ the free slots, op_pool_ free ops.
+  std::deque<Request> requests_;
+  std::vector<uint32_t> free_requests_;
+  IndexedSet<Request, &Request::set_index> live_;
+  IndexedSet<Op, &Op::set_index> ops_;
+  std::vector<Op*> op_pool_;
+  Op* new_op_locked() {
+    if (op_pool_.empty()) return new Op();
+    Op* op = op_pool_.back();
+    op_pool_.pop_back();
+    op->reset();
+    return op;
+  }
+  void free_op_locked(Op* op) {
+    if (op->count != nullptr) --*op->count;
+    op->count = nullptr;
+    op_pool_.push_back(op);
+  }
+  static strata_request_t handle_of(const Request* r) {
+    return reinterpret_cast<strata_request_t>((static_cast<uintptr_t>(r->gen) << 32) | (uintptr_t(r->slot) + 1));
+  }
   // Ops the provider had no room for (-FI_EAGAIN, or shm's -FI_ENOMEM for a
   // full receive queue), receives and sends apart so a full receive queue
   // never holds back a send the peer needs before it can free it.
@@ -744,23 +857,35 @@ void LfComm::check_host(const strata_buffer& buf, const char* op) const {
 }
 
 Request* LfComm::lookup_locked(strata_request_t h) const {
-  auto* r = reinterpret_cast<Request*>(h);
-  if (h == nullptr || live_.count(r) == 0)
+  const auto v = reinterpret_cast<uintptr_t>(h);
+  const uintptr_t slot = v & 0xffffffffu;
+  const Request* r = slot == 0 || slot > requests_.size() ? nullptr : &requests_[slot - 1];
+  if (r == nullptr || !r->live || r->gen != (v >> 32))
     STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "request ", static_cast<void*>(h),
                  " is not a live request of communicator '", name_, "' (already released?)");
-  return r;
+  return const_cast<Request*>(r);
 }
 
 Request* LfComm::new_request_locked(Request::Kind kind, int peer, uint64_t tag, const strata_buffer& buf) {
-  auto r = std::make_unique<Request>();
+  void* desc = region_desc_locked(buf, kind == Request::kSend ? "isend" : kind == Request::kRecv ? "irecv" : "iwrite");
+  if (free_requests_.empty()) {
+    requests_.emplace_back();
+    requests_.back().slot = static_cast<uint32_t>(requests_.size() - 1);
+    free_requests_.push_back(requests_.back().slot);
+  }
+  Request* r = &requests_[free_requests_.back()];
+  free_requests_.pop_back();
+  r->reset();
+  r->gen++;
+  r->live = true;
   r->kind = kind;
   r->peer = peer;
   r->tag = tag;
   r->data = static_cast<char*>(buf.data);
   r->bytes = buf.bytes;
-  r->desc = region_desc_locked(buf, kind == Request::kSend ? "isend" : kind == Request::kRecv ? "irecv" : "iwrite");
-  live_.insert(r.get());
-  return r.release();
+  r->desc = desc;
+  live_.insert(r);
+  return r;
 }
 
 void LfComm::finish_locked(Request* r, strata_status_t code, const std::string& error) {
@@ -789,7 +914,7 @@ void LfComm::cancel_ops_locked(Request* r) {
     unbacklog_locked(op);
     if (op->kind == OpKind::kCtrlSend) free_send_.push_back(op->slot);
     ops_.erase(op);
-    delete op;
+    free_op_locked(op);
     it = r->ops.erase(it);
   }
 }
@@ -806,7 +931,7 @@ void LfComm::orphan_ops_locked(Request* r) {
       unbacklog_locked(op);
       if (op->kind == OpKind::kCtrlSend) free_send_.push_back(op->slot);
       ops_.erase(op);
-      delete op;
+      free_op_locked(op);
     }
   }
   r->ops.clear();
@@ -826,7 +951,8 @@ uint64_t LfComm::release_locked(Request* r) {
   orphan_ops_locked(r);
   if (r->cached != nullptr) r->cached->refs--;
   live_.erase(r);
-  std::unique_ptr<Request> owned(r);
+  r->live = false;
+  free_requests_.push_back(r->slot);  // reused only after this returns
   if (r->status != STRATA_OK) detail::throw_status(r->status, r->error);
   return r->moved;
 }
@@ -877,15 +1003,45 @@ void LfComm::send_notice_locked(int p, uint64_t kind, const std::string& reason,
   h.tag = ref;
   h.kind = kind;
   h.total = std::min<uint64_t>(reason.size(), kEagerBytes);
+  h.chunk = h.total;
   sign(&h, p);
-  auto* op = new Op();
+  send_ctrl_locked(nullptr, p, h, reason.data(), h.total);
+}
+
+// Injects the control message when it fits the provider's inject_size and
+// nothing waits in the send backlog (which would then be overtaken: harmless
+// for ordering, which the control sequence restores, but unfair). False:
+// not sent; the caller posts it as an operation instead, which also reports
+// any error the inject met.
+bool LfComm::inject_locked(int p, const char* msg, size_t len) {
+  if (len > inject_bytes_ || !backlog_[1].empty()) return false;
+  const Peer& peer = peers_[p];
+  std::unique_lock<std::mutex> local;
+  if (peer.same_process) {
+    local = std::unique_lock<std::mutex>(local_eps_mu());
+    if (local_eps().count(peer.ep_key) == 0) return false;  // closed: see local_eps
+  }
+  return fi_tinject(ep_, msg, len, peer.addr, ctrl_tag()) == 0;
+}
+
+// Sends one control message (header `h`, then `n` payload bytes), injected
+// when it fits, else from a send slot as an operation of `r` (null: of no
+// request).
+void LfComm::send_ctrl_locked(Request* r, int p, const CtrlHeader& h, const char* payload, uint64_t n) {
+  if (sizeof h + n <= inject_bytes_) {
+    std::memcpy(inject_buf_.get(), &h, sizeof h);
+    if (n > 0) std::memcpy(inject_buf_.get() + sizeof h, payload, n);
+    if (inject_locked(p, inject_buf_.get(), sizeof h + n)) return;
+  }
+  auto* op = new_op_locked();
   op->kind = OpKind::kCtrlSend;
+  op->req = r;
   op->peer = p;
   op->slot = take_send_slot_locked();
   std::memcpy(op->slot.p, &h, sizeof h);
-  std::memcpy(op->slot.p + sizeof h, reason.data(), h.total);
+  if (n > 0) std::memcpy(op->slot.p + sizeof h, payload, n);
   op->buf = op->slot.p;
-  op->len = sizeof h + h.total;
+  op->len = sizeof h + n;
   op->desc = op->slot.desc;
   op->wire_tag = ctrl_tag();
   submit_locked(op);  // may free op
@@ -956,7 +1112,7 @@ void LfComm::post_failed_locked(Op* op, int ret) {
     // Reposting would fail the same way; run with one control slot fewer.
     host_.warn(who(), ": posting a control receive failed (", fi_error_text(ret), ")");
     ops_.erase(op);
-    delete op;
+    free_op_locked(op);
     return;
   }
   if (ret == -FI_ENOTCONN && peers_[op->peer].same_process) {
@@ -967,7 +1123,7 @@ void LfComm::post_failed_locked(Op* op, int ret) {
     if (r != nullptr) r->ops.erase(std::remove(r->ops.begin(), r->ops.end(), op), r->ops.end());
     if (op->kind == OpKind::kCtrlSend) free_send_.push_back(op->slot);
     ops_.erase(op);
-    delete op;
+    free_op_locked(op);
     if (r != nullptr) finish_locked(r, STRATA_ERR_UNAVAILABLE, str_cat(describe(*r), ": ", why));
     return;
   }
@@ -977,7 +1133,7 @@ void LfComm::post_failed_locked(Op* op, int ret) {
 }
 
 void LfComm::post_ctrl_recv_locked(char* slot) {
-  auto* op = new Op();
+  auto* op = new_op_locked();
   op->kind = OpKind::kCtrlRecv;
   op->buf = slot;
   op->len = kSlotBytes;
@@ -1088,7 +1244,12 @@ void LfComm::check_liveness_locked() {
 void LfComm::on_completion_locked(Op* op, int err, const std::string& errtext) {
   op->posted = false;
   ops_.erase(op);
-  std::unique_ptr<Op> owned(op);
+  // Back to the pool on every return below (after its last use).
+  struct Recycle {
+    LfComm* comm;
+    Op* op;
+    ~Recycle() { comm->free_op_locked(op); }
+  } recycle{this, op};
   Request* r = op->req;
   if (r != nullptr) r->ops.erase(std::remove(r->ops.begin(), r->ops.end(), op), r->ops.end());
   switch (op->kind) {
@@ -1147,8 +1308,15 @@ void LfComm::on_ctrl_locked(Op* op) {
                                     "-byte header)"));
   }
   std::memcpy(&h, op->buf, sizeof h);
-  if (h.magic != kCtrlMagic || h.src >= static_cast<uint32_t>(world_) || static_cast<int>(h.src) == rank_ ||
-      (h.nchunks == 0 && h.total > kEagerBytes) || op->got != sizeof h + (h.nchunks == 0 ? h.total : 0))
+  const uint64_t carried = op->got - sizeof h;
+  // Eager messages (kMsg without data messages) may carry part of their
+  // payload (`chunk` bytes), kFrag the next `total` bytes; everything else
+  // carries all of it (notices) or none (split messages).
+  const bool sizes_ok = h.kind == kFrag ? h.nchunks == 0 && carried == h.total && carried > 0 && carried <= kEagerBytes
+                        : h.kind == kMsg && h.nchunks == 0 ? h.total <= kEagerBytes && h.chunk == carried && carried <= h.total
+                        : h.nchunks == 0 ? h.total <= kEagerBytes && carried == h.total
+                                         : carried == 0;
+  if (h.magic != kCtrlMagic || h.src >= static_cast<uint32_t>(world_) || static_cast<int>(h.src) == rank_ || !sizes_ok)
     return drop_ctrl_locked(str_cat("a malformed control message (magic ", h.magic, ", source ", h.src, ", ",
                                     op->got, " bytes)"));
   const int p = static_cast<int>(h.src);
@@ -1165,7 +1333,8 @@ void LfComm::on_ctrl_locked(Op* op) {
   m.chunk = h.chunk;
   m.kind = h.kind;
   m.ctrl_seq = h.ctrl_seq;
-  if (h.nchunks == 0 && h.total > 0) m.inline_data = op->buf + sizeof h;
+  m.carried = carried;
+  if (carried > 0) m.inline_data = op->buf + sizeof h;
   // Deliver in the sender's order, whatever order the provider used.
   if (h.ctrl_seq != peer.recv_ctrl_next) {
     m.keep();  // the slot is reposted when this returns
@@ -1196,6 +1365,36 @@ void LfComm::drop_ctrl_locked(const std::string& what) {
 
 void LfComm::deliver_locked(int p, InMsg&& m) {
   Peer& peer = peers_[p];
+  // Fragments follow their head with nothing between (wire.h, kFrag): put
+  // the message together, then deliver it as if it had come whole.
+  if (peer.assembling || m.kind == kFrag) {
+    const bool fits = peer.assembling && m.kind == kFrag && m.carried <= peer.frag_head.total - peer.frag_have;
+    if (!fits) {
+      peer.assembling = false;
+      return fail_peer_locked(p, STRATA_ERR_DATA_LOSS,
+                              str_cat(peer_name(p), " sent a malformed message (control message #", m.ctrl_seq,
+                                      m.kind == kFrag ? ": a fragment that belongs to no message"
+                                                      : ": a fragmented message's next fragment is missing",
+                                      "); every process must run the same version of the libfabric transport"));
+    }
+    std::memcpy(peer.frag_buf.data() + peer.frag_have, m.inline_data, m.carried);
+    peer.frag_have += m.carried;
+    if (peer.frag_have < peer.frag_head.total) return;
+    peer.assembling = false;
+    InMsg whole = std::move(peer.frag_head);
+    whole.carried = whole.total;
+    whole.inline_data = peer.frag_buf.data();
+    return deliver_locked(p, std::move(whole));
+  }
+  if (m.kind == kMsg && m.nchunks == 0 && m.carried < m.total) {
+    if (peer.frag_buf.size() < kEagerBytes) peer.frag_buf.resize(kEagerBytes);
+    if (m.carried > 0) std::memcpy(peer.frag_buf.data(), m.inline_data, m.carried);
+    peer.frag_have = m.carried;
+    m.inline_data = nullptr;
+    peer.frag_head = std::move(m);
+    peer.assembling = true;
+    return;
+  }
   if (m.kind == kCts) return on_cts_locked(p, m.tag);
   if (m.kind != kMsg) {
     m.keep();
@@ -1271,7 +1470,7 @@ void LfComm::drain_locked(int p, const InMsg& m) {
   }
   const Slab& d = drain_slabs_.back();
   for (uint64_t i = 0; i < m.nchunks; ++i) {
-    auto* op = new Op();
+    auto* op = new_op_locked();
     op->kind = OpKind::kDrain;
     op->peer = p;
     op->buf = d.mem.get();
@@ -1297,10 +1496,10 @@ strata_request_t LfComm::isend(int32_t peer, uint64_t tag, const strata_buffer& 
   if (p.failed || p.closed) {
     finish_locked(r, p.failed ? p.fail_code : STRATA_ERR_UNAVAILABLE,
                   str_cat(describe(*r), ": ", p.failed ? p.fail_reason : p.closed_reason));
-    return reinterpret_cast<strata_request_t>(r);
+    return handle_of(r);
   }
   const bool eager = buf.bytes <= kEagerBytes;
-  if (!eager && !ensure_desc_locked(r)) return reinterpret_cast<strata_request_t>(r);
+  if (!eager && !ensure_desc_locked(r)) return handle_of(r);
   p.send_ctrl_seq++;
   CtrlHeader h{};
   h.magic = kCtrlMagic;
@@ -1312,25 +1511,43 @@ strata_request_t LfComm::isend(int32_t peer, uint64_t tag, const strata_buffer& 
   h.nchunks = eager ? 0 : (buf.bytes + max_chunk_ - 1) / max_chunk_;
   h.first_seq = p.send_data_seq;
   p.send_data_seq += h.nchunks;
-  sign(&h, peer);
-  auto* ctrl = new Op();
-  ctrl->kind = OpKind::kCtrlSend;
-  ctrl->req = r;
-  ctrl->peer = peer;
-  ctrl->slot = take_send_slot_locked();
-  std::memcpy(ctrl->slot.p, &h, sizeof h);
-  if (eager && buf.bytes > 0) std::memcpy(ctrl->slot.p + sizeof h, buf.data, buf.bytes);
-  ctrl->buf = ctrl->slot.p;
-  ctrl->len = sizeof h + (eager ? buf.bytes : 0);
-  ctrl->desc = ctrl->slot.desc;
-  ctrl->wire_tag = ctrl_tag();
-  submit_locked(ctrl);
+  const char* data = static_cast<const char*>(buf.data);
+  if (!eager) {
+    sign(&h, peer);
+    send_ctrl_locked(r, peer, h, nullptr, 0);
+  } else {
+    // The payload rides along: whole, or in inject-size fragments (kMsg
+    // carrying the first, then kFrag) where the whole would not inject.
+    const uint64_t per =
+        frag_payload_ != 0 && sizeof h + buf.bytes > inject_bytes_ ? frag_payload_ : std::max<uint64_t>(buf.bytes, 1);
+    h.chunk = std::min(per, buf.bytes);
+    sign(&h, peer);
+    send_ctrl_locked(r, peer, h, data, h.chunk);
+    for (uint64_t off = h.chunk; off < buf.bytes && !r->finished; off += per) {
+      CtrlHeader f{};
+      f.magic = kCtrlMagic;
+      f.src = static_cast<uint32_t>(rank_);
+      f.ctrl_seq = p.send_ctrl_seq++;
+      f.tag = tag;
+      f.kind = kFrag;
+      f.total = std::min(per, buf.bytes - off);
+      f.chunk = f.total;
+      f.first_seq = p.send_data_seq;
+      sign(&f, peer);
+      send_ctrl_locked(r, peer, f, data + off, f.total);
+    }
+  }
   r->chunk = max_chunk_;
   r->nchunks = h.nchunks;
   r->first_seq = h.first_seq;
   r->awaiting_cts = h.nchunks > 1;
   post_data_ops_locked(r);
-  return reinterpret_cast<strata_request_t>(r);
+  // Everything injected: the buffer is free and nothing will complete.
+  if (eager && r->ops.empty() && !r->finished) {
+    r->moved = r->bytes;
+    finish_locked(r, STRATA_OK, "");
+  }
+  return handle_of(r);
 }
 
 void LfComm::post_data_ops_locked(Request* r) {
@@ -1344,7 +1561,7 @@ void LfComm::post_data_ops_locked(Request* r) {
       break;
     }
     const uint64_t i = r->next_chunk++;
-    auto* op = new Op();
+    auto* op = new_op_locked();
     op->kind = send ? OpKind::kDataSend : OpKind::kDataRecv;
     if (!send) {
       op->count = &data_recvs_;
@@ -1405,7 +1622,7 @@ strata_request_t LfComm::irecv(int32_t peer, uint64_t tag, const strata_buffer& 
   } else {
     p.posted[tag].push_back(r);
   }
-  return reinterpret_cast<strata_request_t>(r);
+  return handle_of(r);
 }
 
 bool LfComm::test(strata_request_t h, uint64_t* bytes) {
@@ -1510,16 +1727,16 @@ strata_request_t LfComm::iwrite(int32_t peer, const strata_buffer& buf, const vo
   if (p.failed || p.closed) {
     finish_locked(r, p.failed ? p.fail_code : STRATA_ERR_UNAVAILABLE,
                   str_cat(describe(*r), ": ", p.failed ? p.fail_reason : p.closed_reason));
-    return reinterpret_cast<strata_request_t>(r);
+    return handle_of(r);
   }
   if (buf.bytes == 0) {
     finish_locked(r, STRATA_OK, "");
-    return reinterpret_cast<strata_request_t>(r);
+    return handle_of(r);
   }
-  if (!ensure_desc_locked(r)) return reinterpret_cast<strata_request_t>(r);
+  if (!ensure_desc_locked(r)) return handle_of(r);
   const uint64_t n = (buf.bytes + max_chunk_ - 1) / max_chunk_;
   for (uint64_t i = 0; i < n && !r->finished; ++i) {
-    auto* op = new Op();
+    auto* op = new_op_locked();
     op->kind = OpKind::kWrite;
     op->req = r;
     op->peer = peer;
@@ -1530,7 +1747,7 @@ strata_request_t LfComm::iwrite(int32_t peer, const strata_buffer& buf, const vo
     op->rkey = k.key;
     submit_locked(op);
   }
-  return reinterpret_cast<strata_request_t>(r);
+  return handle_of(r);
 }
 
 // ---------------------------------------------------------------- setup ---
@@ -1557,6 +1774,12 @@ void LfComm::setup(int64_t timeout_ms) {
   const uint64_t prov_max = info_->ep_attr->max_msg_size;
   max_chunk_ = std::min<uint64_t>(prov_max == 0 ? (1ull << 30) : prov_max, 1ull << 30);
   if (opts_.max_message_bytes != 0) max_chunk_ = std::min(max_chunk_, opts_.max_message_bytes);
+  inject_bytes_ = std::min<size_t>(info_->tx_attr != nullptr ? info_->tx_attr->inject_size : 0, kSlotBytes);
+  if (inject_bytes_ < sizeof(CtrlHeader)) inject_bytes_ = 0;  // no control message fits: never inject
+  if (inject_bytes_ > sizeof(CtrlHeader) &&
+      (kEagerBytes + (inject_bytes_ - sizeof(CtrlHeader)) - 1) / (inject_bytes_ - sizeof(CtrlHeader)) <= kMaxFragments)
+    frag_payload_ = inject_bytes_ - sizeof(CtrlHeader);
+  inject_buf_.reset(new char[kSlotBytes]);
   const uint64_t mr_mode = static_cast<uint64_t>(info_->domain_attr->mr_mode);
   virt_addr_ = (mr_mode & FI_MR_VIRT_ADDR) != 0;
   prov_key_ = (mr_mode & FI_MR_PROV_KEY) != 0;
@@ -1764,8 +1987,7 @@ LfComm::~LfComm() {
         if (ops_.size() == before) std::this_thread::yield();
       }
     }
-    for (Request* r : live_) delete r;
-    live_.clear();
+    live_.clear();  // requests_ goes with this object
     if (!ep_key_.empty()) {
       std::lock_guard<std::mutex> lock(local_eps_mu());
       local_eps().erase(ep_key_);
@@ -1773,7 +1995,11 @@ LfComm::~LfComm() {
   }
   Parked res;
   res.ops.assign(ops_.begin(), ops_.end());
+  // Parked ops may be freed after this object: their counters go with it.
+  for (Op* op : res.ops) op->count = nullptr;
   ops_.clear();
+  for (Op* op : op_pool_) delete op;
+  op_pool_.clear();
   if (ep_ != nullptr) res.fids.push_back(&ep_->fid);
   for (Region* g : regions_) {
     res.fids.push_back(&g->mr->fid);

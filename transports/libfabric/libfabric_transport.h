@@ -44,7 +44,17 @@
 // straight into the user's buffer. User tags never touch the provider's tag
 // bits, so all 64 bits are usable and two different tags never match each
 // other, whatever mem_tag_format reserves. Messages larger than max_message_bytes travel as
-// several data messages. A receive smaller than its message fails with
+// several data messages. Control messages that fit the provider's
+// tx_attr->inject_size are injected (fi_tinject: no completion; an eager
+// isend is then complete when it returns); an eager payload whose control
+// message would not fit travels as up to 3 inject-size control messages
+// (kMsg with the first part, then kFrag: wire.h) when inject_size allows
+// that for every eager size (shm: 4 KiB), since above inject_size shm
+// has the receiver read the sender's memory (process_vm_readv) and
+// acknowledge it; with a smaller inject_size (tcp;ofi_rxm: 64 bytes) every
+// control message goes whole, as an operation. Requests and operations are
+// pooled per communicator: a warm communicator allocates nothing per
+// message. A receive smaller than its message fails with
 // INVALID_ARGUMENT; the message is drained.
 //
 // Authentication (the same guarantee as the tcp transport's handshake).
@@ -73,7 +83,7 @@
 // provider's queues (unmatched messages, a flood of forged ones), which
 // slows or stalls a communicator but never delivers forged data.
 //
-// Memory. Every operation gets its own fi_context2 (FI_CONTEXT/FI_CONTEXT2
+// Memory. Every posted operation gets its own fi_context2 (FI_CONTEXT/FI_CONTEXT2
 // providers). Caps report STRATA_TRANSPORT_CAP_REQUIRES_MR when the provider
 // asks for FI_MR_LOCAL. Buffers without a region (beyond the 8 KiB + 256 B that ride
 // in control messages) are registered through a per-communicator cache keyed

@@ -40,7 +40,8 @@ struct CtrlHeader {
   uint64_t total;      // payload bytes
   uint64_t first_seq;  // data sequence of the first data message
   uint64_t nchunks;    // data messages (0: payload follows this header)
-  uint64_t chunk;      // bytes per data message but the last
+  uint64_t chunk;      // bytes per data message but the last; with no data
+                       // messages: payload bytes in this control message
   uint64_t kind;       // kMsg, or a notice (payload: the reason)
   uint8_t auth[kAuthBytes];  // pair_key(secret, name, src, dst)
 };
@@ -55,6 +56,12 @@ constexpr uint64_t kAbort = 2;  // the sender aborted its communicator
 // data waits for this, so it never lands unexpected in the receiver's
 // queues, whatever order the receiver takes messages in.
 constexpr uint64_t kCts = 3;
+// The rest of an eager message whose payload did not fit one control
+// message: a kMsg whose `chunk` (payload bytes carried) is below its `total`
+// is followed, in the control sequence, by kFrag messages carrying the next
+// `total` bytes each until the message is whole. Nothing comes between them
+// (the sender sends them in one go).
+constexpr uint64_t kFrag = 4;
 
 /// The control tag for `tag_bits` usable tag bits.
 inline uint64_t ctrl_wire_tag(int tag_bits) { return 1ull << (tag_bits - 1); }
