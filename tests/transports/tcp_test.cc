@@ -31,6 +31,7 @@
 #include "frame.h"
 #include "strata/error.hpp"
 #include "forked_ranks.h"
+#include "strata/log.hpp"
 #include "strata/plugin_host.hpp"
 #include "test_support.h"
 #include "transport_test_support.h"
@@ -124,6 +125,62 @@ TEST(TcpTest, PingPongIPv6) {
   if (fd >= 0) ::close(fd);
   if (!have_v6) GTEST_SKIP() << "no IPv6 loopback (::1) on this machine";
   ping_pong(R"({"ipv6": true, "bind": "::1"})", 200, "IPv6 ::1");
+}
+
+// A thread in wait() runs the communicator's io handlers itself while it
+// polls, instead of leaving every byte to the io thread and sleeping (which
+// cost each message the io thread's wake-up from epoll). Each communicator
+// logs, at debug level when destroyed, how many of its waits were completed
+// by the waiting thread's own poll. Not a timing test: over 300 round trips
+// some wait must have completed its receive itself; if only the io thread
+// moved bytes, none would.
+TEST(TcpTest, WaitingThreadsDriveProgress) {
+  struct Capture {
+    std::string level = log_level();
+    Capture() {
+      set_log_level("debug");
+      ::testing::internal::CaptureStderr();
+    }
+    ~Capture() {
+      if (!taken) ::testing::internal::GetCapturedStderr();
+      set_log_level(level);
+    }
+    std::string take() {
+      taken = true;
+      return ::testing::internal::GetCapturedStderr();
+    }
+    bool taken = false;
+  } capture;
+  PluginHost host;
+  const std::string name = unique_name("waiterprogress");
+  run_ranks(2, [&](int rank) {
+    Rank r(host, R"({"connections_per_peer": 1})");
+    r.join(name, rank, 2);
+    for (int i = 0; i < 300; ++i) {
+      uint64_t out = static_cast<uint64_t>(i), in = 0;
+      if (rank == 0) {
+        r.wait(r.isend(1, 7, &out, 8));
+        ASSERT_EQ(r.wait(r.irecv(1, 7, &in, 8)), 8u);
+      } else {
+        ASSERT_EQ(r.wait(r.irecv(0, 7, &in, 8)), 8u);
+        r.wait(r.isend(0, 7, &out, 8));
+      }
+    }
+  });
+  const std::string log = capture.take();
+  const std::string what = " waits completed by the waiting thread's own progress";
+  uint64_t self = 0, lines = 0;
+  for (size_t pos = log.find(what); pos != std::string::npos; pos = log.find(what, pos + 1)) {
+    // "...: <self> of <waits> waits completed ..."
+    const size_t of = log.rfind(" of ", pos);
+    const size_t colon = log.rfind(": ", of);
+    ASSERT_NE(of, std::string::npos);
+    ASSERT_NE(colon, std::string::npos);
+    self += std::stoull(log.substr(colon + 2, of - colon - 2));
+    ++lines;
+  }
+  EXPECT_EQ(lines, 2u) << log;
+  EXPECT_GT(self, 0u) << "no wait was completed by its own thread's progress:\n" << log;
 }
 
 TEST(TcpTest, ManyTagsKeepPostingOrderAcrossThreeRanks) {

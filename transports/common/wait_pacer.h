@@ -93,13 +93,22 @@ class WaitPacer {
 
   /// True while busy-polling pays: within kSpinNs and the cores are not
   /// oversubscribed. For a caller whose progress needs another thread of
-  /// this process (tcp's io thread), yielding would only compete with that
+  /// this process (an io thread), yielding would only compete with that
   /// thread, so it polls only while this holds and then blocks on its
   /// condition. Call pause() between polls as usual.
   bool busy_polling() {
     if ((polls_ & 63) == 0) yield_ = oversubscribed();
     return !yield_ && sleeping_ == std::chrono::microseconds(0) &&
            Clock::now() - start_ < std::chrono::nanoseconds(kSpinNs);
+  }
+
+  /// True while pause() would still busy-poll or yield rather than sleep
+  /// (within kSpinNs + kYieldNs of the start or of the last progressed()).
+  /// For a caller that drives progress itself (tcp's waiter runs the io
+  /// loop) both phases poll; once this turns false it blocks instead.
+  bool polling() const {
+    return sleeping_ == std::chrono::microseconds(0) &&
+           Clock::now() - start_ < std::chrono::nanoseconds(kSpinNs + kYieldNs);
   }
 
   /// The caller saw progress (a completion): the spin budget starts again,
