@@ -61,16 +61,29 @@ std::string read_proc_file(const std::string& path) {
   return s;
 }
 
-bool read_stat(int64_t pid, char* state, uint64_t* start) {
+// /proc/PID/stat: the state letter, the start time and whether the process
+// is on its way out: its main thread is exiting (PF_EXITING in `flags`) or
+// has SIGKILL pending (`signal`, that thread's pending set; a SIGKILL to the
+// process puts it in every thread's). A killed process with much memory
+// can take a second or more under load to tear down before /proc calls it
+// a zombie, while its sockets are already closed.
+bool read_stat(int64_t pid, char* state, uint64_t* start, bool* exiting = nullptr) {
   const std::string s = read_proc_file("/proc/" + std::to_string(pid) + "/stat");
   const size_t close = s.rfind(')');
   if (close == std::string::npos) return false;
   std::istringstream in(s.substr(close + 1));
   std::vector<std::string> fields;
-  for (std::string t; in >> t && fields.size() < 20;) fields.push_back(t);
+  for (std::string t; in >> t && fields.size() < 29;) fields.push_back(t);
   if (fields.size() < 20 || fields[0].empty()) return false;
   *state = fields[0][0];
   *start = std::strtoull(fields[19].c_str(), nullptr, 10);
+  if (exiting != nullptr) {
+    constexpr uint64_t kPfExiting = 0x4;
+    constexpr uint64_t kSigKillBit = uint64_t(1) << (9 - 1);
+    const uint64_t flags = std::strtoull(fields[6].c_str(), nullptr, 10);
+    const uint64_t pending = fields.size() >= 29 ? std::strtoull(fields[28].c_str(), nullptr, 10) : 0;
+    *exiting = (flags & kPfExiting) != 0 || (pending & kSigKillBit) != 0;
+  }
   return true;
 }
 
@@ -237,9 +250,10 @@ ProcState local_state(const PeerInfo& p) {
   if (!p.known || p.host_id != me.host_id) return ProcState::kUnknown;
   char state = 0;
   uint64_t start = 0;
-  if (!read_stat(p.pid, &state, &start)) return ProcState::kDead;
+  bool exiting = false;
+  if (!read_stat(p.pid, &state, &start, &exiting)) return ProcState::kDead;
   if (p.start != 0 && start != p.start) return ProcState::kDead;  // the pid now belongs to another process
-  if (state == 'Z' || state == 'X' || state == 'x') return ProcState::kDead;
+  if (state == 'Z' || state == 'X' || state == 'x' || exiting) return ProcState::kDead;
   if (state == 'T' || state == 't') return ProcState::kStopped;
   return ProcState::kRunning;
 }
