@@ -302,6 +302,7 @@ class TcpComm : public sdk::CommBase {
   size_t poll_progress() noexcept;
   void start_polling();
   void stop_polling(bool linger);
+  void resume_io();
   void stop_io();
   void tune(tcp::socket& s) const;
   std::string check_hs(const Conn& c, Handshake* hs, uint16_t* flags) const;
@@ -395,11 +396,11 @@ TcpComm::~TcpComm() {
 // - a waiter whose small request finished leaves the io thread parked for
 //   kIoLinger more (a ring waits back to back; waking the io thread between
 //   two waits would only take a core from the peer); one about to sleep on
-//   cv_, or done with a large message (kInlineSendMaxBytes and up: the
-//   caller is likely to compute on it, and the io thread should move the
-//   next chunk's bytes meanwhile), resumes it at once. A parked io thread
-//   looks again every kIoLinger, so bytes that nobody waits for (a large
-//   isend while the caller computes) still move.
+//   cv_ resumes it at once. A parked io thread looks again every
+//   kIoLinger, so bytes that nobody waits for (a large isend while the
+//   caller computes) still move;
+// - a wait for a large message (over kInlineSendMaxBytes) does not poll:
+//   the io thread moves its bytes (see wait()).
 // Handlers must therefore not assume the io thread runs them (no thread ids
 // or thread_locals); they do not.
 
@@ -465,6 +466,16 @@ void TcpComm::stop_polling(bool linger) {
     resume_at_ = Clock::time_point{};
     park_cv_.notify_all();
   }
+}
+
+// Work was queued for the io thread (a write) that no waiter may be there
+// to run: end a linger now rather than up to kIoLinger later. While a
+// waiter polls, it runs the work itself.
+void TcpComm::resume_io() {
+  std::lock_guard<std::mutex> lock(park_mu_);
+  if (resume_at_ <= Clock::now()) return;
+  resume_at_ = Clock::time_point{};
+  park_cv_.notify_all();
 }
 
 // In a handler (the destructor's), on whichever thread runs it: a parked io
@@ -660,6 +671,7 @@ bool TcpComm::try_send_inline_locked(Conn* c, SendFrame& f) {
 void TcpComm::start_write_locked(Conn* c) {
   c->writing = true;
   asio::post(io_, [this, c] { write_next(c); });
+  resume_io();  // lock order: mu_, then park_mu_
 }
 
 void TcpComm::write_next(Conn* c) {
@@ -943,18 +955,30 @@ uint64_t TcpComm::wait(strata_request_t h, int64_t timeout_ms) {
   std::unique_lock<std::mutex> lock(mu_);
   Request* r = lookup_locked(h);
   if (!visible(*r)) {
-    // Drive progress in this thread (see io_loop) for the pacer's budget,
-    // restarted by every poll that ran handlers, then sleep on cv_ and let
-    // the io thread do it. Never with mu_ held: handlers take it. A small
-    // message is polled for busy while cores are free and yielding while
-    // they are not (a reply then wakes no thread); a large one only while
-    // cores are free: its latency is its bytes, and on an oversubscribed
-    // machine polling through a transfer only takes the core from the peer
-    // that sends it (1-16 MiB all-reduces ~1.8x slower on 2 loaded cores).
+    // A small message (up to kInlineSendMaxBytes), while the process has
+    // free cores: drive progress in this thread (see io_loop) for the
+    // pacer's budget, restarted by every poll that ran handlers (a reply
+    // then wakes no thread); then sleep on cv_ and let the io thread do it.
+    // Never with mu_ held: handlers take it. Otherwise the io thread moves
+    // the bytes, as before, and this thread only watches for the end while
+    // cores are free. Measured on the 2-core machine: a waiter moving a
+    // large message itself made 1-16 MiB all-reduces up to 2x slower, and
+    // yield-polling small ones under oversubscription (two busy loops)
+    // made 4 KiB ones 4-7x slower: a descheduled poller held the io thread
+    // parked.
     waits_.fetch_add(1, std::memory_order_relaxed);
     const bool small = r->bytes <= kInlineSendMaxBytes;
     transport::WaitPacer pacer;
-    if (small || pacer.busy_polling()) {
+    if (!small || !pacer.busy_polling()) {
+      lock.unlock();
+      resume_io();  // the io thread moves the bytes
+      lock.lock();
+      while (!visible(*r) && pacer.busy_polling() && Clock::now() < deadline) {
+        lock.unlock();
+        pacer.pause(deadline);
+        lock.lock();
+      }
+    } else {
       lock.unlock();
       start_polling();
       bool done = false;
@@ -968,10 +992,10 @@ uint64_t TcpComm::wait(strata_request_t h, int64_t timeout_ms) {
           break;
         }
         if (ran != 0) pacer.progressed();
-        if (!(small ? pacer.polling() : pacer.busy_polling()) || Clock::now() >= deadline) break;
+        if (!pacer.busy_polling() || Clock::now() >= deadline) break;
         pacer.pause(deadline);
       }
-      stop_polling(done && small);
+      stop_polling(done);
       lock.lock();
     }
   }
