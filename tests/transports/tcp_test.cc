@@ -35,6 +35,7 @@
 #include "strata/plugin_host.hpp"
 #include "test_support.h"
 #include "transport_test_support.h"
+#include "../common/wait_pacer.h"
 
 namespace strata {
 namespace {
@@ -134,6 +135,10 @@ TEST(TcpTest, PingPongIPv6) {
 // by the waiting thread's own poll. Not a timing test: over 300 round trips
 // some wait must have completed its receive itself; if only the io thread
 // moved bytes, none would.
+// A waiter polls only while the process has free cores (WaitPacer), so on
+// a machine that is oversubscribed throughout (other tests running) no wait
+// may be its own: the test tries up to 20 times, and skips only when every
+// try saw the machine oversubscribed.
 TEST(TcpTest, WaitingThreadsDriveProgress) {
   struct Capture {
     std::string level = log_level();
@@ -150,37 +155,47 @@ TEST(TcpTest, WaitingThreadsDriveProgress) {
       return ::testing::internal::GetCapturedStderr();
     }
     bool taken = false;
-  } capture;
+  };
   PluginHost host;
-  const std::string name = unique_name("waiterprogress");
-  run_ranks(2, [&](int rank) {
-    Rank r(host, R"({"connections_per_peer": 1})");
-    r.join(name, rank, 2);
-    for (int i = 0; i < 300; ++i) {
-      uint64_t out = static_cast<uint64_t>(i), in = 0;
-      if (rank == 0) {
-        r.wait(r.isend(1, 7, &out, 8));
-        ASSERT_EQ(r.wait(r.irecv(1, 7, &in, 8)), 8u);
-      } else {
-        ASSERT_EQ(r.wait(r.irecv(0, 7, &in, 8)), 8u);
-        r.wait(r.isend(0, 7, &out, 8));
+  bool saw_free_cores = false;
+  std::string last_log;
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    if (!strata::transport::oversubscribed()) saw_free_cores = true;
+    Capture capture;
+    const std::string name = unique_name("waiterprogress");
+    run_ranks(2, [&](int rank) {
+      Rank r(host, R"({"connections_per_peer": 1})");
+      r.join(name, rank, 2);
+      for (int i = 0; i < 300; ++i) {
+        uint64_t out = static_cast<uint64_t>(i), in = 0;
+        if (rank == 0) {
+          r.wait(r.isend(1, 7, &out, 8));
+          ASSERT_EQ(r.wait(r.irecv(1, 7, &in, 8)), 8u);
+        } else {
+          ASSERT_EQ(r.wait(r.irecv(0, 7, &in, 8)), 8u);
+          r.wait(r.isend(0, 7, &out, 8));
+        }
       }
+    });
+    if (!strata::transport::oversubscribed()) saw_free_cores = true;
+    const std::string log = capture.take();
+    const std::string what = " waits completed by the waiting thread's own progress";
+    uint64_t self = 0, lines = 0;
+    for (size_t pos = log.find(what); pos != std::string::npos; pos = log.find(what, pos + 1)) {
+      // "...: <self> of <waits> waits completed ..."
+      const size_t of = log.rfind(" of ", pos);
+      const size_t colon = log.rfind(": ", of);
+      ASSERT_NE(of, std::string::npos);
+      ASSERT_NE(colon, std::string::npos);
+      self += std::stoull(log.substr(colon + 2, of - colon - 2));
+      ++lines;
     }
-  });
-  const std::string log = capture.take();
-  const std::string what = " waits completed by the waiting thread's own progress";
-  uint64_t self = 0, lines = 0;
-  for (size_t pos = log.find(what); pos != std::string::npos; pos = log.find(what, pos + 1)) {
-    // "...: <self> of <waits> waits completed ..."
-    const size_t of = log.rfind(" of ", pos);
-    const size_t colon = log.rfind(": ", of);
-    ASSERT_NE(of, std::string::npos);
-    ASSERT_NE(colon, std::string::npos);
-    self += std::stoull(log.substr(colon + 2, of - colon - 2));
-    ++lines;
+    ASSERT_EQ(lines, 2u) << log;
+    if (self > 0) return;
+    last_log = log;
   }
-  EXPECT_EQ(lines, 2u) << log;
-  EXPECT_GT(self, 0u) << "no wait was completed by its own thread's progress:\n" << log;
+  if (!saw_free_cores) GTEST_SKIP() << "the machine was oversubscribed throughout; waiters did not poll";
+  ADD_FAILURE() << "no wait was completed by its own thread's progress in 20 tries:\n" << last_log;
 }
 
 TEST(TcpTest, ManyTagsKeepPostingOrderAcrossThreeRanks) {
