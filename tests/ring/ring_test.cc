@@ -1024,7 +1024,7 @@ struct ProcRun {
   int crash = -1;
   Fault fault = Fault::kNone;
   int timeout_s = 20;
-  std::vector<std::string> env;                 // more NAME=value for every child
+  std::vector<std::string> env{};               // more NAME=value for every child
   std::string child_test = "RingProcessChild.Run";
 };
 
@@ -1402,8 +1402,9 @@ TEST(RingFaultMatrix, EverySurvivorNamesTheCulprit) {
       for (int r = 0; r < c.world; ++r) {
         if (r == c.victim) {
           // (A chief that ends before the others start is reaped early: -1.)
-          if (!(c.victim == 0 && c.phase == "setup" && st[0] == -1))
+          if (!(c.victim == 0 && c.phase == "setup" && st[0] == -1)) {
             EXPECT_EQ(st[size_t(r)], c.kind == "kill" ? 128 + SIGKILL : kStoppedStatus);
+          }
           continue;
         }
         EXPECT_EQ(st[size_t(r)], 0) << "survivor rank " << r;

@@ -969,7 +969,9 @@ uint64_t TcpComm::wait(strata_request_t h, int64_t timeout_ms) {
     waits_.fetch_add(1, std::memory_order_relaxed);
     const bool small = r->bytes <= kInlineSendMaxBytes;
     transport::WaitPacer pacer;
-    if (!small || !pacer.busy_polling()) {
+    const bool poll = small && (opts_.poll == Options::Poll::kAlways ||
+                                (opts_.poll == Options::Poll::kAuto && pacer.busy_polling()));
+    if (!poll) {
       lock.unlock();
       resume_io();  // the io thread moves the bytes
       lock.lock();
@@ -992,7 +994,9 @@ uint64_t TcpComm::wait(strata_request_t h, int64_t timeout_ms) {
           break;
         }
         if (ran != 0) pacer.progressed();
-        if (!pacer.busy_polling() || Clock::now() >= deadline) break;
+        if (!(opts_.poll == Options::Poll::kAlways ? pacer.polling() : pacer.busy_polling()) ||
+            Clock::now() >= deadline)
+          break;
         pacer.pause(deadline);
       }
       stop_polling(done);
@@ -1630,7 +1634,7 @@ TcpTransport::TcpTransport(sdk::Host host, const char* options_json) : host_(std
   const auto o = sdk::parse_options(options_json, comp);
   sdk::check_known_keys(o,
                         {"bind", "ports", "connections_per_peer", "ipv6", "socket_buffer_bytes", "timeout_s",
-                         "max_unexpected_bytes", "connect"},
+                         "max_unexpected_bytes", "connect", "poll"},
                         comp);
   {
     const std::string connect = sdk::get_option<std::string>(o, "connect", "lazy", comp);
@@ -1639,6 +1643,14 @@ TcpTransport::TcpTransport(sdk::Host host, const char* options_json) : host_(std
                    "'; use \"lazy\" (connect to a peer at its first send or receive) or \"eager\" (connect to "
                    "every peer in comm_create)");
     opts_.lazy = connect == "lazy";
+    const std::string poll = sdk::get_option<std::string>(o, "poll", "auto", comp);
+    if (poll != "auto" && poll != "always" && poll != "never")
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'poll' of ", comp, " is '", poll,
+                   "'; use \"auto\" (a wait for a small message moves the bytes itself while cores are free), "
+                   "\"always\" (also when they are not, yielding between polls) or \"never\" (the io thread "
+                   "moves every byte)");
+    opts_.poll = poll == "always" ? Options::Poll::kAlways : poll == "never" ? Options::Poll::kNever
+                                                                             : Options::Poll::kAuto;
   }
   opts_.bind = sdk::get_option<std::string>(o, "bind", "", comp);
   opts_.ipv6 = sdk::get_option<bool>(o, "ipv6", false, comp);

@@ -21,6 +21,14 @@
 //                          peer inside comm_create (a full mesh, N-1 peers
 //                          per rank; for latency-critical first steps or to
 //                          find unreachable peers up front).
+//   "poll"                 "auto" (default): a wait for a message of up to
+//                          64 KiB runs the io handlers itself while the
+//                          process has free cores (a reply wakes no
+//                          thread); "always": also when they are not,
+//                          yielding between polls (faster when the
+//                          machine is busy with this job alone, much slower
+//                          beside other busy processes); "never": the io
+//                          thread moves every byte.
 //
 // Model. comm_create listens, publishes "<name>/addr/<rank>" = "host:port"
 // and a nonce in the host store, reads every peer's address in one record
@@ -75,6 +83,7 @@ struct Options {
   double timeout_s = 300;
   uint64_t max_unexpected_bytes = 1ull << 30;
   bool lazy = true;  // "connect": "lazy" (default) or "eager"
+  enum class Poll { kAuto, kAlways, kNever } poll = Poll::kAuto;  // "poll"
 };
 
 class TcpComm;
