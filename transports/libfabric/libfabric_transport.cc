@@ -626,6 +626,7 @@ class LfComm : public sdk::CommBase {
   void deliver_locked(int p, InMsg&& m);
   void match_locked(Request* r, InMsg&& m);
   void drain_locked(int p, const InMsg& m);
+  CtrlHeader carrying_header(int p, uint64_t kind, uint64_t tag, uint64_t len);
   void send_notice_locked(int p, uint64_t kind, const std::string& reason, uint64_t ref = 0);
   void on_cts_locked(int p, uint64_t ctrl_seq);
   void post_starved_locked();
@@ -993,17 +994,24 @@ void LfComm::apply_abort_locked() {
     if (p != rank_) fail_peer_locked(p, STRATA_ERR_ABORTED, why);
 }
 
-// A control message with no request behind it.
-void LfComm::send_notice_locked(int p, uint64_t kind, const std::string& reason, uint64_t ref) {
-  Peer& peer = peers_[p];
+// The header of a control message to peer p that carries `len` bytes of
+// its own (a notice's reason, a fragment's payload), with p's next control
+// sequence number.
+CtrlHeader LfComm::carrying_header(int p, uint64_t kind, uint64_t tag, uint64_t len) {
   CtrlHeader h{};
   h.magic = kCtrlMagic;
   h.src = static_cast<uint32_t>(rank_);
-  h.ctrl_seq = peer.send_ctrl_seq++;
-  h.tag = ref;
+  h.ctrl_seq = peers_[p].send_ctrl_seq++;
+  h.tag = tag;
   h.kind = kind;
-  h.total = std::min<uint64_t>(reason.size(), kEagerBytes);
-  h.chunk = h.total;
+  h.total = len;
+  h.chunk = len;
+  return h;
+}
+
+// A control message with no request behind it.
+void LfComm::send_notice_locked(int p, uint64_t kind, const std::string& reason, uint64_t ref) {
+  CtrlHeader h = carrying_header(p, kind, ref, std::min<uint64_t>(reason.size(), kEagerBytes));
   sign(&h, p);
   send_ctrl_locked(nullptr, p, h, reason.data(), h.total);
 }
@@ -1524,14 +1532,7 @@ strata_request_t LfComm::isend(int32_t peer, uint64_t tag, const strata_buffer& 
     sign(&h, peer);
     send_ctrl_locked(r, peer, h, data, h.chunk);
     for (uint64_t off = h.chunk; off < buf.bytes && !r->finished; off += per) {
-      CtrlHeader f{};
-      f.magic = kCtrlMagic;
-      f.src = static_cast<uint32_t>(rank_);
-      f.ctrl_seq = p.send_ctrl_seq++;
-      f.tag = tag;
-      f.kind = kFrag;
-      f.total = std::min(per, buf.bytes - off);
-      f.chunk = f.total;
+      CtrlHeader f = carrying_header(peer, kFrag, tag, std::min(per, buf.bytes - off));
       f.first_seq = p.send_data_seq;
       sign(&f, peer);
       send_ctrl_locked(r, peer, f, data + off, f.total);

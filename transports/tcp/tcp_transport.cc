@@ -938,7 +938,9 @@ bool TcpComm::test(strata_request_t h, uint64_t* bytes) {
   std::unique_lock<std::mutex> lock(mu_);
   Request* r = lookup_locked(h);
   if (!visible(*r)) {
-    // One poll (never blocks: skipped while another thread runs handlers).
+    // One poll (never blocks: skipped while another thread runs handlers),
+    // unless "poll": "never" leaves every byte to the io thread.
+    if (opts_.poll == Options::Poll::kNever) return false;
     lock.unlock();
     if (poll_progress() == 0) return false;
     lock.lock();
