@@ -26,9 +26,10 @@
 //
 // Subclasses: batch_all_reduce (and every other virtual) may run on the
 // worker thread, never concurrently with another call of the instance.
-// A subclass whose batch_all_reduce uses its own members must call
-// shutdown() first in its destructor, so that the worker has finished
-// before those members are destroyed.
+// Every subclass must call shutdown() first in its destructor, even one
+// without members of its own: the worker may be inside a virtual call, and
+// a subclass's destructor changes the object's dynamic type (and then
+// destroys its members) under it.
 #pragma once
 
 #include <condition_variable>
