@@ -121,9 +121,11 @@ int main(int argc, char** argv) {
   };
   const std::string restart = env("STRATA_RESTART_COUNT"), max_restarts = env("STRATA_MAX_RESTARTS");
   if (!dir.empty()) {
-    write_file(dir + "/pid." + std::to_string(rank), std::to_string(::getpid()));
+    // pid.<rank> last: tests wait for it as "the rank started", then read
+    // run.* (a SIGTERM between the two used to leave run.* unwritten).
     write_file(dir + "/run." + restart + "." + std::to_string(rank),
                std::to_string(::getpid()) + " " + restart + " " + max_restarts + "\n");
+    write_file(dir + "/pid." + std::to_string(rank), std::to_string(::getpid()));
   }
   if (healthy_from >= 0 && restart != "-" && std::atoi(restart.c_str()) >= healthy_from) {
     sleep = 0;
