@@ -10,7 +10,7 @@
 // process that must answer, so the pacer adapts, as Open MPI does with
 // mpi_yield_when_idle under oversubscription:
 //   - while runnable threads (/proc/loadavg, sampled at most every 10 ms per
-//     process) fit in the cores this process may use (sched_getaffinity), it
+//     process, the smallest of the last 3 samples) fit in the cores this process may use (sched_getaffinity), it
 //     busy-polls with a CPU pause between polls, no system call;
 //   - when they do not, it yields the core (sched_yield) between polls, so
 //     that the peer it waits for can run;
@@ -59,16 +59,28 @@ inline int usable_cores() {
   return n;
 }
 
-/// Runnable threads on this machine right now (the 4th field of
-/// /proc/loadavg, which counts the reader), sampled at most every 10 ms;
-/// 0 when unknown.
+/// Runnable threads on this machine (the 4th field of /proc/loadavg, which
+/// counts the reader), sampled at most every 10 ms: the smallest of the
+/// last 3 samples, so that a thread that runs for a moment (an io thread
+/// looking at its queue, a kernel worker) does not count as load for the
+/// next 10 ms, while load that lasts (another busy process) shows within
+/// 30 ms. 0 when unknown. Measured: with the latest sample alone, a 2-rank
+/// tcp pingpong on 2 cores flipped between busy-polling and sleeping from
+/// one batch to the next (64 B median 11.8 us, batches 5.4-16 us); with the
+/// smallest of 3, every batch polls.
 inline int runnable_threads() {
   using Clock = std::chrono::steady_clock;
   static std::atomic<int64_t> next_ns{0};
-  static std::atomic<int> last{0};
+  static std::atomic<int> samples[3] = {{0}, {0}, {0}};
+  static std::atomic<unsigned> at{0};
+  const auto smallest = [] {
+    return std::min({samples[0].load(std::memory_order_relaxed), samples[1].load(std::memory_order_relaxed),
+                     samples[2].load(std::memory_order_relaxed)});
+  };
   const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
-  if (now < next_ns.load(std::memory_order_relaxed)) return last.load(std::memory_order_relaxed);
-  next_ns.store(now + 10'000'000, std::memory_order_relaxed);
+  int64_t next = next_ns.load(std::memory_order_relaxed);
+  if (now < next || !next_ns.compare_exchange_strong(next, now + 10'000'000, std::memory_order_relaxed))
+    return smallest();
   int running = 0;
   if (FILE* f = std::fopen("/proc/loadavg", "re")) {
     double a, b, c;
@@ -76,8 +88,8 @@ inline int runnable_threads() {
     if (std::fscanf(f, "%lf %lf %lf %d/%d", &a, &b, &c, &running, &total) != 5) running = 0;
     std::fclose(f);
   }
-  last.store(running, std::memory_order_relaxed);
-  return running;
+  samples[at.fetch_add(1, std::memory_order_relaxed) % 3].store(running, std::memory_order_relaxed);
+  return smallest();
 }
 
 /// True when more threads want to run than this process has cores.
