@@ -28,6 +28,7 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 
+#include "../common/wait_pacer.h"
 #include "frame.h"
 #include "strata/error.hpp"
 #include "forked_ranks.h"
@@ -192,6 +193,32 @@ uint64_t self_completed_waits(PluginHost& host, const char* options) {
   }
   EXPECT_EQ(lines, 2u) << log;
   return self;
+}
+
+// The load sample behind the waiters' polling (transports/common/wait_pacer.h):
+// one high sample (a thread that ran for a moment) does not make the machine
+// look oversubscribed, load that lasts 3 samples does, and one low sample
+// ends it.
+TEST(WaitPacerTest, LoadIsTheSmallestOfTheLastThreeSamples) {
+  transport::SmallestOfLast3 w;
+  EXPECT_EQ(w.smallest(), 0);
+  w.add(9);
+  w.add(9);
+  EXPECT_EQ(w.smallest(), 0) << "two samples are not yet lasting load";
+  w.add(9);
+  EXPECT_EQ(w.smallest(), 9);
+  w.add(2);
+  EXPECT_EQ(w.smallest(), 2);
+  w.add(9);
+  w.add(9);
+  EXPECT_EQ(w.smallest(), 2) << "the low sample is still one of the last 3";
+  w.add(9);
+  EXPECT_EQ(w.smallest(), 9);
+  w.add(3);
+  w.add(12);
+  w.add(12);
+  EXPECT_EQ(w.smallest(), 3) << "spikes after a lower sample do not count";
+  EXPECT_GE(transport::runnable_threads(), 0);
 }
 
 TEST(TcpTest, WaitingThreadsDriveProgress) {

@@ -59,6 +59,22 @@ inline int usable_cores() {
   return n;
 }
 
+/// The smallest of the last 3 values added (0 until then): a count that
+/// is high in one sample only does not count. Lock-free; concurrent adds
+/// may overwrite each other's slot, which only shortens the window.
+class SmallestOfLast3 {
+ public:
+  void add(int v) { slots_[at_.fetch_add(1, std::memory_order_relaxed) % 3].store(v, std::memory_order_relaxed); }
+  int smallest() const {
+    return std::min({slots_[0].load(std::memory_order_relaxed), slots_[1].load(std::memory_order_relaxed),
+                     slots_[2].load(std::memory_order_relaxed)});
+  }
+
+ private:
+  std::atomic<int> slots_[3] = {{0}, {0}, {0}};
+  std::atomic<unsigned> at_{0};
+};
+
 /// Runnable threads on this machine (the 4th field of /proc/loadavg, which
 /// counts the reader), sampled at most every 10 ms: the smallest of the
 /// last 3 samples, so that a thread that runs for a moment (an io thread
@@ -71,16 +87,11 @@ inline int usable_cores() {
 inline int runnable_threads() {
   using Clock = std::chrono::steady_clock;
   static std::atomic<int64_t> next_ns{0};
-  static std::atomic<int> samples[3] = {{0}, {0}, {0}};
-  static std::atomic<unsigned> at{0};
-  const auto smallest = [] {
-    return std::min({samples[0].load(std::memory_order_relaxed), samples[1].load(std::memory_order_relaxed),
-                     samples[2].load(std::memory_order_relaxed)});
-  };
+  static SmallestOfLast3 samples;
   const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
   int64_t next = next_ns.load(std::memory_order_relaxed);
   if (now < next || !next_ns.compare_exchange_strong(next, now + 10'000'000, std::memory_order_relaxed))
-    return smallest();
+    return samples.smallest();
   int running = 0;
   if (FILE* f = std::fopen("/proc/loadavg", "re")) {
     double a, b, c;
@@ -88,8 +99,8 @@ inline int runnable_threads() {
     if (std::fscanf(f, "%lf %lf %lf %d/%d", &a, &b, &c, &running, &total) != 5) running = 0;
     std::fclose(f);
   }
-  samples[at.fetch_add(1, std::memory_order_relaxed) % 3].store(running, std::memory_order_relaxed);
-  return smallest();
+  samples.add(running);
+  return samples.smallest();
 }
 
 /// True when more threads want to run than this process has cores.
