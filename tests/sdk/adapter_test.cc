@@ -75,9 +75,16 @@ class FakeStrategy : public StrategyBase {
   Host host_;
 };
 
+// What the last FakeCdo's destruction saw: before_destroy() was called,
+// and it came before the destructor.
+bool g_before_destroy_called = false;
+bool g_destructor_saw_before_destroy = false;
+
 class FakeCdo : public CrossDeviceOpsBase {
  public:
   FakeCdo(Host, const char*) {}
+  ~FakeCdo() override { g_destructor_saw_before_destroy = g_before_destroy_called; }
+  void before_destroy() noexcept override { g_before_destroy_called = true; }
   void all_reduce(strata_reduce_op, uint32_t, uint32_t, const DLTensor* const*, DLTensor* const*) override {
     maybe_throw();
   }
@@ -165,6 +172,18 @@ TEST(AdapterTest, CreateFailureAndNullArguments) {
   EXPECT_EQ(vt()->variable_update(s, nullptr, nullptr, 7, nullptr, &err), STRATA_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(vt()->describe(nullptr, &append, nullptr, &err), STRATA_ERR_INVALID_ARGUMENT);
   vt()->destroy(s);
+}
+
+// A cross_device_ops whose worker thread calls its virtuals stops it in
+// before_destroy(), which destroy must call while the object is whole.
+TEST(AdapterTest, DestroyCallsBeforeDestroyBeforeTheDestructor) {
+  const auto* cdo = CrossDeviceOpsAdapter<FakeCdo>::vtable();
+  strata_cross_device_ops_t c = nullptr;
+  ASSERT_EQ(cdo->create(nullptr, nullptr, &c, nullptr), STRATA_OK);
+  g_before_destroy_called = g_destructor_saw_before_destroy = false;
+  cdo->destroy(c);
+  EXPECT_TRUE(g_before_destroy_called);
+  EXPECT_TRUE(g_destructor_saw_before_destroy);
 }
 
 TEST(AdapterTest, OptionalSlotsFollowDeclaredMembers) {

@@ -37,7 +37,6 @@ class HierarchicalCopy : public sdk::LocalCrossDeviceOps {
     sdk::check_known_keys(o, {"num_packs"}, comp);
     num_packs_ = sdk::get_option<uint32_t>(o, "num_packs", 1u, comp);
   }
-  ~HierarchicalCopy() override { shutdown(); }  // the worker may be using packed_
 
  protected:
   void batch_all_reduce(strata_reduce_op op, uint32_t nt, uint32_t nr, const DLTensor* const* inputs,

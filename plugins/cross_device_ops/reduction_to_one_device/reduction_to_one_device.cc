@@ -31,10 +31,6 @@ class ReductionToOneDevice : public sdk::LocalCrossDeviceOps {
     const std::string dev = sdk::get_option<std::string>(o, "reduce_to_device", "cpu:0", comp);
     sdk::parse_device(dev, "reduce_to_device");  // validated; host memory like every replica here
   }
-  // The worker may be inside a virtual call of a started batch; this
-  // destructor changes the object's dynamic type, so the worker must be
-  // done first (ThreadSanitizer reports a race on the vptr otherwise).
-  ~ReductionToOneDevice() override { shutdown(); }
 
   // batch_all_reduce: LocalCrossDeviceOps' (kernels::reduce_broadcast).
 };

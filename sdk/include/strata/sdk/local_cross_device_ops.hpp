@@ -25,11 +25,12 @@
 // the started batches, so later calls see their results.
 //
 // Subclasses: batch_all_reduce (and every other virtual) may run on the
-// worker thread, never concurrently with another call of the instance.
-// Every subclass must call shutdown() first in its destructor, even one
-// without members of its own: the worker may be inside a virtual call, and
-// a subclass's destructor changes the object's dynamic type (and then
-// destroys its members) under it.
+// worker thread, never concurrently with another call of the instance. A
+// plugin's instance is destroyed through CrossDeviceOpsAdapter, which calls
+// before_destroy() (shutdown()) first, so the worker has finished before any
+// subclass destructor changes the object's dynamic type or destroys its
+// members. Code that deletes a subclass some other way calls shutdown()
+// itself first.
 #pragma once
 
 #include <condition_variable>
@@ -54,6 +55,7 @@ class LocalCrossDeviceOps : public CrossDeviceOpsBase {
   /// As a standalone component: accepts no options ({} only).
   LocalCrossDeviceOps(Host host, const char* options_json);
   ~LocalCrossDeviceOps() override;
+  void before_destroy() noexcept override { shutdown(); }
 
   void all_reduce(strata_reduce_op op, uint32_t num_tensors, uint32_t num_replicas,
                   const DLTensor* const* inputs, DLTensor* const* outputs) override;
@@ -70,8 +72,8 @@ class LocalCrossDeviceOps : public CrossDeviceOpsBase {
   void request_wait(strata_cdo_request_t request, int64_t timeout_ms);
 
  protected:
-  /// Finish every started batch and stop the worker thread (idempotent).
-  /// Subclasses call it first in their destructor (see above).
+  /// Finish every started batch and stop the worker thread (idempotent;
+  /// before_destroy() and the destructor call it).
   void shutdown() noexcept;
 
   /// The batch all-reduce after validation (every group checked: same dtype

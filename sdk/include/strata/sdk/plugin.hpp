@@ -363,6 +363,11 @@ struct StrategyAdapter {
 class CrossDeviceOpsBase {
  public:
   virtual ~CrossDeviceOpsBase() = default;
+  /// Called by the adapter's destroy right before `delete`, while the
+  /// object's dynamic type is still the plugin's own class: stop here any
+  /// thread that calls the object's virtuals (a destructor would be too
+  /// late: the most-derived one runs first and changes the dynamic type).
+  virtual void before_destroy() noexcept {}
   virtual void all_reduce(strata_reduce_op op, uint32_t num_tensors, uint32_t num_replicas,
                           const DLTensor* const* inputs, DLTensor* const* outputs) = 0;
   virtual void reduce(strata_reduce_op op, uint32_t num_tensors, uint32_t num_replicas,
@@ -404,7 +409,12 @@ struct CrossDeviceOpsAdapter {
         o = reinterpret_cast<strata_cross_device_ops_t>(obj.release());
       });
     };
-    v.destroy = [](strata_cross_device_ops_t c) { delete reinterpret_cast<T*>(c); };
+    v.destroy = [](strata_cross_device_ops_t c) {
+      T* obj = reinterpret_cast<T*>(c);
+      if constexpr (std::is_base_of_v<CrossDeviceOpsBase, T>)
+        if (obj != nullptr) static_cast<CrossDeviceOpsBase*>(obj)->before_destroy();
+      delete obj;
+    };
     v.all_reduce = [](strata_cross_device_ops_t c, uint32_t op, uint32_t nt, uint32_t nr,
                       const DLTensor* const* in, DLTensor* const* out, strata_error* err) {
       return guard(err, [&] {
