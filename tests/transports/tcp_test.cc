@@ -17,11 +17,13 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <memory>
 #include <numeric>
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -202,23 +204,18 @@ uint64_t self_completed_waits(PluginHost& host, const char* options) {
 TEST(WaitPacerTest, LoadIsTheSmallestOfTheLastThreeSamples) {
   transport::SmallestOfLast3 w;
   EXPECT_EQ(w.smallest(), 0);
-  w.add(9);
-  w.add(9);
-  EXPECT_EQ(w.smallest(), 0) << "two samples are not yet lasting load";
-  w.add(9);
-  EXPECT_EQ(w.smallest(), 9);
-  w.add(2);
-  EXPECT_EQ(w.smallest(), 2);
-  w.add(9);
-  w.add(9);
-  EXPECT_EQ(w.smallest(), 2) << "the low sample is still one of the last 3";
-  w.add(9);
-  EXPECT_EQ(w.smallest(), 9);
-  w.add(3);
-  w.add(12);
-  w.add(12);
-  EXPECT_EQ(w.smallest(), 3) << "spikes after a lower sample do not count";
-  EXPECT_GE(transport::runnable_threads(), 0);
+  // Each sample added, then the load it must leave.
+  const std::pair<int, int> steps[] = {
+      {9, 0}, {9, 0},           // two high samples are not yet lasting load
+      {9, 9},                   // three are
+      {2, 2},                   // one low sample ends it at once
+      {9, 2}, {9, 2}, {9, 9},   // and counts until 3 newer ones
+      {3, 3}, {12, 3}, {12, 3}, // spikes after a lower sample do not count
+  };
+  for (size_t i = 0; i < std::size(steps); ++i) {
+    w.add(steps[i].first);
+    EXPECT_EQ(w.smallest(), steps[i].second) << "after sample " << i << " (" << steps[i].first << ")";
+  }
 }
 
 TEST(TcpTest, WaitingThreadsDriveProgress) {

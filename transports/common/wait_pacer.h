@@ -10,8 +10,9 @@
 // process that must answer, so the pacer adapts, as Open MPI does with
 // mpi_yield_when_idle under oversubscription:
 //   - while runnable threads (/proc/loadavg, sampled at most every 10 ms per
-//     process, the smallest of the last 3 samples) fit in the cores this process may use (sched_getaffinity), it
-//     busy-polls with a CPU pause between polls, no system call;
+//     process, the smallest of the last 3 samples) fit in the cores this
+//     process may use (sched_getaffinity), it busy-polls with a CPU pause
+//     between polls, no system call;
 //   - when they do not, it yields the core (sched_yield) between polls, so
 //     that the peer it waits for can run;
 //   - after the spin budget (kSpinNs busy, kYieldNs yielding) without any
