@@ -1276,7 +1276,7 @@ constexpr int kFaultRendezvousS = kSanitized ? 8 : 3;
 TEST(RingFaultChild, Run) {
   const char* rank_s = std::getenv("RING_CHILD_RANK");
   if (rank_s == nullptr || std::getenv("FAULT_KIND") == nullptr)
-    GTEST_SKIP() << "runs only as a child process of RingFaultMatrix";
+    GTEST_SKIP() << "runs only as a child process of Cases/RingFaultMatrix";
   load_plugins();
   const int rank = std::atoi(rank_s);
   const int world = std::atoi(std::getenv("RING_CHILD_WORLD"));
@@ -1362,11 +1362,9 @@ bool names_culprit(const FaultCase& c, const std::string& m) {
                           : verdict.find(" is frozen") != std::string::npos;
 }
 
-TEST(RingFaultMatrix, EverySurvivorNamesTheCulprit) {
-  if (std::getenv("RING_CHILD_RANK") != nullptr) GTEST_SKIP();
-  // FAULT_MATRIX_REPS=5 repeats every case (detection-time medians for the notes).
-  const int reps = std::getenv("FAULT_MATRIX_REPS") ? std::max(1, std::atoi(std::getenv("FAULT_MATRIX_REPS"))) : 1;
-  const size_t large = kSanitized ? (size_t(1) << 20) : (size_t(16) << 20);  // 4 MiB / 64 MiB of float32
+// Every case of the matrix, each its own test so that ctest runs them side by
+// side (they mostly wait on deadlines: one test of all 44 cases took 144 s).
+std::vector<FaultCase> fault_cases() {
   std::vector<FaultCase> cases;
   for (int world : kSanitized ? std::vector<int>{4} : std::vector<int>{4, 8})
     for (int victim : {0, 1, world / 2, world - 1})
@@ -1380,66 +1378,77 @@ TEST(RingFaultMatrix, EverySurvivorNamesTheCulprit) {
           if (kSanitized && std::string(phase) == "setup" && victim == 0) continue;
           cases.push_back({world, victim, kind, phase});
         }
-  std::ostringstream table;
-  for (const FaultCase& c : cases) {
-    std::vector<double> times;
-    for (int rep = 0; rep < reps; ++rep) {
-      SCOPED_TRACE(c.kind + " rank " + std::to_string(c.victim) + " of " + std::to_string(c.world) + " during " +
-                   c.phase);
-      const std::string dir = ::testing::TempDir() + "fault-" + std::to_string(::getpid()) + "-" +
-                              std::to_string(g_comm_id++);
-      ASSERT_EQ(::mkdir(dir.c_str(), 0700), 0) << dir;
-      ProcRun run{"tcp", c.world, -1, Fault::kNone, 60};
-      run.child_test = "RingFaultChild.Run";
-      run.env = {"FAULT_RANK=" + std::to_string(c.victim), "FAULT_KIND=" + c.kind, "FAULT_PHASE=" + c.phase,
-                 "FAULT_DIR=" + dir,
-                 "FAULT_ELEMS=" + std::to_string(c.phase == "large" ? large : size_t(1000))};
-      const auto t0 = std::chrono::steady_clock::now();
-      const std::vector<int> st = run_processes(run);
-      const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      ASSERT_EQ(st.size(), size_t(c.world));
-      std::string first_verdict;
-      for (int r = 0; r < c.world; ++r) {
-        if (r == c.victim) {
-          // (A chief that ends before the others start is reaped early: -1.)
-          if (!(c.victim == 0 && c.phase == "setup" && st[0] == -1)) {
-            EXPECT_EQ(st[size_t(r)], c.kind == "kill" ? 128 + SIGKILL : kStoppedStatus);
-          }
-          continue;
-        }
-        EXPECT_EQ(st[size_t(r)], 0) << "survivor rank " << r;
-        std::ifstream f(dir + "/rank-" + std::to_string(r) + ".result");
-        json j = json::parse(f, nullptr, false);
-        if (j.is_discarded()) {
-          ADD_FAILURE() << "rank " << r << " wrote no result";
-          continue;
-        }
-        const std::string m = j["message"].get<std::string>();
-        const double secs = j["secs"].get<double>();
-        times.push_back(secs);
-        EXPECT_TRUE(names_culprit(c, m)) << "rank " << r << ": " << m;
-        // The same verdict, in the same words, on every survivor.
-        const std::string verdict = m.substr(0, m.find(" [rank "));
-        if (c.phase != "setup") {
-          if (first_verdict.empty()) first_verdict = verdict;
-          EXPECT_EQ(verdict, first_verdict) << "rank " << r;
-        }
-        const double limit = c.phase == "setup" ? kFaultRendezvousS + 3.0
-                             : c.kind == "kill" ? (kSanitized ? 5.0 : 1.0)
-                                                : kFaultHeartbeatS + (kSanitized ? 6.0 : 2.0);
-        EXPECT_GE(secs, 0) << m;
-        EXPECT_LT(secs, limit) << "rank " << r << " after " << secs << " s: " << m;
-      }
-      EXPECT_LT(took, 60) << "no hang";
-      std::filesystem::remove_all(dir);
-    }
-    std::sort(times.begin(), times.end());
-    table << c.world << " ranks, " << c.kind << " rank " << c.victim << " during " << c.phase << ": median "
-          << (times.empty() ? -1 : times[times.size() / 2]) << " s, max " << (times.empty() ? -1 : times.back())
-          << " s over " << times.size() << " survivor reports\n";
-  }
-  std::cout << "detection times (fault to error on each survivor):\n" << table.str();
+  return cases;
 }
+
+class RingFaultMatrix : public ::testing::TestWithParam<FaultCase> {};
+
+TEST_P(RingFaultMatrix, EverySurvivorNamesTheCulprit) {
+  if (std::getenv("RING_CHILD_RANK") != nullptr) GTEST_SKIP();
+  const FaultCase& c = GetParam();
+  // FAULT_MATRIX_REPS=5 repeats the case (detection-time medians for the notes).
+  const int reps = std::getenv("FAULT_MATRIX_REPS") ? std::max(1, std::atoi(std::getenv("FAULT_MATRIX_REPS"))) : 1;
+  const size_t large = kSanitized ? (size_t(1) << 20) : (size_t(16) << 20);  // 4 MiB / 64 MiB of float32
+  std::vector<double> times;
+  for (int rep = 0; rep < reps; ++rep) {
+    const std::string dir =
+        ::testing::TempDir() + "fault-" + std::to_string(::getpid()) + "-" + std::to_string(g_comm_id++);
+    ASSERT_EQ(::mkdir(dir.c_str(), 0700), 0) << dir;
+    ProcRun run{"tcp", c.world, -1, Fault::kNone, 60};
+    run.child_test = "RingFaultChild.Run";
+    run.env = {"FAULT_RANK=" + std::to_string(c.victim), "FAULT_KIND=" + c.kind, "FAULT_PHASE=" + c.phase,
+               "FAULT_DIR=" + dir, "FAULT_ELEMS=" + std::to_string(c.phase == "large" ? large : size_t(1000))};
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::vector<int> st = run_processes(run);
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_EQ(st.size(), size_t(c.world));
+    std::string first_verdict;
+    for (int r = 0; r < c.world; ++r) {
+      if (r == c.victim) {
+        // (A chief that ends before the others start is reaped early: -1.)
+        if (!(c.victim == 0 && c.phase == "setup" && st[0] == -1)) {
+          EXPECT_EQ(st[size_t(r)], c.kind == "kill" ? 128 + SIGKILL : kStoppedStatus);
+        }
+        continue;
+      }
+      EXPECT_EQ(st[size_t(r)], 0) << "survivor rank " << r;
+      std::ifstream f(dir + "/rank-" + std::to_string(r) + ".result");
+      json j = json::parse(f, nullptr, false);
+      if (j.is_discarded()) {
+        ADD_FAILURE() << "rank " << r << " wrote no result";
+        continue;
+      }
+      const std::string m = j["message"].get<std::string>();
+      const double secs = j["secs"].get<double>();
+      times.push_back(secs);
+      EXPECT_TRUE(names_culprit(c, m)) << "rank " << r << ": " << m;
+      // The same verdict, in the same words, on every survivor.
+      const std::string verdict = m.substr(0, m.find(" [rank "));
+      if (c.phase != "setup") {
+        if (first_verdict.empty()) first_verdict = verdict;
+        EXPECT_EQ(verdict, first_verdict) << "rank " << r;
+      }
+      const double limit = c.phase == "setup" ? kFaultRendezvousS + 3.0
+                           : c.kind == "kill" ? (kSanitized ? 5.0 : 1.0)
+                                              : kFaultHeartbeatS + (kSanitized ? 6.0 : 2.0);
+      EXPECT_GE(secs, 0) << m;
+      EXPECT_LT(secs, limit) << "rank " << r << " after " << secs << " s: " << m;
+    }
+    EXPECT_LT(took, 60) << "no hang";
+    std::filesystem::remove_all(dir);
+  }
+  std::sort(times.begin(), times.end());
+  std::cout << "detection time (fault to error on each survivor), " << c.world << " ranks, " << c.kind << " rank "
+            << c.victim << " during " << c.phase << ": median " << (times.empty() ? -1 : times[times.size() / 2])
+            << " s, max " << (times.empty() ? -1 : times.back()) << " s over " << times.size()
+            << " survivor reports\n";
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, RingFaultMatrix, ::testing::ValuesIn(fault_cases()),
+                         [](const ::testing::TestParamInfo<FaultCase>& i) {
+                           return i.param.kind + "_rank" + std::to_string(i.param.victim) + "_of" +
+                                  std::to_string(i.param.world) + "_during_" + i.param.phase;
+                         });
 #endif  // RING_HAVE_TCP
 
 }  // namespace
