@@ -344,6 +344,44 @@ TEST(TcpTest, StripedAndSmallMessagesInterleaveInOrder) {
   });
 }
 
+// A burst of messages of every size from 0 to 20 KiB, sent before any
+// receive is posted, so that they pile up in the socket: the receiver's
+// read-ahead (8 KiB) then holds several frames at once, headers and
+// payloads split across its refills, and payloads that start in it and end
+// beyond it. Those that arrive before their receive take the unexpected
+// path, any that the socket holds back land directly; every byte is checked.
+TEST(TcpTest, BurstOfMixedSizesCrossesTheReadAheadAtEveryOffset) {
+  PluginHost host;
+  const std::string name = unique_name("burst");
+  run_ranks(2, [&](int rank) {
+    Rank r(host, R"({"connections_per_peer": 1})");
+    r.join(name, rank, 2);
+    constexpr int kMsgs = 600;
+    auto size_of = [](int i) { return uint64_t(i % 3 == 2 ? (i * 4099) % (20u << 10) : (i * 37) % 700); };
+    std::vector<std::vector<uint8_t>> bufs(kMsgs);
+    std::vector<strata_request_t> reqs;
+    if (rank == 0) {
+      for (int i = 0; i < kMsgs; ++i) {
+        bufs[i].resize(size_of(i));
+        for (uint64_t j = 0; j < bufs[i].size(); ++j) bufs[i][j] = pattern(j, i);
+        reqs.push_back(r.isend(1, 7, bufs[i].data(), bufs[i].size()));
+      }
+      for (auto q : reqs) r.wait(q, 60000);
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));  // let the burst arrive first
+      for (int i = 0; i < kMsgs; ++i) {
+        bufs[i].assign(size_of(i) + 8, 0xEE);
+        reqs.push_back(r.irecv(0, 7, bufs[i].data(), bufs[i].size()));
+      }
+      for (int i = 0; i < kMsgs; ++i) {
+        ASSERT_EQ(r.wait(reqs[i], 60000), size_of(i)) << "message " << i;
+        for (uint64_t j = 0; j < size_of(i); ++j) ASSERT_EQ(bufs[i][j], pattern(j, i)) << i << "/" << j;
+        ASSERT_EQ(bufs[i][size_of(i)], 0xEE) << "message " << i << " wrote past its end";
+      }
+    }
+  });
+}
+
 TEST(TcpTest, ReceiveBufferTooSmallFailsThatRequest) {
   PluginHost host;
   const std::string name = unique_name("small");

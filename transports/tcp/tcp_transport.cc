@@ -171,13 +171,21 @@ constexpr std::chrono::milliseconds kHigherRankConnectDelay{100};
 // polling with its request done, and how often a parked io thread looks
 // again (see io_loop).
 constexpr std::chrono::microseconds kIoLinger{250};
+// Bytes a connection reads ahead into its receive buffer: a small frame's
+// header and payload arrive in one recv (two before, plus the reactor's
+// turn in between), and a large frame's payload past this prefix is read
+// straight into its destination, so at most this much of it is copied.
+constexpr size_t kRxBufferBytes = 8 << 10;
 
 struct Conn {
   explicit Conn(asio::io_context& io) : socket(io) {}
   tcp::socket socket;
   int peer = -1;
   int index = 0;
-  std::array<uint8_t, kFrameHeaderBytes> rx_header{};
+  // Read-ahead (kRxBufferBytes): bytes [rx_begin, rx_end) of rx_buf are
+  // received and not yet consumed; frames are parsed from here.
+  std::unique_ptr<uint8_t[]> rx_buf{new uint8_t[kRxBufferBytes]};
+  size_t rx_begin = 0, rx_end = 0;
   FrameHeader rx{};
   bool parked = false;  // holds rx for a message whose lower-numbered predecessors are unknown
   bool eof = false;     // the peer closed this connection cleanly
@@ -275,8 +283,8 @@ class TcpComm : public sdk::CommBase {
   void start_write_locked(Conn* c);
   void write_next(Conn* c);
   void read_header(Conn* c);
-  void process_header(Conn* c);
-  void on_payload(Conn* c, InMsg* m, Request* user_req, const boost::system::error_code& ec);
+  bool process_header(Conn* c);  // true: the payload came from the read-ahead and is done
+  bool on_payload(Conn* c, InMsg* m, Request* user_req, const boost::system::error_code& ec);
   void on_io_error(Conn* c, const boost::system::error_code& ec, const char* what);
   void complete_msg_locked(int p, uint64_t seq, InMsg* m);
   bool try_send_inline_locked(Conn* c, SendFrame& f);
@@ -777,25 +785,41 @@ void TcpComm::complete_msg_locked(int p, uint64_t seq, InMsg* m) {
   peer.msgs.erase(seq);
 }
 
+// Parses the frames the read-ahead holds, one after another (a loop, not
+// recursion: a burst of small frames is parsed in one go), and reads more
+// when it holds no whole header. Each payload is taken from the read-ahead
+// as far as it reaches; the rest is read straight into its destination
+// (process_header), after which on_payload's handler comes back here.
 void TcpComm::read_header(Conn* c) {
-  asio::async_read(c->socket, asio::buffer(c->rx_header),
-                   [this, c](const boost::system::error_code& ec, size_t) {
-                     if (ec) return on_io_error(c, ec, "reading a frame header");
-                     std::string bad = decode_header(c->rx_header.data(), c->rx_header.size(), &c->rx);
-                     if (bad.empty() && c->rx.flags != kFlagData) bad = "unexpected handshake frame after setup";
-                     if (!bad.empty()) {
-                       std::lock_guard<std::mutex> lock(mu_);
-                       fail_peer_locked(c->peer, STRATA_ERR_DATA_LOSS,
-                                        str_cat("malformed frame from ", peer_name(c->peer), " on connection ",
-                                                c->index, ": ", bad),
-                                        true);
-                       return;
-                     }
-                     process_header(c);
-                   });
+  for (;;) {
+    const size_t have = c->rx_end - c->rx_begin;
+    if (have < kFrameHeaderBytes) {
+      if (have > 0 && c->rx_begin > 0) std::memmove(c->rx_buf.get(), c->rx_buf.get() + c->rx_begin, have);
+      c->rx_begin = 0;
+      c->rx_end = have;
+      c->socket.async_read_some(asio::buffer(c->rx_buf.get() + have, kRxBufferBytes - have),
+                                [this, c](const boost::system::error_code& ec, size_t n) {
+                                  if (ec) return on_io_error(c, ec, "reading a frame header");
+                                  c->rx_end += n;
+                                  read_header(c);
+                                });
+      return;
+    }
+    std::string bad = decode_header(c->rx_buf.get() + c->rx_begin, kFrameHeaderBytes, &c->rx);
+    c->rx_begin += kFrameHeaderBytes;
+    if (bad.empty() && c->rx.flags != kFlagData) bad = "unexpected handshake frame after setup";
+    if (!bad.empty()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      fail_peer_locked(c->peer, STRATA_ERR_DATA_LOSS,
+                       str_cat("malformed frame from ", peer_name(c->peer), " on connection ", c->index, ": ", bad),
+                       true);
+      return;
+    }
+    if (!process_header(c)) return;
+  }
 }
 
-void TcpComm::process_header(Conn* c) {
+bool TcpComm::process_header(Conn* c) {
   const FrameHeader& h = c->rx;
   const int p = c->peer;
   InMsg* m = nullptr;
@@ -805,7 +829,7 @@ void TcpComm::process_header(Conn* c) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     Peer& peer = peers_[p];
-    if (peer.failed) return;
+    if (peer.failed) return false;
     auto it = peer.msgs.find(h.seq);
     if (it != peer.msgs.end()) {
       m = it->second.get();
@@ -841,7 +865,7 @@ void TcpComm::process_header(Conn* c) {
                                    "max_unexpected_bytes = ", opts_.max_unexpected_bytes,
                                    "; post receives earlier or raise the option"),
                            true);
-          return;
+          return false;
         }
         m->staging.resize(h.total);
         unexpected_bytes_ += h.total;
@@ -857,20 +881,20 @@ void TcpComm::process_header(Conn* c) {
       // A stripe of a later message overtook an earlier one on another
       // connection; wait until the earlier one is announced.
       c->parked = true;
-      return;
+      return false;
     } else {
       fail_peer_locked(p, STRATA_ERR_DATA_LOSS,
                        str_cat("malformed frame from ", peer_name(p), ": message #", h.seq,
                                " was already complete"),
                        true);
-      return;
+      return false;
     }
     if (m->tag != h.tag || m->total != h.total) {
       fail_peer_locked(p, STRATA_ERR_DATA_LOSS,
                        str_cat("malformed frame from ", peer_name(p), ": message #", h.seq,
                                " changed tag or size between stripes"),
                        true);
-      return;
+      return false;
     }
     if (m->direct && m->req != nullptr) {
       user_req = m->req;
@@ -884,14 +908,27 @@ void TcpComm::process_header(Conn* c) {
       dest = m->staging.data() + h.offset;
     }
   }
-  for (Conn* o : unpark) asio::post(io_, [this, o] { process_header(o); });
-  asio::async_read(c->socket, asio::buffer(dest, h.length), TransferAllLarge{},
+  for (Conn* o : unpark)
+    asio::post(io_, [this, o] {
+      if (process_header(o)) read_header(o);
+    });
+  // The part of the payload that is already in the read-ahead.
+  const uint64_t ahead = std::min<uint64_t>(h.length, c->rx_end - c->rx_begin);
+  if (ahead > 0) {
+    if (dest != nullptr) std::memcpy(dest, c->rx_buf.get() + c->rx_begin, ahead);
+    c->rx_begin += ahead;
+  }
+  if (ahead == h.length) return on_payload(c, m, user_req, {});
+  asio::async_read(c->socket, asio::buffer(dest + ahead, h.length - ahead), TransferAllLarge{},
                    [this, c, m, user_req](const boost::system::error_code& ec, size_t) {
-                     on_payload(c, m, user_req, ec);
+                     if (on_payload(c, m, user_req, ec)) read_header(c);
                    });
+  return false;
 }
 
-void TcpComm::on_payload(Conn* c, InMsg* m, Request* user_req, const boost::system::error_code& ec) {
+// Accounts for a frame's payload; false when the connection failed (then
+// nothing more is read from it).
+bool TcpComm::on_payload(Conn* c, InMsg* m, Request* user_req, const boost::system::error_code& ec) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     Peer& peer = peers_[c->peer];
@@ -907,8 +944,11 @@ void TcpComm::on_payload(Conn* c, InMsg* m, Request* user_req, const boost::syst
       if (m->received == m->total) complete_msg_locked(c->peer, seq, m);
     }
   }
-  if (ec) return on_io_error(c, ec, "reading a payload");
-  read_header(c);
+  if (ec) {
+    on_io_error(c, ec, "reading a payload");
+    return false;
+  }
+  return true;
 }
 
 void TcpComm::on_io_error(Conn* c, const boost::system::error_code& ec, const char* what) {
