@@ -317,31 +317,45 @@ TEST(TcpTest, LargeMessagesAreStripedAcrossConnections) {
                  {0, 3, 512u << 10, (512u << 10) + 1, (1u << 20) + 3, 5u << 20, 16u << 20, 64u << 20}, true);
 }
 
-TEST(TcpTest, StripedAndSmallMessagesInterleaveInOrder) {
+// Rank 0 sends `count` messages (message i: size_of(i) bytes of
+// pattern(j, i)) on one tag; rank 1 posts its receives, 8 bytes larger,
+// after `post_after`, and checks every byte and that nothing was written
+// past a message's end.
+void stream_and_check(const char* options, const char* what, int count, const std::function<uint64_t(int)>& size_of,
+                      std::chrono::milliseconds post_after) {
   PluginHost host;
-  const std::string name = unique_name("interleave");
+  const std::string name = unique_name(what);
   run_ranks(2, [&](int rank) {
-    Rank r(host, R"({"connections_per_peer": 2})");
+    Rank r(host, options);
     r.join(name, rank, 2);
-    constexpr int kMsgs = 30;
-    std::vector<std::vector<uint8_t>> bufs(kMsgs);
+    std::vector<std::vector<uint8_t>> bufs(static_cast<size_t>(count));
     std::vector<strata_request_t> reqs;
-    for (int i = 0; i < kMsgs; ++i) {
-      const uint64_t n = (i % 3 == 0) ? (1u << 20) + i : 16 + i;  // big, small, small, ...
-      bufs[i].resize(n);
-      if (rank == 0) {
-        for (uint64_t j = 0; j < n; ++j) bufs[i][j] = pattern(j, i);
-        reqs.push_back(r.isend(1, 5, bufs[i].data(), n));
-      } else {
-        reqs.push_back(r.irecv(0, 5, bufs[i].data(), n));
+    if (rank == 0) {
+      for (int i = 0; i < count; ++i) {
+        bufs[i].resize(size_of(i));
+        for (uint64_t j = 0; j < bufs[i].size(); ++j) bufs[i][j] = pattern(j, i);
+        reqs.push_back(r.isend(1, 7, bufs[i].data(), bufs[i].size()));
       }
+      for (auto q : reqs) r.wait(q, 60000);
+      return;
     }
-    for (int i = 0; i < kMsgs; ++i) ASSERT_EQ(r.wait(reqs[i]), bufs[i].size());
-    if (rank == 1) {
-      for (int i = 0; i < kMsgs; ++i)
-        for (uint64_t j = 0; j < bufs[i].size(); ++j) ASSERT_EQ(bufs[i][j], pattern(j, i)) << i << "/" << j;
+    std::this_thread::sleep_for(post_after);
+    for (int i = 0; i < count; ++i) {
+      bufs[i].assign(size_of(i) + 8, 0xEE);
+      reqs.push_back(r.irecv(0, 7, bufs[i].data(), bufs[i].size()));
+    }
+    for (int i = 0; i < count; ++i) {
+      ASSERT_EQ(r.wait(reqs[i], 60000), size_of(i)) << "message " << i;
+      for (uint64_t j = 0; j < size_of(i); ++j) ASSERT_EQ(bufs[i][j], pattern(j, i)) << i << "/" << j;
+      ASSERT_EQ(bufs[i][size_of(i)], 0xEE) << "message " << i << " wrote past its end";
     }
   });
+}
+
+TEST(TcpTest, StripedAndSmallMessagesInterleaveInOrder) {
+  // Big (striped over both connections), small, small, ...
+  stream_and_check(R"({"connections_per_peer": 2})", "interleave", 30,
+                   [](int i) { return uint64_t(i % 3 == 0 ? (1u << 20) + i : 16 + i); }, std::chrono::milliseconds(0));
 }
 
 // A burst of messages of every size from 0 to 20 KiB, sent before any
@@ -349,37 +363,11 @@ TEST(TcpTest, StripedAndSmallMessagesInterleaveInOrder) {
 // read-ahead (8 KiB) then holds several frames at once, headers and
 // payloads split across its refills, and payloads that start in it and end
 // beyond it. Those that arrive before their receive take the unexpected
-// path, any that the socket holds back land directly; every byte is checked.
+// path, any that the socket holds back land directly.
 TEST(TcpTest, BurstOfMixedSizesCrossesTheReadAheadAtEveryOffset) {
-  PluginHost host;
-  const std::string name = unique_name("burst");
-  run_ranks(2, [&](int rank) {
-    Rank r(host, R"({"connections_per_peer": 1})");
-    r.join(name, rank, 2);
-    constexpr int kMsgs = 600;
-    auto size_of = [](int i) { return uint64_t(i % 3 == 2 ? (i * 4099) % (20u << 10) : (i * 37) % 700); };
-    std::vector<std::vector<uint8_t>> bufs(kMsgs);
-    std::vector<strata_request_t> reqs;
-    if (rank == 0) {
-      for (int i = 0; i < kMsgs; ++i) {
-        bufs[i].resize(size_of(i));
-        for (uint64_t j = 0; j < bufs[i].size(); ++j) bufs[i][j] = pattern(j, i);
-        reqs.push_back(r.isend(1, 7, bufs[i].data(), bufs[i].size()));
-      }
-      for (auto q : reqs) r.wait(q, 60000);
-    } else {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));  // let the burst arrive first
-      for (int i = 0; i < kMsgs; ++i) {
-        bufs[i].assign(size_of(i) + 8, 0xEE);
-        reqs.push_back(r.irecv(0, 7, bufs[i].data(), bufs[i].size()));
-      }
-      for (int i = 0; i < kMsgs; ++i) {
-        ASSERT_EQ(r.wait(reqs[i], 60000), size_of(i)) << "message " << i;
-        for (uint64_t j = 0; j < size_of(i); ++j) ASSERT_EQ(bufs[i][j], pattern(j, i)) << i << "/" << j;
-        ASSERT_EQ(bufs[i][size_of(i)], 0xEE) << "message " << i << " wrote past its end";
-      }
-    }
-  });
+  stream_and_check(R"({"connections_per_peer": 1})", "burst", 600,
+                   [](int i) { return uint64_t(i % 3 == 2 ? (i * 4099) % (20u << 10) : (i * 37) % 700); },
+                   std::chrono::milliseconds(100));  // let the burst arrive first
 }
 
 TEST(TcpTest, ReceiveBufferTooSmallFailsThatRequest) {
