@@ -302,6 +302,7 @@ class NcclComm : public sdk::CommBase {
   struct InFlight {
     OpId op;
     cudaEvent_t done;
+    cudaStream_t stream;  // events on one stream complete in the order they were recorded
     Clock::time_point deadline;
   };
 
@@ -542,7 +543,7 @@ void NcclComm::track_locked(const OpId& op, cudaStream_t s, Clock::time_point de
                "); its deadline is not enforced");
     return;
   }
-  inflight_.push_back(InFlight{op, ev, deadline});
+  inflight_.push_back(InFlight{op, ev, s, deadline});
   // The watchdog reaps completed events every kWatchdogPeriod. Querying
   // the oldest pending event here, on every call, cost about 2.5 us per
   // collective in back-to-back bursts on an H100 (most likely a flush of
@@ -552,27 +553,53 @@ void NcclComm::track_locked(const OpId& op, cudaStream_t s, Clock::time_point de
 }
 
 void NcclComm::reap_locked(bool enforce_deadlines) {
-  while (!inflight_.empty()) {
-    InFlight& f = inflight_.front();
+  // Events recorded on one stream complete in order, so the completed
+  // entries of a run on one stream are a prefix of it: the run's last event
+  // tells whether all of it is done (the usual case, one query per period),
+  // else a binary search finds the prefix. Querying every event one by one
+  // held nccl_mu_, which every collective needs, for thousands of queries
+  // per period in a burst of small collectives.
+  const auto query = [&](const InFlight& f) {
     const cudaError_t q = cudaEventQuery(f.done);
-    if (q == cudaSuccess) {
-      spare_events_.push_back(f.done);
+    if (q == cudaSuccess || q == cudaErrorNotReady) return q == cudaSuccess;
+    (void)cudaGetLastError();
+    abort_locked(str_cat(describe(f.op), ": the CUDA stream it was enqueued on failed (", cuda_error_text(q),
+                         "); the communicator was aborted"));
+    return false;
+  };
+  while (!inflight_.empty() && comm_ != nullptr) {
+    size_t run = 1;
+    while (run < inflight_.size() && inflight_[run].stream == inflight_.front().stream) ++run;
+    size_t done = 0;  // entries known complete at the front
+    if (query(inflight_[run - 1])) {
+      done = run;
+    } else {
+      if (comm_ == nullptr) return;
+      size_t lo = 0, hi = run - 1;  // [0, lo) complete; hi is not
+      while (lo < hi) {
+        const size_t mid = lo + (hi - lo) / 2;
+        if (query(inflight_[mid])) {
+          lo = mid + 1;
+        } else {
+          if (comm_ == nullptr) return;
+          hi = mid;
+        }
+      }
+      done = lo;
+    }
+    for (size_t i = 0; i < done; ++i) {
+      spare_events_.push_back(inflight_.front().done);
       inflight_.pop_front();
-      continue;
     }
-    if (q != cudaErrorNotReady) {
-      (void)cudaGetLastError();
-      abort_locked(str_cat(describe(f.op), ": the CUDA stream it was enqueued on failed (", cuda_error_text(q),
-                           "); the communicator was aborted"));
-      return;
-    }
-    if (enforce_deadlines && Clock::now() >= f.deadline)
-      abort_locked(str_cat(describe(f.op), " did not complete within ", opts_.timeout_s,
-                           " s of being enqueued (option 'timeout_s' / /timeouts/collective_s); a rank did not call "
-                           "it or is stuck (check every rank's log), or work before it on the stream took that "
-                           "long; the communicator was aborted"));
-    return;
+    if (done < run) break;  // the front entry is still pending
   }
+  if (inflight_.empty() || comm_ == nullptr) return;
+  const InFlight& f = inflight_.front();
+  if (enforce_deadlines && Clock::now() >= f.deadline)
+    abort_locked(str_cat(describe(f.op), " did not complete within ", opts_.timeout_s,
+                         " s of being enqueued (option 'timeout_s' / /timeouts/collective_s); a rank did not call "
+                         "it or is stuck (check every rank's log), or work before it on the stream took that "
+                         "long; the communicator was aborted"));
 }
 
 void NcclComm::watchdog() {
