@@ -225,6 +225,9 @@ struct LocalStrategy::Impl {
   PluginRef<strata_cross_device_ops_vtable> cdo_ref;
   std::unique_ptr<LocalCrossDeviceOps> builtin_cdo;
   const strata_cross_device_ops_vtable* cdo_vt = nullptr;
+  // The cross_device_ops takes device tensors only ("nccl") and a replica
+  // is on a GPU: host tensors are staged (Staging).
+  bool stage_host = false;
   strata_cross_device_ops_t cdo = nullptr;
 
   // Split all-reduce: one CrossDeviceOps per replica (cdos[0] == cdo).
@@ -667,6 +670,99 @@ struct LocalStrategy::Impl {
               "all_reduce");
   }
 
+  // --- calls into the strategy's cross_device_ops (cdo) -----------------
+  // A cross_device_ops that takes device tensors only (nccl, stage_host)
+  // gets the host tensors of GPU replicas (a tensor made on the host inside
+  // a replica function, the strategy's own exchanges of sizes and counts,
+  // host copies of variables) staged on the replica's GPU: inputs copied up
+  // before the call, outputs copied back after it. A tensor's replica is
+  // its index modulo the replica count, as the ABI lays them out.
+  class Staging {
+   public:
+    explicit Staging(Impl& m) : m_(m) {}
+    const DLTensor* in(const DLTensor* t, size_t index) {
+      DLTensor* d = stage(t, index);
+      if (d == nullptr) return t;
+      m_.host.copy(d->data, d->device, data_ptr(*t), t->device, byte_size(*t));
+      return d;
+    }
+    DLTensor* out(DLTensor* t, size_t index) {
+      DLTensor* d = stage(t, index);
+      if (d != nullptr) back_.emplace_back(t, d);
+      return d != nullptr ? d : t;
+    }
+    void finish() {
+      for (const auto& [h, d] : back_) m_.host.copy(data_ptr(*h), h->device, d->data, d->device, byte_size(*h));
+    }
+
+   private:
+    DLTensor* stage(const DLTensor* t, size_t index) {
+      if (!m_.stage_host || t == nullptr || t->device.device_type != kDLCPU) return nullptr;
+      const DLDevice dev = m_.devs[index % m_.n];
+      if (dev.device_type != kDLCUDA) return nullptr;
+      keep_.push_back(make_device_tensor(m_.host, t->dtype, std::vector<int64_t>(t->shape, t->shape + t->ndim), dev));
+      return &keep_.back()->dl_tensor;
+    }
+    Impl& m_;
+    std::vector<ManagedTensorPtr> keep_;
+    std::vector<std::pair<DLTensor*, DLTensor*>> back_;
+  };
+
+  void cdo_all_reduce(uint32_t op, uint32_t nt, uint32_t nv, const DLTensor* const* in, DLTensor* const* out,
+                      const char* what) {
+    strata_error err;
+    strata_error_init(&err);
+    if (!stage_host) return check_cdo(cdo_vt->all_reduce(cdo, op, nt, nv, in, out, &err), err, what);
+    Staging st(*this);
+    std::vector<const DLTensor*> i2(in, in + static_cast<size_t>(nt) * nv);
+    std::vector<DLTensor*> o2(out, out + static_cast<size_t>(nt) * nv);
+    for (size_t k = 0; k < i2.size(); ++k) {
+      i2[k] = st.in(i2[k], k % nv);
+      o2[k] = st.out(o2[k], k % nv);
+    }
+    check_cdo(cdo_vt->all_reduce(cdo, op, nt, nv, i2.data(), o2.data(), &err), err, what);
+    st.finish();
+  }
+  // Outputs (one per tensor) are staged on replica 0's device.
+  void cdo_reduce(uint32_t op, uint32_t nt, uint32_t nv, const DLTensor* const* in, DLTensor* const* out,
+                  const char* what) {
+    strata_error err;
+    strata_error_init(&err);
+    if (!stage_host) return check_cdo(cdo_vt->reduce(cdo, op, nt, nv, in, out, &err), err, what);
+    Staging st(*this);
+    std::vector<const DLTensor*> i2(in, in + static_cast<size_t>(nt) * nv);
+    std::vector<DLTensor*> o2(out, out + nt);
+    for (size_t k = 0; k < i2.size(); ++k) i2[k] = st.in(i2[k], k % nv);
+    for (auto& o : o2) o = st.out(o, 0);
+    check_cdo(cdo_vt->reduce(cdo, op, nt, nv, i2.data(), o2.data(), &err), err, what);
+    st.finish();
+  }
+  void cdo_all_gather(uint32_t nv, const DLTensor* const* in, int32_t axis, DLTensor* const* out, const char* what) {
+    strata_error err;
+    strata_error_init(&err);
+    if (!stage_host) return check_cdo(cdo_vt->all_gather(cdo, nv, in, axis, out, &err), err, what);
+    Staging st(*this);
+    std::vector<const DLTensor*> i2(in, in + nv);
+    std::vector<DLTensor*> o2(out, out + nv);
+    for (size_t k = 0; k < nv; ++k) {
+      i2[k] = st.in(i2[k], k);
+      o2[k] = st.out(o2[k], k);
+    }
+    check_cdo(cdo_vt->all_gather(cdo, nv, i2.data(), axis, o2.data(), &err), err, what);
+    st.finish();
+  }
+  // The source stays where it is (a broadcast source may be on the host).
+  void cdo_broadcast(const DLTensor* src, uint32_t nd, DLTensor* const* dsts, const char* what) {
+    strata_error err;
+    strata_error_init(&err);
+    if (!stage_host) return check_cdo(cdo_vt->broadcast(cdo, src, nd, dsts, &err), err, what);
+    Staging st(*this);
+    std::vector<DLTensor*> d2(dsts, dsts + nd);
+    for (size_t k = 0; k < nd; ++k) d2[k] = st.out(d2[k], k);
+    check_cdo(cdo_vt->broadcast(cdo, src, nd, d2.data(), &err), err, what);
+    st.finish();
+  }
+
   void check_cdo(strata_status_t st, const strata_error& err, const char* what) {
     if (st != STRATA_OK)
       ::strata::detail::throw_status(st, ::strata::detail::str_cat(cfg.strategy_name, ": cross_device_ops ", what, " failed: ",
@@ -696,7 +792,7 @@ struct LocalStrategy::Impl {
             out_ptrs[t * n + r] = slots[r].outputs[t];
           }
         if (nt == 0) return;
-        check_cdo(cdo_vt->all_reduce(cdo, s0.op, nt, n, in_ptrs.data(), out_ptrs.data(), &err), err, "all_reduce");
+        cdo_all_reduce(s0.op, nt, n, in_ptrs.data(), out_ptrs.data(), "all_reduce");
         return;
       }
       case Kind::kAllGather: {
@@ -744,7 +840,7 @@ struct LocalStrategy::Impl {
           out.shape = v.shape.empty() ? nullptr : v.shape.data();
           DLTensor* outs[1] = {&out};
           const uint32_t op = v.agg == STRATA_VAR_AGG_SUM ? STRATA_REDUCE_SUM : STRATA_REDUCE_MEAN;
-          check_cdo(cdo_vt->reduce(cdo, op, 1, n, in_ptrs.data(), outs, &err), err, "reduce");
+          cdo_reduce(op, 1, n, in_ptrs.data(), outs, "reduce");
           value = agg_buf.data();
         } else if (on_cuda(*s0.input)) {
           value = host_data(*s0.input, v.bytes, agg_buf);
@@ -796,8 +892,7 @@ struct LocalStrategy::Impl {
     }
     strata_error err;
     strata_error_init(&err);
-    check_cdo(cdo_vt->all_gather(cdo, n, in_p.data(), 0, out_p.data(), &err), err,
-              "all_gather (exchange of gather sizes)");
+    cdo_all_gather(n, in_p.data(), 0, out_p.data(), "all_gather (exchange of gather sizes)");
     shape[ax] = 0;
     for (uint32_t g = 0; g < total; ++g) {
       if (all[2 * g + 1] != mine[1])
@@ -839,8 +934,7 @@ struct LocalStrategy::Impl {
     }
     strata_error err;
     strata_error_init(&err);
-    check_cdo(cdo_vt->all_reduce(cdo, STRATA_REDUCE_SUM, 1, n, in_p.data(), out_p.data(), &err), err,
-              "all_reduce (exchange of local device counts)");
+    cdo_all_reduce(STRATA_REDUCE_SUM, 1, n, in_p.data(), out_p.data(), "all_reduce (exchange of local device counts)");
     bool same = true;
     for (uint32_t w = 0; w < W; ++w) same = same && counts[w] == counts[0];
     if (same) return;
@@ -875,7 +969,7 @@ struct LocalStrategy::Impl {
     }
     strata_error err;
     strata_error_init(&err);
-    check_cdo(cdo_vt->all_gather(cdo, n, values, axis, outs.data(), &err), err, "all_gather");
+    cdo_all_gather(n, values, axis, outs.data(), "all_gather");
     results.resize(copies);
     return results;
   }
@@ -891,8 +985,7 @@ struct LocalStrategy::Impl {
     const DLTensor& src = initial;
     strata_error err;
     strata_error_init(&err);
-    check_cdo(cdo_vt->broadcast(cdo, &src, static_cast<uint32_t>(dsts.size()), dsts.data(), &err), err,
-              "broadcast (initial value of a variable)");
+    cdo_broadcast(&src, static_cast<uint32_t>(dsts.size()), dsts.data(), "broadcast (initial value of a variable)");
   }
 
   // ------------------------------------------------------- variables ---
@@ -932,7 +1025,7 @@ struct LocalStrategy::Impl {
       // The first replica in sync is worker 0's first replica.
       const DLTensor src = v.host_view(0);
       DLTensor* dsts[1] = {&out->dl_tensor};
-      check_cdo(cdo_vt->broadcast(cdo, &src, 1, dsts, &err), err, "broadcast");
+      cdo_broadcast(&src, 1, dsts, "broadcast");
       return out;
     }
     std::vector<DLTensor> vs;
@@ -941,7 +1034,7 @@ struct LocalStrategy::Impl {
     for (auto& t : vs) ps.push_back(&t);
     DLTensor* outs[1] = {&out->dl_tensor};
     const uint32_t op = v.agg == STRATA_VAR_AGG_SUM ? STRATA_REDUCE_SUM : STRATA_REDUCE_MEAN;
-    check_cdo(cdo_vt->reduce(cdo, op, 1, static_cast<uint32_t>(ps.size()), ps.data(), outs, &err), err, "reduce");
+    cdo_reduce(op, 1, static_cast<uint32_t>(ps.size()), ps.data(), outs, "reduce");
     return out;
   }
 };
@@ -1041,6 +1134,7 @@ LocalStrategy::LocalStrategy(Host host, LocalStrategyConfig config) : impl_(std:
     check_devices(m.host, all, m.cfg.strategy_name + " strategy");
     for (const DLDevice& d : all) m.any_gpu = m.any_gpu || d.device_type == kDLCUDA;
   }
+  m.stage_host = m.any_gpu && m.cfg.cross_device_ops == "nccl";
   m.n = static_cast<uint32_t>(m.cfg.devices.size());
   m.device_errors.assign(m.n, std::string());
   m.streams.assign(m.n, nullptr);
@@ -1258,7 +1352,7 @@ void LocalStrategy::reduce_to(strata_reduce_op op, uint32_t num_values, const DL
   DLTensor* outs[1] = {&output};
   strata_error err;
   strata_error_init(&err);
-  m.check_cdo(m.cdo_vt->reduce(m.cdo, op, 1, m.n, values, outs, &err), err, "reduce");
+  m.cdo_reduce(op, 1, m.n, values, outs, "reduce");
 }
 
 DLManagedTensor* LocalStrategy::gather_to(uint32_t num_values, const DLTensor* const* values, int32_t axis) {
