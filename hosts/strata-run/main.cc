@@ -71,6 +71,7 @@
 // Single-threaded by design: PR_SET_PDEATHSIG is tied to the thread that
 // forked, and one poll() loop over the children's pipes and a signalfd keeps
 // output lines whole without locks.
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <poll.h>
@@ -83,6 +84,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -93,6 +95,7 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <sstream>
 #include <set>
 #include <string>
 #include <vector>
@@ -264,6 +267,108 @@ std::string random_token() {
   return out;
 }
 
+// ---- GPUs (--gpus) ----------------------------------------------------------
+
+/// The CUDA devices strata-run itself sees (within its CUDA_VISIBLE_DEVICES),
+/// counted through the driver, which is opened at run time so that
+/// strata-run starts where there is none; 0 without a driver or a device.
+/// The children exec right after fork, so initialising CUDA here is safe.
+int cuda_device_count() {
+  void* lib = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) return 0;
+  using InitFn = int (*)(unsigned);
+  using CountFn = int (*)(int*);
+  const auto init = reinterpret_cast<InitFn>(::dlsym(lib, "cuInit"));
+  const auto count = reinterpret_cast<CountFn>(::dlsym(lib, "cuDeviceGetCount"));
+  int n = 0;
+  if (init == nullptr || count == nullptr || init(0) != 0 || count(&n) != 0) n = 0;
+  return n;  // the driver stays loaded: unloading an initialised driver is not supported
+}
+
+std::vector<std::string> split_gpu_list(const std::string& list) {
+  std::vector<std::string> out;
+  std::stringstream in(list);
+  std::string id;
+  while (std::getline(in, id, ',')) out.push_back(id);
+  if (!list.empty() && list.back() == ',') out.emplace_back();
+  return out;
+}
+
+/// "" when `spec` is a valid --gpus value, else why not.
+std::string check_gpus_spec(const std::string& spec) {
+  if (spec == "auto" || spec == "all" || spec == "none") return "";
+  if (spec.empty()) return "--gpus must be auto, all, none or a list of GPU ids like 0,1,2,3; got an empty string";
+  std::set<std::string> seen;
+  for (const std::string& id : split_gpu_list(spec)) {
+    const bool ok = !id.empty() && std::all_of(id.begin(), id.end(), [](unsigned char c) {
+      return std::isalnum(c) != 0 || c == '-';
+    });
+    if (!ok)
+      return "--gpus: '" + id + "' in '" + spec +
+             "' is not a GPU id: list CUDA device numbers or UUIDs (as nvidia-smi -L prints them) separated by "
+             "commas, e.g. --gpus 0,1,2,3";
+    if (!seen.insert(id).second) return "--gpus: GPU '" + id + "' is listed twice in '" + spec + "'";
+  }
+  return "";
+}
+
+/// What each process of a -n job sees: CUDA_VISIBLE_DEVICES per rank (empty:
+/// the environment is left alone) and whether ranks share a GPU.
+struct GpuPlan {
+  std::vector<std::string> visible;
+  bool shared = false;
+  std::string summary;  // printed once when the environment is set
+};
+
+/// Every process gets its own GPUs when there are at least as many as
+/// processes (the same number each, consecutive ids: with 8 GPUs and 4
+/// processes rank 1 sees 2,3), as one GPU per process is what NCCL needs;
+/// with fewer GPUs than processes, rank i gets GPU i mod G and they share.
+GpuPlan plan_gpus(const std::string& spec, int n) {
+  GpuPlan p;
+  if (spec == "all") return p;
+  if (spec == "none") {
+    p.visible.assign(static_cast<std::size_t>(n), "");
+    p.summary = "strata-run: --gpus none: no process sees a GPU (CUDA_VISIBLE_DEVICES is empty)";
+    return p;
+  }
+  std::vector<std::string> ids;
+  if (spec == "auto") {
+    const int count = cuda_device_count();
+    if (count == 0) return p;
+    const char* cvd = std::getenv("CUDA_VISIBLE_DEVICES");
+    if (cvd != nullptr && cvd[0] != '\0' && check_gpus_spec(cvd).empty()) {
+      ids = split_gpu_list(cvd);
+      if (ids.size() > static_cast<std::size_t>(count)) ids.resize(static_cast<std::size_t>(count));
+    } else {
+      for (int g = 0; g < count; ++g) ids.push_back(std::to_string(g));
+    }
+  } else {
+    ids = split_gpu_list(spec);
+  }
+  const auto g = static_cast<int>(ids.size());
+  std::ostringstream line;
+  line << "strata-run: GPUs (CUDA_VISIBLE_DEVICES):";
+  if (g >= n) {
+    const int k = g / n;
+    for (int r = 0; r < n; ++r) {
+      std::string v;
+      for (int j = 0; j < k; ++j) v += (j > 0 ? "," : "") + ids[static_cast<std::size_t>(r * k + j)];
+      p.visible.push_back(v);
+      line << " rank " << r << " -> " << v << (r + 1 < n ? ";" : "");
+    }
+    if (g % n != 0) line << " (" << g % n << " of " << g << " GPUs unused: every process gets the same number)";
+  } else {
+    p.shared = true;
+    for (int r = 0; r < n; ++r) p.visible.push_back(ids[static_cast<std::size_t>(r % g)]);
+    line << " " << n << " processes share " << g << " GPU(s), rank r gets GPU r mod " << g
+         << "; NCCL needs a GPU of its own per process, so multi_worker_mirrored's AUTO communication uses RING "
+            "(STRATA_GPUS_SHARED=1)";
+  }
+  p.summary = line.str();
+  return p;
+}
+
 std::string format_address(const std::string& host, uint16_t port) {
   const bool v6 = host.find(':') != std::string::npos;
   return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
@@ -366,6 +471,7 @@ struct Options {
   int max_restarts = 0;
   double restart_delay_s = 1;
   int restart_workers = 0;  // parameter-server jobs: restarts of each failed worker task
+  std::string gpus = "auto";  // --gpus: auto, all, none or a list of GPU ids
   std::vector<std::string> command;
 };
 
@@ -457,6 +563,10 @@ class Launcher {
     trace_ = make_trace_dir(opt_.trace_dir);
     try {
       prepare();
+      if (!opt_.ps_job) {
+        gpus_ = plan_gpus(opt_.gpus, opt_.n);
+        if (!gpus_.summary.empty()) std::cerr << gpus_.summary << std::endl;
+      }
       for (int attempt = 0;; ++attempt) {
         // Never a port an earlier attempt used: its sockets may linger
         // (TIME_WAIT, a listener bound with SO_REUSEADDR) or a grandchild
@@ -550,6 +660,10 @@ class Launcher {
                                                               {"STRATA_RESTART_COUNT", std::to_string(attempt)},
                                                               {"STRATA_MAX_RESTARTS", std::to_string(opt_.max_restarts)}};
       if (!config_path_.empty()) env.emplace_back("STRATA_CONFIG", config_path_);
+      if (!gpus_.visible.empty()) {
+        env.emplace_back("CUDA_VISIBLE_DEVICES", gpus_.visible[static_cast<std::size_t>(i)]);
+        env.emplace_back("STRATA_GPUS_SHARED", gpus_.shared ? "1" : "0");
+      }
       children_[static_cast<std::size_t>(i)].ps_worker = opt_.ps_job && type == "worker";
       children_[static_cast<std::size_t>(i)].env = env;
       spawn(children_[static_cast<std::size_t>(i)], i, env);
@@ -1026,6 +1140,7 @@ class Launcher {
   TraceDir trace_;
   std::string token_;        // one per run: every attempt gets the same
   std::string config_path_;  // absolute --config, empty without one
+  GpuPlan gpus_;             // -n jobs: what --gpus gives each rank, the same for every attempt
   std::vector<Child> children_;
   sigset_t orig_mask_{};
   int sfd_ = -1;
@@ -1144,6 +1259,14 @@ int main(int argc, char** argv) {
                  "parameter-server jobs: start a failed worker task again, up to N times per worker "
                  "(default 0); a failed worker never stops such a job")
       ->check(kRestartCount);
+  app.add_option("--gpus", opt.gpus,
+                 "-n jobs: the GPUs each process sees, through CUDA_VISIBLE_DEVICES. auto (default): every GPU "
+                 "strata-run sees, split evenly (8 GPUs, 4 processes: rank 1 gets 2,3), or shared round-robin when "
+                 "there are fewer GPUs than processes (then STRATA_GPUS_SHARED=1 and multi_worker_mirrored's AUTO "
+                 "communication uses RING: NCCL needs a GPU per process); nothing is set without a GPU. LIST "
+                 "(0,1,2,3 or GPU UUIDs): split these the same way. all: leave CUDA_VISIBLE_DEVICES alone. none: "
+                 "hide every GPU")
+      ->check(CLI::Validator([](std::string& v) { return check_gpus_spec(v); }, "auto|all|none|LIST"));
   app.add_option("command", opt.command, "PROGRAM ARGS... (after --)")->required();
   app.positionals_at_end();
   CLI11_PARSE(app, argc, argv);
@@ -1155,6 +1278,12 @@ int main(int argc, char** argv) {
     }
     opt.ps_job = true;
     opt.n = opt.chief + opt.workers + opt.ps;
+    if (opt.gpus != "auto") {
+      std::cerr << "strata-run: --gpus applies to -n jobs; a parameter-server job's processes keep "
+                   "CUDA_VISIBLE_DEVICES as strata-run has it"
+                << std::endl;
+      return 2;
+    }
   } else if (opt.n < 1) {
     std::cerr << "strata-run: pass -n N (a multi-worker job) or --workers N --ps M (a parameter-server job)"
               << std::endl;

@@ -558,6 +558,56 @@ TEST_F(MwmsTest, GpuWorkersSharingOneGpuOverRing) {
   if (strata::num_gpus() >= 2) check_api_operations(2, "gpu:0,gpu:1", "RING");
 }
 
+#ifdef STRATA_RUN_BIN
+// Without a "devices" option a worker uses every GPU it sees, and strata-run
+// decides what each sees (--gpus auto): its own GPU(s) when there are enough,
+// NCCL between them; shared GPUs when not, and then RING. --gpus none hides
+// them. Each case checks the cross-worker values as well. Label gpu.
+TEST_F(MwmsTest, GpuDefaultDevicesFollowStrataRunsGpuSplit) {
+  const int gpus = strata::num_gpus();
+  if (gpus == 0) GTEST_SKIP() << strata::gpu_unavailable_reason();
+  struct Case {
+    int workers;
+    std::string gpus_flag;
+    std::string communication;  // what AUTO must choose
+    int local_gpus;             // GPUs per worker, 0 = the host
+  };
+  std::vector<Case> cases = {{1, "auto", "NCCL", gpus},
+                             {2, "none", "RING", 0},
+                             {gpus + 1, "auto", "RING", 1}};
+  if (gpus >= 2) cases.push_back({2, "auto", "NCCL", gpus / 2});
+  for (const Case& k : cases) {
+    SCOPED_TRACE(std::to_string(k.workers) + " workers, --gpus " + k.gpus_flag);
+    Cluster c(dir_);
+    c.start({STRATA_RUN_BIN, "-n", std::to_string(k.workers), "--gpus", k.gpus_flag, "--timeout", "200", "--",
+             STRATA_MWMS_WORKER_BIN, "default"},
+            {{"TF_CONFIG", ""}, {"STRATA_AUTH_TOKEN", ""}, {"STRATA_CONFIG", ""}, {"CUDA_VISIBLE_DEVICES", ""}},
+            "default" + std::to_string(k.workers) + k.gpus_flag);
+    ASSERT_TRUE(c.wait_all(240)) << c.all_output();
+    ASSERT_EQ(c.child(0).status, 0) << c.all_output();
+    const std::string all = c.output(0);
+    const int replicas = k.workers * std::max(k.local_gpus, 1);
+    for (int w = 0; w < k.workers; ++w) {
+      const std::string tag = "[" + std::to_string(w) + "] {";
+      const size_t at = all.find(tag);
+      ASSERT_NE(at, std::string::npos) << all;
+      const json r = json::parse(all.substr(at + tag.size() - 1, all.find('\n', at) - at - tag.size() + 1));
+      std::vector<std::string> want;
+      for (int g = 0; g < k.local_gpus; ++g) want.push_back("gpu:" + std::to_string(g));
+      if (want.empty()) want.push_back("cpu:0");
+      EXPECT_EQ(r["describe"]["worker_devices"], json(want)) << r.dump();
+      EXPECT_EQ(r["describe"]["communication"], k.communication) << r.dump();
+      EXPECT_EQ(r["num_replicas_in_sync"], replicas);
+      // Replica r contributes r + 1: the sum over every replica of every worker.
+      EXPECT_EQ(r["reduce_sum"], json({replicas * (replicas + 1) / 2.0})) << r.dump();
+    }
+    if (k.local_gpus > 0 && k.workers > gpus) {
+      EXPECT_NE(all.find("share"), std::string::npos) << "strata-run must say the GPUs are shared:\n" << all;
+    }
+  }
+}
+#endif
+
 // tf.distribute refuses workers with different numbers of local devices
 // (CollectiveAllReduceExtended assumes the same count everywhere); with 2 + 1
 // devices the replicas would share ids and read overlapping rows. Every

@@ -4,7 +4,8 @@
 // as strata-train does), runs every cross-worker operation with values
 // that depend on the global replica id, and prints the raw results as one
 // JSON object on stdout; the test computes the expected values itself.
-//   mwms_worker [devices,comma,separated] [RING|NCCL|AUTO]
+//   mwms_worker [devices,comma,separated | default] [RING|NCCL|AUTO]
+// (default: no "devices" option, so the strategy picks its own)
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -42,12 +43,13 @@ int work(const std::string& devices, const std::string& communication) {
   std::vector<std::string> devs;
   std::stringstream ss(devices);
   for (std::string d; std::getline(ss, d, ',');) devs.push_back(d);
-  cfg.set("/strategy/options/devices", json(devs).dump());
+  if (devices != "default") cfg.set("/strategy/options/devices", json(devs).dump());
   if (!communication.empty())
     cfg.set("/strategy/options/communication", json{{"implementation", communication}}.dump());
   strata::Strategy s = strata::Strategy::from_config(cfg);
   auto scope = s.scope();
   json out;
+  out["describe"] = json::parse(s.extended().describe_json());
   out["num_replicas_in_sync"] = s.num_replicas_in_sync();
   out["num_local_replicas"] = s.num_local_replicas();
   out["worker_index"] = s.extended().worker_index();

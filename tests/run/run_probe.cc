@@ -138,6 +138,8 @@ int main(int argc, char** argv) {
   std::printf("tf_config=%s\n", env("TF_CONFIG").c_str());
   std::printf("token=%s\n", env("STRATA_AUTH_TOKEN").c_str());
   std::printf("config=%s\n", env("STRATA_CONFIG").c_str());
+  std::printf("cuda_visible=%s\n", env("CUDA_VISIBLE_DEVICES").c_str());
+  std::printf("gpus_shared=%s\n", env("STRATA_GPUS_SHARED").c_str());
   const std::string trace_dir = env("STRATA_TRACE_DIR");
   struct stat st{};
   std::printf("trace_dir=%s\n", trace_dir.c_str());

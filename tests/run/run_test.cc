@@ -441,6 +441,62 @@ TEST_F(RunTest, UsageErrorsAndHelp) {
   EXPECT_NE(r.err.find("cannot resolve --host"), std::string::npos) << r.err;
 }
 
+// ---- GPUs (--gpus) -----------------------------------------------------------
+
+TEST_F(RunTest, GpusListedAreSplitEvenlyOrSharedRoundRobin) {
+  // (processes, --gpus, what each rank sees, STRATA_GPUS_SHARED, the line strata-run prints)
+  struct Case {
+    int n;
+    std::string gpus;
+    std::vector<std::string> visible;
+    std::string shared, says;
+  };
+  const std::vector<Case> cases = {
+      {2, "3,5,7,9", {"3,5", "7,9"}, "0", "rank 0 -> 3,5; rank 1 -> 7,9"},
+      {2, "0,1,2", {"0", "1"}, "0", "1 of 3 GPUs unused"},
+      {3, "GPU-aa11,GPU-bb22", {"GPU-aa11", "GPU-bb22", "GPU-aa11"}, "1", "3 processes share 2 GPU(s)"},
+      {2, "none", {"", ""}, "0", "no process sees a GPU"},
+      {2, "all", {"preset", "preset"}, "-", ""},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE("--gpus " + c.gpus);
+    const test::ProcResult r =
+        test::run_program(run_args(c.n, {}, {"--gpus", c.gpus}), {{"CUDA_VISIBLE_DEVICES", "preset"}}, 60);
+    ASSERT_FALSE(r.timed_out);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto out = split_by_rank(r.out);
+    ASSERT_EQ(out.size(), static_cast<size_t>(c.n)) << r.out;
+    for (int rank = 0; rank < c.n; ++rank) {
+      EXPECT_EQ(value_of(out.at(rank), "cuda_visible"), c.visible[static_cast<size_t>(rank)]) << "rank " << rank;
+      EXPECT_EQ(value_of(out.at(rank), "gpus_shared"), c.shared) << "rank " << rank;
+    }
+    if (!c.says.empty()) EXPECT_NE(r.err.find(c.says), std::string::npos) << r.err;
+    else EXPECT_EQ(r.err.find("strata-run: GPUs"), std::string::npos) << r.err;
+  }
+}
+
+TEST_F(RunTest, BadGpusValuesAreUsageErrorsNamingTheProblem) {
+  for (const auto& [value, says] : std::vector<std::pair<std::string, std::string>>{
+           {"", "empty string"},
+           {"0,,1", "'' in '0,,1' is not a GPU id"},
+           {"0,1,", "is not a GPU id"},
+           {"0;1", "'0;1' in '0;1' is not a GPU id"},
+           {"1,2,1", "GPU '1' is listed twice"}}) {
+    SCOPED_TRACE("--gpus '" + value + "'");
+    const test::ProcResult r = test::run_program(run_args(2, {}, {"--gpus", value}), {}, 30);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.err.find(says), std::string::npos) << r.err;
+    EXPECT_TRUE(pids(2).empty()) << "no process may start";
+  }
+  const test::ProcResult ps = test::run_program(
+      {STRATA_RUN_BIN, "--workers", "1", "--ps", "1", "--gpus", "0", "--", RUN_PROBE_BIN}, {}, 30);
+  EXPECT_EQ(ps.exit_code, 2);
+  EXPECT_NE(ps.err.find("--gpus applies to -n jobs"), std::string::npos) << ps.err;
+  const test::ProcResult help = test::run_program({STRATA_RUN_BIN, "--help"}, {});
+  EXPECT_NE(help.out.find("--gpus"), std::string::npos) << help.out;
+  EXPECT_NE(help.out.find("STRATA_GPUS_SHARED=1"), std::string::npos) << help.out;
+}
+
 // ---- restarts (--max-restarts) ---------------------------------------------
 
 /// One start of a rank, from the probe's run.<restart>.<rank> file.

@@ -7,7 +7,11 @@
 // "auto" by default: same-host peers over shared memory, others over tcp or RDMA).
 //
 // Options:
-//   {"devices": ["cpu:0", ...]          local devices (default ["cpu:0"]),
+//   {"devices": ["cpu:0", ...]          local devices (default: every GPU this process
+//                                       sees, as tf.distribute's MultiWorkerMirroredStrategy
+//                                       uses every local GPU, else ["cpu:0"]; strata-run
+//                                       gives each local worker its own GPUs through
+//                                       CUDA_VISIBLE_DEVICES, see its --gpus),
 //    "cluster": {...}                   a cluster resolver's describe() JSON
 //                                       ({"cluster_spec", "task_type", "task_id", ...});
 //                                       core injects it; absent = one worker,
@@ -18,8 +22,10 @@
 //                                       NCCL: the "nccl" cross_device_ops over the "nccl"
 //                                       transport, CUDA builds only, every device a GPU;
 //                                       AUTO: NCCL when this is a CUDA build and every
-//                                       device is "gpu:N"/"cuda:N", else RING. describe()
-//                                       reports the choice as "communication"),
+//                                       device is "gpu:N"/"cuda:N", else RING; RING too
+//                                       when STRATA_GPUS_SHARED=1 (strata-run's word that
+//                                       local workers share GPUs, which NCCL refuses).
+//                                       describe() reports the choice as "communication"),
 //    "cross_device_ops": {"name", "options"}   override (must span processes),
 //    "transport": {"name": "auto", "options": {...}}  what the ring runs over (default auto),
 //    "timeout_s": 300}                  collective deadline
@@ -43,10 +49,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "strata/config.h"
+#include "strata/sdk/device.hpp"
 #include "strata/sdk/local_strategy.hpp"
 #include "strata/sdk/options.hpp"
 
@@ -58,6 +66,13 @@ using nlohmann::json;
 constexpr const char* kComp = "multi_worker_mirrored strategy";
 
 std::atomic<uint64_t> g_instances{0};
+
+// True when STRATA_GPUS_SHARED=1: strata-run started more local workers than
+// there are GPUs, so they share them (see its --gpus).
+bool gpus_shared() {
+  const char* v = std::getenv("STRATA_GPUS_SHARED");
+  return v != nullptr && std::string(v) == "1";
+}
 
 // True when option 'devices' lists only GPUs ("gpu:N" / "cuda:N"). Decided
 // from the names, so the choice does not depend on how the SDK parses them.
@@ -161,8 +176,20 @@ Placement place(const json& cluster) {
   return p;
 }
 
-sdk::LocalStrategyConfig make_config(const char* options_json) {
-  const json o = sdk::parse_options(options_json, kComp);
+sdk::LocalStrategyConfig make_config(const sdk::Host& host, const char* options_json) {
+  json o = sdk::parse_options(options_json, kComp);
+  // Without "devices": every visible GPU, else the host (decided here, not
+  // in LocalStrategy, because AUTO below depends on it).
+  if (!o.contains("devices")) {
+    const int32_t gpus = sdk::visible_gpu_count(host);
+    if (gpus > 0) {
+      json devs = json::array();
+      for (int32_t g = 0; g < gpus; ++g) devs.push_back("gpu:" + std::to_string(g));
+      o["devices"] = devs;
+      host.info(kComp, ": no \"devices\" option, so every visible GPU is a replica: ", devs.dump(),
+                gpus_shared() ? " (shared with other local workers: STRATA_GPUS_SHARED=1)" : "");
+    }
+  }
   sdk::check_known_keys(o, {"devices", "cluster", "communication", "cross_device_ops", "transport", "timeout_s"},
                         kComp);
   sdk::LocalStrategyConfig cfg;
@@ -202,7 +229,10 @@ sdk::LocalStrategyConfig make_config(const char* options_json) {
                  ": communication implementation NCCL needs every replica on a GPU, but option 'devices' is ",
                  o.value("devices", json::array({"cpu:0"})).dump(),
                  "; list GPUs (\"devices\": [\"gpu:0\", ...]) or use \"AUTO\" or \"RING\" for CPU devices");
-  const std::string chosen = impl == "AUTO" ? (all_gpu ? "NCCL" : "RING") : impl;
+  const std::string chosen = impl == "AUTO" ? (all_gpu && !gpus_shared() ? "NCCL" : "RING") : impl;
+  if (impl == "NCCL" && gpus_shared())
+    host.warn(kComp, ": communication NCCL with STRATA_GPUS_SHARED=1: NCCL refuses two ranks on one GPU, so "
+              "setup will fail if local workers share one; use \"AUTO\" or \"RING\" to share GPUs");
 #else
   if (impl == "NCCL")
     STRATA_THROW(STRATA_ERR_UNIMPLEMENTED, kComp,
@@ -248,7 +278,7 @@ class MultiWorkerMirroredStrategy : public sdk::LocalStrategy {
  public:
   static constexpr const char* kSubsystem = "strategy.multi_worker_mirrored";
   MultiWorkerMirroredStrategy(sdk::Host host, const char* options_json)
-      : LocalStrategy(std::move(host), make_config(options_json)) {}
+      : LocalStrategy(host, make_config(host, options_json)) {}
   // ABI 1.2: the transport belongs to the cross_device_ops, which runs the
   // agreement among the workers and the switch.
   void set_transport(const std::string& name, const std::string& options_json) {
