@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // strata-gpu-example: MirroredStrategy over every visible GPU, or the host
-// when there is none (the same program, unchanged). Each replica's share of
+// when there is none (the same program, unchanged); with
+// STRATA_STRATEGY=multi_worker_mirrored under strata-run, several workers,
+// each on the GPUs strata-run gives it. Each replica's share of
 // a batch arrives on its GPU, the weights live in GPU memory, and the MEAN
 // update and the loss are all-reduced there (NCCL for GPU replicas). The
 // gradient is computed on the host so that this program needs no kernel
@@ -9,6 +11,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <vector>
 
@@ -43,8 +46,14 @@ int main() {
   make_rows(rng, w_true, x_train, y_train);
   make_rows(rng, w_true, x_test, y_test);
 
-  Strategy strategy = Strategy::create("mirrored", "{}");  // every visible GPU, else cpu:0
-  std::printf("mirrored on %d replica(s):", strategy.num_replicas_in_sync());
+  // mirrored (every visible GPU, else cpu:0) unless the job config
+  // ($STRATA_CONFIG) or $STRATA_STRATEGY names another strategy.
+  const char* config_file = std::getenv("STRATA_CONFIG");
+  Config config = config_file != nullptr ? Config::from_file(config_file) : Config();
+  config.apply_env();
+  if (config.name("strategy").empty()) config.set("/strategy/name", "\"mirrored\"");
+  Strategy strategy = Strategy::from_config(config);
+  std::printf("%s on %d replica(s):", config.name("strategy").c_str(), strategy.num_replicas_in_sync());
   for (const std::string& d : strategy.extended().worker_devices()) std::printf(" %s", d.c_str());
   std::printf("\n");
   Scope scope = strategy.scope();
