@@ -102,6 +102,22 @@ strata::Config make_config(const Args& a) {
       cfg.set("/strategy/options/devices", nlohmann::json(devices).dump());
     }
   }
+  // The MLP computes on the host. Strategies that would take every visible
+  // GPU when no devices are named (mirrored, central_storage,
+  // multi_worker_mirrored) get the host instead; a GPU named is an error.
+  const std::string strategy = cfg.name("strategy");
+  const nlohmann::json opts = nlohmann::json::parse(cfg.options_json("strategy"));
+  if (strategy != "one_device" && strategy != "parameter_server" && !opts.contains("devices"))
+    cfg.set("/strategy/options/devices", "[\"cpu:0\"]");
+  std::vector<std::string> named;
+  if (opts.contains("devices") && opts["devices"].is_array())
+    for (const auto& d : opts["devices"]) named.push_back(d.is_string() ? d.get<std::string>() : "");
+  if (opts.contains("device") && opts["device"].is_string()) named.push_back(opts["device"].get<std::string>());
+  for (const std::string& d : named)
+    if (d.rfind("gpu:", 0) == 0 || d.rfind("cuda:", 0) == 0)
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "strata-train: device ", d,
+                   ": strata-train's MLP computes on the host (cpu:N devices only); for training on GPUs see "
+                   "examples/gpu (strata-gpu-example) or the README's GPU section");
   return cfg;
 }
 
@@ -318,7 +334,9 @@ int main(int argc, char** argv) {
   app.add_option("--config", a.config_file, "Job config (JSON): strategy, cross_device_ops, timeouts, ...")->check(CLI::ExistingFile);
   app.add_option("--strategy", a.strategy, "Strategy plugin name (overrides the config): one_device, mirrored, central_storage, multi_worker_mirrored, "
                  "parameter_server (under strata-run --chief 1 --workers N --ps M), default");
-  app.add_option("--devices", a.devices, "Comma-separated devices, e.g. cpu:0,cpu:1 (one per replica)");
+  app.add_option("--devices", a.devices,
+                 "Comma-separated devices, e.g. cpu:0,cpu:1 (one per replica; default cpu:0: the MLP computes on the "
+                 "host, so GPUs are refused, see examples/gpu)");
   app.add_option("--steps", a.steps, "Training steps")->capture_default_str();
   app.add_option("--global-batch", a.global_batch, "Global batch size, split across all replicas in sync")->capture_default_str();
   app.add_option("--lr", a.lr, "SGD learning rate")->capture_default_str();

@@ -299,6 +299,26 @@ TEST_F(TrainTest, ConfigFileChoosesTheStrategy) {
   EXPECT_NE(r.output.find("with mirrored on 2 replica(s)"), std::string::npos) << r.output;
 }
 
+// strata-train's MLP computes on the host: strategies that would take every
+// visible GPU get cpu:0 when no device is named (so the same command trains
+// on a GPU machine), and a GPU named by flag or config is refused, pointing
+// to the GPU example.
+TEST_F(TrainTest, RunsOnTheHostByDefaultAndRefusesGpuDevicesByName) {
+  for (const char* strategy : {"mirrored", "central_storage", "multi_worker_mirrored"}) {
+    const Result r = run(std::string(STRATA_TRAIN_BIN) + " --strategy " + strategy + " --steps 2 --quiet");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find(std::string("with ") + strategy + " on 1 replica(s)"), std::string::npos) << r.output;
+  }
+  const std::string cfg = (dir_ / "job.json").string();
+  std::ofstream(cfg) << R"({"strategy": {"name": "one_device", "options": {"device": "cuda:1"}}})";
+  for (const std::string& args : {std::string(" --strategy mirrored --devices cpu:0,gpu:0"), " --config " + cfg}) {
+    const Result r = run(std::string(STRATA_TRAIN_BIN) + args + " --steps 1 --quiet");
+    EXPECT_NE(r.exit_code, 0) << args;
+    EXPECT_NE(r.output.find("strata-train's MLP computes on the host"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("examples/gpu"), std::string::npos) << r.output;
+  }
+}
+
 TEST_F(TrainTest, UnknownStrategyFailsListingTheAvailableOnes) {
   const Result r = run(std::string(STRATA_TRAIN_BIN) + " --strategy no_such_strategy --steps 1 --quiet");
   EXPECT_NE(r.exit_code, 0);
