@@ -796,17 +796,18 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
     for (uint32_t t : pack) total += size_t(sdk::element_count(*inputs[t * nr]));
     if (nr == 1 && pack.size() == 1 && !is_half(dtype)) {
       // One tensor of one replica in its own type: reduce in the output
-      // itself, which saves copying the whole tensor out of the work buffer.
+      // itself, which saves copying the whole tensor out of the work buffer,
+      // reading the input where the ring first needs it (out of place, a
+      // large tensor is not copied into the output first).
       const uint32_t t = pack[0];
       void* out = sdk::data_ptr(*outputs[size_t(t) * outs_per_tensor]);
       const void* in = sdk::data_ptr(*inputs[t]);
-      if (out != in && total != 0) std::memcpy(out, in, total * wsize);
       CollectiveDesc d;
       d.op = coll;
       d.reduce_op = op;
       d.dtype = dtype;
       d.count = total;
-      comm_->all_reduce(d, wire, wire_op(op), total, out);
+      comm_->all_reduce(d, wire, wire_op(op), total, out, in);
       if (op == STRATA_REDUCE_MEAN && total != 0) sdk::kernels::divide(wire, out, total, double(world_) * nr);
       return;
     }

@@ -730,6 +730,12 @@ void RingComm::ring_reduce_scatter(Op& op, DLDataType wire, strata_reduce_op rop
   auto seg_len = [&](int32_t i) { return count / n + (size_t(i) < count % n ? 1 : 0); };
   auto nchunks = [&](int32_t seg) { return (seg_len(seg) + ce - 1) / ce; };
   char* base = work_.data();
+  // This rank's own values: the caller's source when out of place (they
+  // are read once, by the first send or the reduction of that segment).
+  Buffer own_view;
+  own_view.borrowed = src_ != nullptr ? const_cast<char*>(src_) : nullptr;
+  const Buffer& own = src_ != nullptr ? own_view : work_;
+  const char* own_base = own.data();
 
   struct Item {
     int32_t step, seg;
@@ -753,7 +759,7 @@ void RingComm::ring_reduce_scatter(Op& op, DLDataType wire, strata_reduce_op rop
 
   const int32_t first = mod(int64_t(r) + shift, n);
   for (size_t c = 0; c < nchunks(first); ++c)
-    op.post(true, right, 1, c, buffer_of(work_, (seg_off(first) + c * ce) * esize, chunk_len(first, c) * esize));
+    op.post(true, right, 1, c, buffer_of(own, (seg_off(first) + c * ce) * esize, chunk_len(first, c) * esize));
 
   for (size_t i = 0; i < items.size(); ++i) {
     const Item& it = items[i];
@@ -762,8 +768,9 @@ void RingComm::ring_reduce_scatter(Op& op, DLDataType wire, strata_reduce_op rop
     if (got != len * esize)
       op.raise(STRATA_ERR_DATA_LOSS, op.prefix(), ": rank ", left, " sent ", got, " bytes for step ", it.step + 1,
                " chunk ", it.chunk, " but ", len * esize, " were expected");
-    char* dst = base + (seg_off(it.seg) + it.chunk * ce) * esize;
-    const void* in[2] = {dst, static_cast<char*>(stage_.mem.data()) + (i % w) * ce * esize};
+    const size_t at = (seg_off(it.seg) + it.chunk * ce) * esize;
+    char* dst = base + at;
+    const void* in[2] = {own_base + at, static_cast<char*>(stage_.mem.data()) + (i % w) * ce * esize};
     sdk::kernels::reduce(rop, wire, 2, in, dst, len);
     if (i + w < items.size()) post_recv(i + w);
     // The chunk just reduced is the one this rank forwards in the next step.
@@ -833,6 +840,25 @@ void RingComm::all_reduce(const CollectiveDesc& d, DLDataType wire, strata_reduc
   } borrow{work_};
   work_.borrowed = static_cast<char*>(data);
   all_reduce(d, wire, rop, count);
+}
+
+void RingComm::all_reduce(const CollectiveDesc& d, DLDataType wire, strata_reduce_op rop, size_t count, void* data,
+                          const void* src) {
+  const size_t bytes = count * sdk::dtype_size(wire);
+  const char* s = static_cast<const char*>(src);
+  const char* o = static_cast<const char*>(data);
+  if (src == data || bytes == 0 || requires_mr_ || bytes <= opt_.direct_max_bytes || bytes <= doubling_max_bytes_ ||
+      (s < o + bytes && o < s + bytes)) {
+    if (src != data && bytes != 0) std::memmove(data, src, bytes);
+    all_reduce(d, wire, rop, count, data);
+    return;
+  }
+  struct Source {
+    const char*& p;
+    ~Source() { p = nullptr; }
+  } source{src_};
+  src_ = s;
+  all_reduce(d, wire, rop, count, data);
 }
 
 void RingComm::all_reduce(const CollectiveDesc& d, DLDataType wire, strata_reduce_op rop, size_t count) {

@@ -110,6 +110,14 @@ class RingComm {
   /// no registered memory the collective runs in `data` itself (no copy);
   /// otherwise `data` is staged through work(), whose contents it replaces.
   void all_reduce(const CollectiveDesc& d, DLDataType wire, strata_reduce_op op, size_t count, void* data);
+  /// The same, out of place: this rank's values come from `src` (`count`
+  /// elements, not overlapping `data`) and the result lands in `data`. The
+  /// ring reads `src` where it would first read `data`, so large tensors
+  /// are never copied into `data` first (the all-gather fills what the
+  /// reduce-scatter did not write); small ones, and a transport that needs
+  /// registered memory, copy `src` in first.
+  void all_reduce(const CollectiveDesc& d, DLDataType wire, strata_reduce_op op, size_t count, void* data,
+                  const void* src);
   /// In place on work(): afterwards elements [rank*count/n, (rank+1)*count/n)
   /// hold the reduction over all ranks. `count` must divide by world_size.
   void reduce_scatter(const CollectiveDesc& d, DLDataType wire, strata_reduce_op op, size_t count);
@@ -134,6 +142,9 @@ class RingComm {
     char* borrowed = nullptr;  // the caller's memory standing in for `mem` during one call
     char* data() const { return borrowed != nullptr ? borrowed : static_cast<char*>(mem.data()); }
   };
+  // During an out-of-place all_reduce on borrowed memory: this rank's
+  // values (never written), else null.
+  const char* src_ = nullptr;
   struct Pending;
   struct OpReq;
   class Op;
