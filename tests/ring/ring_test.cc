@@ -522,7 +522,7 @@ std::vector<size_t> matrix_sizes() {
   return {0, 1, 7, 13, 1001, 40000};
 }
 
-// Direct exchange for small payloads, ring with 1 MiB chunks above 32 KiB.
+// Direct exchange for small payloads, ring with 1 MiB chunks above 64 KiB.
 TEST_P(RingTest, AllOpsAllDtypesDefaultOptions) {
   for (World w : {World{2, 1}, World{3, 2}, World{4, 1}, World{8, 1}}) {
     if (kSanitized && w.n == 8) continue;

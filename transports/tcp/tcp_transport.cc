@@ -43,8 +43,13 @@ constexpr uint64_t kPreferredChunkBytes = 1 << 20;
 // connection is idle: handing a small frame to the io thread costs a
 // wake-up and a context switch, more than the write itself. Larger frames
 // go through the io thread so that their copy into the kernel overlaps the
-// caller's work (and the lock is never held for long).
-constexpr uint64_t kInlineSendMaxBytes = 64 << 10;
+// caller's work (and the lock is never held for long). The same bound
+// decides which waits poll (see wait()). 128 KiB and a few headers: the
+// ring's direct all-reduce (64 KiB and its header, posted as one receive)
+// and its 64-128 KiB ring chunks then take the fast path; with 64 KiB
+// exactly they missed it by their headers, and 2-rank all-reduces of
+// 64-256 KiB were up to 2x slower (idle 2-core machine, alternating runs).
+constexpr uint64_t kInlineSendMaxBytes = (128 << 10) + 4096;
 
 // Completion condition "all of it" without asio::transfer_all()'s cap of
 // 64 KiB per system call: a 1 MiB frame would otherwise take 16 sendmsg or
@@ -997,7 +1002,7 @@ uint64_t TcpComm::wait(strata_request_t h, int64_t timeout_ms) {
   std::unique_lock<std::mutex> lock(mu_);
   Request* r = lookup_locked(h);
   if (!visible(*r)) {
-    // A small message (up to kInlineSendMaxBytes), while the process has
+    // A small message (up to kInlineSendMaxBytes, ~132 KiB), while the process has
     // free cores: drive progress in this thread (see io_loop) for the
     // pacer's budget, restarted by every poll that ran handlers (a reply
     // then wakes no thread); then sleep on cv_ and let the io thread do it.

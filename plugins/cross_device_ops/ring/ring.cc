@@ -17,7 +17,7 @@
 //                  size, else 1 MiB)
 //   "direct_max_bytes": all-reduce/broadcast payloads up to this size skip
 //                  the ring and go straight to every rank in one message
-//                  (latency; default 32 KiB; 0 = always ring)
+//                  (latency; default 64 KiB; 0 = always ring)
 //   "direct_max_ranks": above this many ranks (default 16) nothing talks to
 //                  every rank: all-reduces up to direct_max_bytes use
 //                  recursive doubling (log2 n rounds), other small payloads
@@ -170,7 +170,7 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
                    " is empty; give each instance a unique name such as \"ring\"");
     bytes_per_pack_ = sdk::get_option<uint64_t>(o, "bytes_per_pack", uint64_t(32) << 20, kComponent);
     co.chunk_bytes = sdk::get_option<uint64_t>(o, "chunk_bytes", 0, kComponent);
-    co.direct_max_bytes = sdk::get_option<uint64_t>(o, "direct_max_bytes", 32768, kComponent);
+    co.direct_max_bytes = sdk::get_option<uint64_t>(o, "direct_max_bytes", 65536, kComponent);
     co.direct_max_ranks = sdk::get_option<int32_t>(o, "direct_max_ranks", 16, kComponent);
     if (co.direct_max_ranks < 2)
       STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'direct_max_ranks' of ", kComponent,

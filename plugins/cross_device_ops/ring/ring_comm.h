@@ -70,7 +70,7 @@ struct RingCommOptions {
   int64_t timeout_ms = 300000;
   int64_t setup_timeout_ms = 120000;  // the rendezvous: every rank joins, then the transport comm
   uint64_t chunk_bytes = 0;   // 0 = transport preference or 1 MiB
-  uint64_t direct_max_bytes = 32768;
+  uint64_t direct_max_bytes = 65536;
   // Above this many ranks nothing talks to every rank: all-reduces up to
   // direct_max_bytes use recursive doubling (log2 n rounds, one partner
   // each), other small payloads take the ring, and the barrier takes
