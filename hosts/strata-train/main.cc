@@ -105,9 +105,12 @@ strata::Config make_config(const Args& a) {
   // The MLP computes on the host. Strategies that would take every visible
   // GPU when no devices are named (mirrored, central_storage,
   // multi_worker_mirrored) get the host instead; a GPU named is an error.
+  // Other strategies (the built-in default, third-party plugins) keep their
+  // own options.
   const std::string strategy = cfg.name("strategy");
   const nlohmann::json opts = nlohmann::json::parse(cfg.options_json("strategy"));
-  if (strategy != "one_device" && strategy != "parameter_server" && !opts.contains("devices"))
+  if ((strategy == "mirrored" || strategy == "central_storage" || strategy == "multi_worker_mirrored") &&
+      !opts.contains("devices"))
     cfg.set("/strategy/options/devices", "[\"cpu:0\"]");
   std::vector<std::string> named;
   if (opts.contains("devices") && opts["devices"].is_array())
