@@ -708,59 +708,50 @@ struct LocalStrategy::Impl {
     std::vector<std::pair<DLTensor*, DLTensor*>> back_;
   };
 
+  // One cross_device_ops call with its host tensors staged (stage_host):
+  // input k belongs to replica k % nv; output k to replica k % nv, or to
+  // replica 0 when `outs_on_first` (reduce's destinations). `call(in, out,
+  // err)` makes the vtable call on the arrays it is given.
+  template <class Call>
+  void cdo_call(uint32_t nv, size_t nin, const DLTensor* const* in, size_t nout, DLTensor* const* out,
+                bool outs_on_first, const char* what, Call&& call) {
+    strata_error err;
+    strata_error_init(&err);
+    if (!stage_host) return check_cdo(call(in, out, &err), err, what);
+    Staging st(*this);
+    std::vector<const DLTensor*> i2(in, in + nin);
+    std::vector<DLTensor*> o2(out, out + nout);
+    for (size_t k = 0; k < nin; ++k) i2[k] = st.in(i2[k], k % nv);
+    for (size_t k = 0; k < nout; ++k) o2[k] = st.out(o2[k], outs_on_first ? 0 : k % nv);
+    check_cdo(call(i2.data(), o2.data(), &err), err, what);
+    st.finish();
+  }
   void cdo_all_reduce(uint32_t op, uint32_t nt, uint32_t nv, const DLTensor* const* in, DLTensor* const* out,
                       const char* what) {
-    strata_error err;
-    strata_error_init(&err);
-    if (!stage_host) return check_cdo(cdo_vt->all_reduce(cdo, op, nt, nv, in, out, &err), err, what);
-    Staging st(*this);
-    std::vector<const DLTensor*> i2(in, in + static_cast<size_t>(nt) * nv);
-    std::vector<DLTensor*> o2(out, out + static_cast<size_t>(nt) * nv);
-    for (size_t k = 0; k < i2.size(); ++k) {
-      i2[k] = st.in(i2[k], k % nv);
-      o2[k] = st.out(o2[k], k % nv);
-    }
-    check_cdo(cdo_vt->all_reduce(cdo, op, nt, nv, i2.data(), o2.data(), &err), err, what);
-    st.finish();
+    const size_t n = size_t(nt) * nv;
+    cdo_call(nv, n, in, n, out, false, what, [&](const DLTensor* const* i, DLTensor* const* o, strata_error* e) {
+      return cdo_vt->all_reduce(cdo, op, nt, nv, i, o, e);
+    });
   }
-  // Outputs (one per tensor) are staged on replica 0's device.
   void cdo_reduce(uint32_t op, uint32_t nt, uint32_t nv, const DLTensor* const* in, DLTensor* const* out,
                   const char* what) {
-    strata_error err;
-    strata_error_init(&err);
-    if (!stage_host) return check_cdo(cdo_vt->reduce(cdo, op, nt, nv, in, out, &err), err, what);
-    Staging st(*this);
-    std::vector<const DLTensor*> i2(in, in + static_cast<size_t>(nt) * nv);
-    std::vector<DLTensor*> o2(out, out + nt);
-    for (size_t k = 0; k < i2.size(); ++k) i2[k] = st.in(i2[k], k % nv);
-    for (auto& o : o2) o = st.out(o, 0);
-    check_cdo(cdo_vt->reduce(cdo, op, nt, nv, i2.data(), o2.data(), &err), err, what);
-    st.finish();
+    cdo_call(nv, size_t(nt) * nv, in, nt, out, true, what,
+             [&](const DLTensor* const* i, DLTensor* const* o, strata_error* e) {
+               return cdo_vt->reduce(cdo, op, nt, nv, i, o, e);
+             });
   }
   void cdo_all_gather(uint32_t nv, const DLTensor* const* in, int32_t axis, DLTensor* const* out, const char* what) {
-    strata_error err;
-    strata_error_init(&err);
-    if (!stage_host) return check_cdo(cdo_vt->all_gather(cdo, nv, in, axis, out, &err), err, what);
-    Staging st(*this);
-    std::vector<const DLTensor*> i2(in, in + nv);
-    std::vector<DLTensor*> o2(out, out + nv);
-    for (size_t k = 0; k < nv; ++k) {
-      i2[k] = st.in(i2[k], k);
-      o2[k] = st.out(o2[k], k);
-    }
-    check_cdo(cdo_vt->all_gather(cdo, nv, i2.data(), axis, o2.data(), &err), err, what);
-    st.finish();
+    cdo_call(nv, nv, in, nv, out, false, what, [&](const DLTensor* const* i, DLTensor* const* o, strata_error* e) {
+      return cdo_vt->all_gather(cdo, nv, i, axis, o, e);
+    });
   }
-  // The source stays where it is (a broadcast source may be on the host).
+  // The source stays where it is (a broadcast source may be on the host);
+  // destination k belongs to replica k.
   void cdo_broadcast(const DLTensor* src, uint32_t nd, DLTensor* const* dsts, const char* what) {
-    strata_error err;
-    strata_error_init(&err);
-    if (!stage_host) return check_cdo(cdo_vt->broadcast(cdo, src, nd, dsts, &err), err, what);
-    Staging st(*this);
-    std::vector<DLTensor*> d2(dsts, dsts + nd);
-    for (size_t k = 0; k < nd; ++k) d2[k] = st.out(d2[k], k);
-    check_cdo(cdo_vt->broadcast(cdo, src, nd, d2.data(), &err), err, what);
-    st.finish();
+    cdo_call(std::max<uint32_t>(n, 1), 0, nullptr, nd, dsts, false, what,
+             [&](const DLTensor* const*, DLTensor* const* o, strata_error* e) {
+               return cdo_vt->broadcast(cdo, src, nd, o, e);
+             });
   }
 
   void check_cdo(strata_status_t st, const strata_error& err, const char* what) {
