@@ -62,6 +62,12 @@ std::vector<TransportCase> transport_cases() {
   std::vector<TransportCase> v;
   v.push_back({"tcp", "tcp", R"({"connections_per_peer": 2})"});
   v.push_back({"auto", "auto", R"({})"});  // defaults: libfabric/shm or tcp on this host
+#ifdef SUITE_HAVE_SHMEM
+  v.push_back({"shmem", "shmem", R"({})"});
+  // A 64 KiB ring (16 KiB records): every message above 16 KiB takes
+  // several records, and above 64 KiB waits for the receiver to free room.
+  v.push_back({"shmem_small_ring", "shmem", R"({"ring_bytes": 65536})"});
+#endif
 #ifdef SUITE_HAVE_LIBFABRIC
   v.push_back({"libfabric_tcp", "libfabric", R"({"provider": "tcp;ofi_rxm", "iface": "lo"})"});
   v.push_back({"libfabric_shm", "libfabric", R"({"provider": "shm"})"});

@@ -37,6 +37,7 @@
 
 #include "strata/sdk/options.hpp"
 #include "wire.h"
+#include "../common/proc_identity.h"
 #include "../common/wait_pacer.h"
 
 namespace strata::transport::libfabric {
@@ -126,60 +127,6 @@ bool unhex(const std::string& s, std::vector<uint8_t>* out) {
     out->push_back(static_cast<uint8_t>(hi * 16 + lo));
   }
   return true;
-}
-
-std::string read_first_line(const char* path) {
-  std::ifstream f(path);
-  std::string line;
-  std::getline(f, line);
-  return line;
-}
-
-// State and start time (clock ticks since boot) of process `pid`, from
-// /proc/<pid>/stat; false when there is no such process.
-bool proc_stat(long pid, char* state, unsigned long long* start) {
-  const std::string s = read_first_line(str_cat("/proc/", pid, "/stat").c_str());
-  const size_t paren = s.rfind(')');
-  if (s.empty() || paren == std::string::npos) return false;
-  std::istringstream in(s.substr(paren + 1));
-  std::string tok;
-  std::vector<std::string> f;
-  while (in >> tok && f.size() < 20) f.push_back(tok);
-  if (f.size() < 20) return false;
-  *state = f[0].empty() ? '?' : f[0][0];
-  *start = std::strtoull(f[19].c_str(), nullptr, 10);  // field 22 of proc(5)
-  return true;
-}
-
-struct ProcId {
-  std::string boot_id;
-  long pid = 0;
-  unsigned long long start = 0;
-};
-
-ProcId self_proc() {
-  ProcId p;
-  p.boot_id = read_first_line("/proc/sys/kernel/random/boot_id");
-  if (p.boot_id.empty()) {
-    char host[256] = {0};
-    ::gethostname(host, sizeof host - 1);
-    p.boot_id = str_cat("host:", host);
-  }
-  p.pid = static_cast<long>(::getpid());
-  char st;
-  proc_stat(p.pid, &st, &p.start);
-  return p;
-}
-
-// "" = alive (or unknown); otherwise why the process is gone.
-std::string proc_gone(const ProcId& p) {
-  char state = '?';
-  unsigned long long start = 0;
-  if (!proc_stat(p.pid, &state, &start)) return str_cat("its process (pid ", p.pid, " on this host) has exited");
-  if (state == 'Z' || state == 'X') return str_cat("its process (pid ", p.pid, " on this host) has died");
-  if (p.start != 0 && start != p.start)
-    return str_cat("its process (pid ", p.pid, " on this host) has exited (the pid now belongs to another process)");
-  return "";
 }
 
 // Provider preference for the default choice: NIC providers first, then

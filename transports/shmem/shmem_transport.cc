@@ -1,0 +1,893 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "shmem_transport.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cstring>
+#include <deque>
+#include <list>
+#include <mutex>
+#include <new>
+#include <random>
+#include <sstream>
+#include <unordered_set>
+#include <vector>
+
+#include "strata/sdk/options.hpp"
+#include "strata/sdk/rendezvous.hpp"
+#include "../common/proc_identity.h"
+#include "../common/wait_pacer.h"
+
+namespace strata::transport::shmem {
+
+using Clock = std::chrono::steady_clock;
+using detail::str_cat;
+
+namespace {
+
+constexpr uint64_t kMagic = 0x314d454853415453ull;  // "STASHEM1"
+constexpr uint32_t kLayoutVersion = 1;
+constexpr uint64_t kRecHeader = 32;
+constexpr uint32_t kFirst = 1;  // RecHeader::flags: the message's first record
+enum : uint32_t { kOpen = 0, kGoodbye = 1, kAborted = 2 };
+constexpr uint64_t kMinRing = 64 << 10, kMaxRing = 64ull << 20;
+// A sender whose ring lacks room for a whole record writes a shorter one
+// once at least this much (or the rest of its message) fits.
+constexpr uint64_t kMinPartial = 8 << 10;
+constexpr auto kLivenessEvery = std::chrono::milliseconds(100);
+
+static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free,
+              "the shmem transport needs address-free atomics in shared memory");
+
+// The start of every segment. Only its owner writes the fixed fields (before
+// it publishes the segment's name); `bell` is rung by any rank that has
+// something for the owner, `state` is written by the owner only.
+struct alignas(64) SegHeader {
+  uint64_t magic;
+  uint32_t version;
+  int32_t rank;
+  int32_t world;
+  uint32_t reserved;
+  uint64_t ring_bytes;
+  alignas(64) std::atomic<uint32_t> bell;  // futex word: bumped for every event the owner may wait for
+  std::atomic<uint32_t> sleepers;          // owner threads asleep on bell
+  alignas(64) std::atomic<uint32_t> state;  // kOpen, kGoodbye, kAborted (then `reason` is set)
+  char reason[448];
+};
+
+// One sender's ring in a receiver's segment. tail: bytes the sender has
+// published; head: bytes the receiver has consumed; sender_waiting: the
+// sender found no room and wants its bell rung when there is.
+struct alignas(64) RingCtl {
+  std::atomic<uint64_t> tail;
+  alignas(64) std::atomic<uint64_t> head;
+  std::atomic<uint32_t> sender_waiting;
+};
+
+struct RecHeader {
+  uint64_t tag;
+  uint64_t total;  // the message's size
+  uint32_t len;    // payload bytes in this record
+  uint32_t flags;
+  uint64_t reserved;
+};
+static_assert(sizeof(RecHeader) == kRecHeader, "record header is 32 bytes");
+
+uint64_t seg_bytes(int world, uint64_t ring) {
+  return sizeof(SegHeader) + static_cast<uint64_t>(world) * (sizeof(RingCtl) + ring);
+}
+RingCtl* ring_ctl(char* base, int sender) { return reinterpret_cast<RingCtl*>(base + sizeof(SegHeader)) + sender; }
+char* ring_data(char* base, int world, int sender, uint64_t ring) {
+  return base + sizeof(SegHeader) + static_cast<uint64_t>(world) * sizeof(RingCtl) + sender * ring;
+}
+uint64_t rec_bytes(uint64_t len) { return kRecHeader + ((len + 31) & ~uint64_t(31)); }
+
+void copy_in(char* ring, uint64_t size, uint64_t pos, const void* src, uint64_t n) {
+  const uint64_t off = pos & (size - 1), first = std::min(n, size - off);
+  std::memcpy(ring + off, src, first);
+  if (n > first) std::memcpy(ring, static_cast<const char*>(src) + first, n - first);
+}
+void copy_out(const char* ring, uint64_t size, uint64_t pos, void* dst, uint64_t n) {
+  const uint64_t off = pos & (size - 1), first = std::min(n, size - off);
+  std::memcpy(dst, ring + off, first);
+  if (n > first) std::memcpy(static_cast<char*>(dst) + first, ring, n - first);
+}
+
+long futex(std::atomic<uint32_t>* word, int op, uint32_t val, const timespec* ts) {
+  return ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, val, ts, nullptr, 0);
+}
+
+// Tell the owner of `h` that something changed; a system call only when one
+// of its threads sleeps.
+void ring_bell(SegHeader* h) {
+  h->bell.fetch_add(1, std::memory_order_seq_cst);
+  if (h->sleepers.load(std::memory_order_seq_cst) != 0) futex(&h->bell, FUTEX_WAKE, INT_MAX, nullptr);
+}
+
+constexpr const char* kPrefix = "strata-shmem-";
+
+// Segments of processes that were killed inside comm_create (before their
+// names were unlinked): "strata-shmem-<pid>-<start>-<random>" whose process
+// is gone. Only this user's can be removed; others are left alone.
+void remove_stale_segments(const ProcId& me) {
+  DIR* d = ::opendir("/dev/shm");
+  if (d == nullptr) return;
+  while (dirent* e = ::readdir(d)) {
+    const std::string n = e->d_name;
+    if (n.rfind(kPrefix, 0) != 0) continue;
+    ProcId p;
+    p.boot_id = me.boot_id;
+    char* end = nullptr;
+    p.pid = std::strtol(n.c_str() + std::strlen(kPrefix), &end, 10);
+    if (end == nullptr || *end != '-' || p.pid <= 0) continue;
+    p.start = std::strtoull(end + 1, nullptr, 10);
+    if (p.pid == me.pid && p.start == me.start) continue;
+    if (!proc_gone(p).empty()) ::shm_unlink(("/" + n).c_str());
+  }
+  ::closedir(d);
+}
+
+std::string random_hex() {
+  std::random_device rd;
+  const uint64_t v = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+std::string mib(uint64_t b) {
+  std::ostringstream o;
+  o.precision(3);
+  o << static_cast<double>(b) / (1 << 20) << " MiB";
+  return o.str();
+}
+
+struct Request {
+  bool is_send = false;
+  int32_t peer = -1;
+  uint64_t tag = 0;
+  char* data = nullptr;
+  uint64_t bytes = 0;
+  uint64_t done = 0;     // bytes moved
+  bool started = false;  // send: first record written; receive: matched to a message
+  bool finished = false;
+  strata_status_t status = STRATA_OK;
+  std::string error;
+  std::vector<char> owned;  // a cancelled, half-sent send: the bytes still to go (from `owned_from`)
+  uint64_t owned_from = 0;
+};
+
+// A message moved out of the ring before its receive was posted.
+struct Staged {
+  uint64_t tag = 0;
+  uint64_t total = 0;
+  uint64_t got = 0;
+  std::vector<char> data;
+};
+
+// The message a peer's ring is delivering: into `req`, into `staged`, or
+// (neither) drained.
+struct Incoming {
+  bool active = false;
+  uint64_t total = 0, got = 0;
+  Request* req = nullptr;
+  Staged* staged = nullptr;
+};
+
+struct Peer {
+  std::string segment;  // "/strata-shmem-..."
+  ProcId proc;
+  bool other_process = false;
+  char* base = nullptr;  // the peer's segment, mapped here
+  uint64_t map_bytes = 0;
+  SegHeader* hdr = nullptr;
+  RingCtl* out = nullptr;  // this rank's ring in the peer's segment
+  char* out_data = nullptr;
+  uint64_t out_tail = 0;
+  RingCtl* in = nullptr;  // the peer's ring in this rank's segment
+  char* in_data = nullptr;
+  uint64_t in_head = 0;
+  std::deque<Request*> sendq;   // in order; the front may be partly in the ring
+  std::deque<Request*> posted;  // receives not matched yet, in posting order
+  std::list<Staged> staged;
+  Incoming cur;
+  bool failed = false;
+  strata_status_t fail_code = STRATA_OK;
+  std::string fail_reason;
+};
+
+}  // namespace
+
+class ShmemComm : public sdk::CommBase {
+ public:
+  ShmemComm(sdk::Host host, const Options& o, std::string name, int32_t rank, int32_t world)
+      : host_(std::move(host)), opts_(o), name_(std::move(name)), rank_(rank), world_(world),
+        max_frag_(o.ring_bytes / 4), peers_(static_cast<size_t>(world)) {}
+  ~ShmemComm() override;
+  void setup(int64_t timeout_ms);
+
+  void abort(const char* reason) noexcept override;
+  strata_mem_region_t mem_register(void*, uint64_t, DLDevice device) override {
+    if (device.device_type != kDLCPU)
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "the shmem transport moves host memory only (got device type ",
+                   static_cast<int>(device.device_type), "); stage device buffers in host memory");
+    return reinterpret_cast<strata_mem_region_t>(&region_token_);  // nothing to register
+  }
+  void mem_deregister(strata_mem_region_t) noexcept override {}
+  strata_request_t isend(int32_t peer, uint64_t tag, const strata_buffer& buf) override;
+  strata_request_t irecv(int32_t peer, uint64_t tag, const strata_buffer& buf) override;
+  bool test(strata_request_t req, uint64_t* bytes) override;
+  uint64_t wait(strata_request_t req, int64_t timeout_ms) override;
+  void cancel(strata_request_t req) noexcept override;
+
+ private:
+  std::string peer_name(int p) const {
+    return peers_[p].proc.pid > 0 ? str_cat("rank ", p, " (pid ", peers_[p].proc.pid, " on this host)")
+                                  : str_cat("rank ", p);
+  }
+  std::string describe(const Request& r) const {
+    return r.is_send ? str_cat("send of ", r.bytes, " bytes with tag ", r.tag, " to ", peer_name(r.peer))
+                     : str_cat("receive of up to ", r.bytes, " bytes with tag ", r.tag, " from ", peer_name(r.peer));
+  }
+  void check_buffer(int32_t peer, const strata_buffer& buf, const char* op) const;
+  Request* lookup_locked(strata_request_t h) const {
+    auto* r = reinterpret_cast<Request*>(h);
+    if (h == nullptr || live_.count(r) == 0)
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "request ", static_cast<void*>(h),
+                   " is not a live request of communicator '", name_, "' (already released?)");
+    return r;
+  }
+  Request* new_request_locked(bool is_send, int32_t peer, uint64_t tag, const strata_buffer& buf);
+  void finish_locked(Request* r, strata_status_t code, std::string error = {});
+  uint64_t release_locked(Request* r);
+  bool progress_locked();
+  bool send_locked(int p);
+  bool receive_locked(int p);
+  void fail_peer_locked(int p, strata_status_t code, const std::string& reason);
+  void fail_all_aborted_locked();
+  void check_peers_locked(bool liveness);
+  std::string deadline_text(const Request& r, int64_t timeout_ms) const;
+
+  sdk::Host host_;
+  Options opts_;
+  std::string name_;
+  int32_t rank_, world_;
+  uint64_t max_frag_;
+  ProcId me_;
+  std::string segment_;  // this rank's segment name
+  bool unlinked_ = false;
+  char* base_ = nullptr;
+  uint64_t bytes_ = 0;
+  SegHeader* hdr_ = nullptr;
+  std::vector<Peer> peers_;
+  std::mutex mu_;
+  std::unordered_set<Request*> live_;
+  uint64_t staged_bytes_ = 0;
+  Clock::time_point next_liveness_{};
+  std::atomic<bool> aborted_{false};
+  bool abort_handled_ = false;  // under mu_
+  std::mutex abort_mu_;
+  std::string abort_reason_;  // under abort_mu_
+  int region_token_ = 0;
+};
+
+// ---------------------------------------------------------------- setup ---
+
+void ShmemComm::setup(int64_t timeout_ms) {
+  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  auto left_ms = [&] {
+    return std::max<int64_t>(
+        0, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count());
+  };
+  me_ = self_proc();
+  remove_stale_segments(me_);
+
+  // This rank's segment.
+  segment_ = str_cat("/", kPrefix, me_.pid, "-", me_.start, "-", random_hex());
+  const int fd = ::shm_open(segment_.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0)
+    STRATA_THROW(STRATA_ERR_UNAVAILABLE, "transport 'shmem': cannot create shared memory /dev/shm",
+                 segment_, " for communicator '", name_, "' (", std::strerror(errno),
+                 "); check that /dev/shm is mounted and writable by this user");
+  bytes_ = seg_bytes(world_, opts_.ring_bytes);
+  int rc = ::ftruncate(fd, static_cast<off_t>(bytes_));
+  if (rc == 0) rc = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes_));
+  else rc = errno;
+  if (rc != 0) {
+    ::close(fd);
+    ::shm_unlink(segment_.c_str());
+    struct statvfs sv {};
+    const uint64_t free_b = ::statvfs("/dev/shm", &sv) == 0 ? uint64_t(sv.f_bavail) * sv.f_frsize : 0;
+    STRATA_THROW(STRATA_ERR_UNAVAILABLE,
+                 "transport 'shmem': cannot reserve ", mib(bytes_), " in /dev/shm for rank ", rank_,
+                 " of communicator '", name_, "' (", std::strerror(rc), "; ", mib(free_b),
+                 " free there): each rank needs world_size x ring_bytes (", world_, " x ",
+                 mib(opts_.ring_bytes), "); lower option 'ring_bytes' or enlarge /dev/shm (docker: --shm-size)");
+  }
+  void* m = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (m == MAP_FAILED) {
+    ::shm_unlink(segment_.c_str());
+    STRATA_THROW(STRATA_ERR_UNAVAILABLE, "transport 'shmem': cannot map /dev/shm", segment_, " (",
+                 std::strerror(errno), ")");
+  }
+  base_ = static_cast<char*>(m);
+  hdr_ = new (base_) SegHeader();
+  hdr_->magic = kMagic;
+  hdr_->version = kLayoutVersion;
+  hdr_->rank = rank_;
+  hdr_->world = world_;
+  hdr_->ring_bytes = opts_.ring_bytes;
+  for (int s = 0; s < world_; ++s) new (ring_ctl(base_, s)) RingCtl();
+  std::atomic_thread_fence(std::memory_order_release);
+
+  const std::string key = str_cat(name_, "/shmem/seg/");
+  host_.store_set(key + std::to_string(rank_), str_cat(segment_, " ", me_.boot_id, " ", me_.pid, " ", me_.start),
+                  left_ms());
+  for (int p = 0; p < world_; ++p) {
+    if (p == rank_) continue;
+    std::string rec;
+    try {
+      rec = host_.store_get(key + std::to_string(p), left_ms());
+    } catch (const Error& e) {
+      if (e.code() != STRATA_ERR_DEADLINE_EXCEEDED) throw;
+      const std::string missing =
+          sdk::missing_ranks(host_, world_, rank_, [&](int r) { return key + std::to_string(r); });
+      STRATA_THROW(STRATA_ERR_DEADLINE_EXCEEDED, "transport 'shmem': communicator '", name_, "' rank ", rank_,
+                   ": ", missing.empty() ? peer_name(p) : missing, " never joined within ", timeout_ms,
+                   " ms (not started, crashed, or slow to start)", sdk::refused_connections_text(host_));
+    }
+    Peer& P = peers_[p];
+    std::istringstream in(rec);
+    in >> P.segment >> P.proc.boot_id >> P.proc.pid >> P.proc.start;
+    if (!in || P.segment.rfind(std::string("/") + kPrefix, 0) != 0)
+      STRATA_THROW(STRATA_ERR_DATA_LOSS, "transport 'shmem': rank ", p, " of communicator '", name_,
+                   "' published a malformed record '", rec, "'");
+    if (P.proc.boot_id != me_.boot_id)
+      STRATA_THROW(STRATA_ERR_FAILED_PRECONDITION, "transport 'shmem': ", peer_name(p), " of communicator '",
+                   name_, "' runs on another host (boot id ", P.proc.boot_id, ", this host's is ", me_.boot_id,
+                   "); shared memory joins ranks of one host only: use transport 'auto' (shared memory "
+                   "within a host, the network between hosts) or 'tcp'");
+    P.other_process = P.proc.pid != me_.pid;
+    const int pfd = ::shm_open(P.segment.c_str(), O_RDWR | O_CLOEXEC, 0);
+    struct stat st {};
+    if (pfd < 0 || ::fstat(pfd, &st) != 0 || static_cast<uint64_t>(st.st_size) < bytes_) {
+      const int e = errno;
+      if (pfd >= 0) ::close(pfd);
+      STRATA_THROW(STRATA_ERR_UNAVAILABLE, "transport 'shmem': cannot open the shared memory of ", peer_name(p),
+                   " (/dev/shm", P.segment, ": ",
+                   pfd < 0 ? std::strerror(e) : "smaller than this rank's options make it",
+                   "); every rank must run on this host as the same user, with the same 'ring_bytes'");
+    }
+    void* pm = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, pfd, 0);
+    ::close(pfd);
+    if (pm == MAP_FAILED)
+      STRATA_THROW(STRATA_ERR_UNAVAILABLE, "transport 'shmem': cannot map the shared memory of ", peer_name(p),
+                   " (", std::strerror(errno), ")");
+    P.base = static_cast<char*>(pm);
+    P.map_bytes = bytes_;
+    P.hdr = reinterpret_cast<SegHeader*>(P.base);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (P.hdr->magic != kMagic || P.hdr->version != kLayoutVersion || P.hdr->rank != p ||
+        P.hdr->world != world_ || P.hdr->ring_bytes != opts_.ring_bytes)
+      STRATA_THROW(STRATA_ERR_FAILED_PRECONDITION, "transport 'shmem': ", peer_name(p), " of communicator '",
+                   name_, "' made its shared memory with other options (ring_bytes ", P.hdr->ring_bytes,
+                   ", world ", P.hdr->world, ", layout ", P.hdr->version, "; this rank: ", opts_.ring_bytes,
+                   ", ", world_, ", ", kLayoutVersion, "); give every rank the same transport options");
+    P.out = ring_ctl(P.base, rank_);
+    P.out_data = ring_data(P.base, world_, rank_, opts_.ring_bytes);
+    P.in = ring_ctl(base_, p);
+    P.in_data = ring_data(base_, world_, p, opts_.ring_bytes);
+  }
+  // Every rank has mapped every segment: the names can go.
+  sdk::rendezvous_gate(host_, name_ + "/shmem/mapped", rank_, world_, left_ms(), "transport 'shmem'");
+  ::shm_unlink(segment_.c_str());
+  unlinked_ = true;
+  host_.debug("shmem '", name_, "' rank ", rank_, ": ", world_, " ranks, segment ", mib(bytes_), " (ring ",
+              mib(opts_.ring_bytes), " per sender)");
+}
+
+ShmemComm::~ShmemComm() {
+  if (hdr_ != nullptr) {
+    uint32_t open = kOpen;
+    hdr_->state.compare_exchange_strong(open, kGoodbye, std::memory_order_acq_rel);
+    for (Peer& P : peers_)
+      if (P.hdr != nullptr) ring_bell(P.hdr);
+    ring_bell(hdr_);
+  }
+  for (Request* r : live_) delete r;
+  for (Peer& P : peers_)
+    if (P.base != nullptr) ::munmap(P.base, P.map_bytes);
+  if (base_ != nullptr) ::munmap(base_, bytes_);
+  if (!unlinked_ && !segment_.empty()) ::shm_unlink(segment_.c_str());
+}
+
+// ---------------------------------------------------------------- abort ---
+
+void ShmemComm::abort(const char* reason) noexcept {
+  {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    if (aborted_.load()) return;
+    abort_reason_ = reason;
+    aborted_.store(true);
+  }
+  if (hdr_ == nullptr) return;
+  uint32_t open = kOpen;
+  if (hdr_->state.load(std::memory_order_acquire) == kOpen) {
+    std::strncpy(hdr_->reason, reason, sizeof hdr_->reason - 1);
+    hdr_->state.compare_exchange_strong(open, kAborted, std::memory_order_acq_rel);
+  }
+  ring_bell(hdr_);  // this rank's waiters
+  for (Peer& P : peers_)
+    if (P.hdr != nullptr) ring_bell(P.hdr);
+}
+
+void ShmemComm::fail_all_aborted_locked() {
+  std::string reason;
+  {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    reason = abort_reason_;
+  }
+  abort_handled_ = true;
+  for (Request* r : live_)
+    finish_locked(r, STRATA_ERR_ABORTED, str_cat(describe(*r), ": communicator '", name_, "' was aborted: ", reason));
+  for (Peer& P : peers_) {
+    P.sendq.clear();
+    P.posted.clear();
+    if (P.cur.active) P.cur.req = nullptr;
+  }
+}
+
+// ------------------------------------------------------ requests, state ---
+
+void ShmemComm::check_buffer(int32_t peer, const strata_buffer& buf, const char* op) const {
+  if (peer < 0 || peer >= world_ || peer == rank_)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, op, ": peer ", peer, " is not another rank of communicator '", name_,
+                 "' (world size ", world_, ", this is rank ", rank_, ")");
+  if (buf.device.device_type != kDLCPU)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, op,
+                 ": the shmem transport moves host memory only; stage device buffers in host memory");
+  if (buf.data == nullptr && buf.bytes != 0)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, op, ": buffer data is NULL but bytes = ", buf.bytes);
+}
+
+Request* ShmemComm::new_request_locked(bool is_send, int32_t peer, uint64_t tag, const strata_buffer& buf) {
+  auto r = std::make_unique<Request>();
+  r->is_send = is_send;
+  r->peer = peer;
+  r->tag = tag;
+  r->data = static_cast<char*>(buf.data);
+  r->bytes = buf.bytes;
+  live_.insert(r.get());
+  return r.release();
+}
+
+void ShmemComm::finish_locked(Request* r, strata_status_t code, std::string error) {
+  if (r->finished) return;
+  r->finished = true;
+  r->status = code;
+  r->error = std::move(error);
+}
+
+uint64_t ShmemComm::release_locked(Request* r) {
+  live_.erase(r);
+  std::unique_ptr<Request> owned(r);
+  if (r->status != STRATA_OK) detail::throw_status(r->status, r->error);
+  return r->done;
+}
+
+void ShmemComm::fail_peer_locked(int p, strata_status_t code, const std::string& reason) {
+  Peer& P = peers_[p];
+  if (P.failed) return;
+  P.failed = true;
+  P.fail_code = code;
+  P.fail_reason = reason;
+  for (Request* r : P.sendq) finish_locked(r, code, str_cat(describe(*r), ": ", reason));
+  for (Request* r : P.posted) finish_locked(r, code, str_cat(describe(*r), ": ", reason));
+  P.sendq.clear();
+  P.posted.clear();
+  if (P.cur.active && P.cur.req != nullptr) finish_locked(P.cur.req, code, str_cat(describe(*P.cur.req), ": ", reason));
+  if (P.cur.active && P.cur.staged != nullptr) {
+    // A message cut short can never be received.
+    for (auto it = P.staged.begin(); it != P.staged.end(); ++it)
+      if (&*it == P.cur.staged) {
+        staged_bytes_ -= it->total;
+        P.staged.erase(it);
+        break;
+      }
+  }
+  P.cur = Incoming{};
+}
+
+// Peers that closed (goodbye or abort) and, with `liveness`, peers whose
+// process is gone: what they sent before stays receivable; requests that
+// still need them fail.
+void ShmemComm::check_peers_locked(bool liveness) {
+  for (int p = 0; p < world_; ++p) {
+    Peer& P = peers_[p];
+    if (p == rank_ || P.failed || P.hdr == nullptr) continue;
+    const bool pending = !P.sendq.empty() || !P.posted.empty() || P.cur.active;
+    if (!pending) continue;
+    const uint32_t st = P.hdr->state.load(std::memory_order_acquire);
+    std::string why;
+    if (st == kGoodbye) why = "it closed its communicator";
+    else if (st == kAborted)
+      why = str_cat("it aborted its communicator: ", std::string(P.hdr->reason, strnlen(P.hdr->reason, sizeof P.hdr->reason)));
+    else if (liveness && P.other_process)
+      why = proc_gone(P.proc);
+    if (why.empty()) continue;
+    receive_locked(p);  // drain what it sent before (staging what is not posted)
+    if (!P.sendq.empty() || !P.posted.empty() || P.cur.active) {
+      const std::string reason = str_cat(peer_name(p), " is gone: ", why);
+      host_.warn("shmem '", name_, "' rank ", rank_, ": ", reason);
+      fail_peer_locked(p, STRATA_ERR_UNAVAILABLE, reason);
+    }
+  }
+}
+
+// ------------------------------------------------------------- progress ---
+
+// Stream what fits of peer p's send queue into its ring.
+bool ShmemComm::send_locked(int p) {
+  Peer& P = peers_[p];
+  const uint64_t ring = opts_.ring_bytes;
+  bool moved = false;
+  while (!P.sendq.empty()) {
+    Request* r = P.sendq.front();
+    const uint64_t remaining = r->bytes - r->done;
+    uint64_t len = std::min(remaining, max_frag_);
+    uint64_t free = ring - (P.out_tail - P.out->head.load(std::memory_order_acquire));
+    if (rec_bytes(len) > free) {
+      const uint64_t fits = free > kRecHeader ? (free - kRecHeader) & ~uint64_t(31) : 0;
+      if (fits >= std::min(len, kMinPartial)) {
+        len = std::min(len, fits);
+      } else {
+        // Ask the receiver to ring this rank's bell when it frees room, then
+        // look again (it may have freed it meanwhile).
+        P.out->sender_waiting.store(1, std::memory_order_seq_cst);
+        free = ring - (P.out_tail - P.out->head.load(std::memory_order_seq_cst));
+        const uint64_t fits2 = free > kRecHeader ? (free - kRecHeader) & ~uint64_t(31) : 0;
+        if (fits2 < std::min(len, kMinPartial)) break;
+        len = std::min(len, fits2);
+      }
+    }
+    RecHeader h{r->tag, r->bytes, static_cast<uint32_t>(len), r->started ? 0u : kFirst, 0};
+    copy_in(P.out_data, ring, P.out_tail, &h, kRecHeader);
+    if (len != 0) {
+      const char* src = r->owned.empty() ? r->data + r->done : r->owned.data() + (r->done - r->owned_from);
+      copy_in(P.out_data, ring, P.out_tail + kRecHeader, src, len);
+    }
+    P.out_tail += rec_bytes(len);
+    P.out->tail.store(P.out_tail, std::memory_order_release);
+    r->started = true;
+    r->done += len;
+    moved = true;
+    if (r->done == r->bytes) {
+      P.sendq.pop_front();
+      finish_locked(r, STRATA_OK);
+    }
+  }
+  if (moved) ring_bell(P.hdr);
+  return moved;
+}
+
+// Move what peer p's ring holds into posted receives (or staging).
+bool ShmemComm::receive_locked(int p) {
+  Peer& P = peers_[p];
+  const uint64_t ring = opts_.ring_bytes;
+  bool moved = false;
+  uint64_t tail = P.in->tail.load(std::memory_order_acquire);
+  while (P.in_head != tail) {
+    RecHeader h;
+    copy_out(P.in_data, ring, P.in_head, &h, kRecHeader);
+    if (h.len > max_frag_ || rec_bytes(h.len) > tail - P.in_head) {
+      fail_peer_locked(p, STRATA_ERR_DATA_LOSS,
+                       str_cat("malformed record from ", peer_name(p), " in shared memory (", h.len,
+                               " bytes announced, ", tail - P.in_head, " published)"));
+      return moved;
+    }
+    if (!P.cur.active) {
+      if ((h.flags & kFirst) == 0) {
+        fail_peer_locked(p, STRATA_ERR_DATA_LOSS,
+                         str_cat("malformed record from ", peer_name(p), " in shared memory (a message's middle "
+                                 "without its start)"));
+        return moved;
+      }
+      Request* r = nullptr;
+      for (auto it = P.posted.begin(); it != P.posted.end(); ++it)
+        if ((*it)->tag == h.tag) {
+          r = *it;
+          P.posted.erase(it);
+          break;
+        }
+      if (r == nullptr) {
+        // Leave it in the ring, where its receive will take it directly,
+        // unless something waits behind it.
+        const bool closed = P.hdr->state.load(std::memory_order_acquire) != kOpen;
+        if (P.posted.empty() && !closed && P.in->sender_waiting.load(std::memory_order_seq_cst) == 0) break;
+        if (staged_bytes_ + h.total > opts_.max_unexpected_bytes) {
+          fail_peer_locked(p, STRATA_ERR_FAILED_PRECONDITION,
+                           str_cat(peer_name(p), " sent a message of ", h.total, " bytes with tag ", h.tag,
+                                   " before its receive was posted, and ", staged_bytes_,
+                                   " bytes are already staged; max_unexpected_bytes is ",
+                                   opts_.max_unexpected_bytes, ": post receives earlier or raise the option"));
+          return moved;
+        }
+        P.staged.push_back(Staged{h.tag, h.total, 0, std::vector<char>(h.total)});
+        staged_bytes_ += h.total;
+        P.cur = Incoming{true, h.total, 0, nullptr, &P.staged.back()};
+      } else if (h.total > r->bytes) {
+        finish_locked(r, STRATA_ERR_INVALID_ARGUMENT,
+                      str_cat(describe(*r), ": the message is ", h.total,
+                              " bytes, larger than the receive buffer; post a receive of at least that size"));
+        P.cur = Incoming{true, h.total, 0, nullptr, nullptr};
+      } else {
+        r->started = true;
+        P.cur = Incoming{true, h.total, 0, r, nullptr};
+      }
+    }
+    if (P.cur.got + h.len > P.cur.total) {
+      fail_peer_locked(p, STRATA_ERR_DATA_LOSS,
+                       str_cat("malformed record from ", peer_name(p), " in shared memory (more bytes than its "
+                               "message's size)"));
+      return moved;
+    }
+    char* dst = P.cur.req != nullptr      ? P.cur.req->data + P.cur.got
+                : P.cur.staged != nullptr ? P.cur.staged->data.data() + P.cur.got
+                                          : nullptr;
+    if (dst != nullptr && h.len != 0) copy_out(P.in_data, ring, P.in_head + kRecHeader, dst, h.len);
+    P.cur.got += h.len;
+    if (P.cur.staged != nullptr) P.cur.staged->got = P.cur.got;
+    P.in_head += rec_bytes(h.len);
+    P.in->head.store(P.in_head, std::memory_order_release);
+    moved = true;
+    if (P.cur.got == P.cur.total) {
+      if (P.cur.req != nullptr) {
+        P.cur.req->done = P.cur.total;
+        finish_locked(P.cur.req, STRATA_OK);
+      }
+      P.cur = Incoming{};
+    }
+    if (P.in_head == tail) tail = P.in->tail.load(std::memory_order_acquire);
+  }
+  if (moved) {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (P.in->sender_waiting.load(std::memory_order_seq_cst) != 0 && P.in->sender_waiting.exchange(0) != 0)
+      ring_bell(P.hdr);
+  }
+  return moved;
+}
+
+bool ShmemComm::progress_locked() {
+  if (aborted_.load(std::memory_order_relaxed)) {
+    if (!abort_handled_) fail_all_aborted_locked();
+    return false;
+  }
+  bool moved = false;
+  for (int p = 0; p < world_; ++p) {
+    if (p == rank_ || peers_[p].failed) continue;
+    if (!peers_[p].sendq.empty()) moved |= send_locked(p);
+    moved |= receive_locked(p);
+  }
+  check_peers_locked(false);
+  return moved;
+}
+
+// ------------------------------------------------------------ isend/irecv ---
+
+strata_request_t ShmemComm::isend(int32_t peer, uint64_t tag, const strata_buffer& buf) {
+  check_buffer(peer, buf, "isend");
+  std::lock_guard<std::mutex> lock(mu_);
+  Request* r = new_request_locked(true, peer, tag, buf);
+  Peer& P = peers_[peer];
+  if (aborted_.load()) {
+    if (!abort_handled_) fail_all_aborted_locked();
+    finish_locked(r, STRATA_ERR_ABORTED, str_cat(describe(*r), ": communicator '", name_, "' was aborted"));
+  } else if (P.failed) {
+    finish_locked(r, P.fail_code, str_cat(describe(*r), ": ", P.fail_reason));
+  } else if (P.hdr->state.load(std::memory_order_acquire) != kOpen) {
+    P.sendq.push_back(r);
+    check_peers_locked(false);
+  } else {
+    P.sendq.push_back(r);
+    if (P.sendq.size() == 1) send_locked(peer);
+  }
+  return reinterpret_cast<strata_request_t>(r);
+}
+
+strata_request_t ShmemComm::irecv(int32_t peer, uint64_t tag, const strata_buffer& buf) {
+  check_buffer(peer, buf, "irecv");
+  std::lock_guard<std::mutex> lock(mu_);
+  Request* r = new_request_locked(false, peer, tag, buf);
+  Peer& P = peers_[peer];
+  if (aborted_.load()) {
+    if (!abort_handled_) fail_all_aborted_locked();
+    finish_locked(r, STRATA_ERR_ABORTED, str_cat(describe(*r), ": communicator '", name_, "' was aborted"));
+    return reinterpret_cast<strata_request_t>(r);
+  }
+  // A staged message with this tag comes first (it was sent before
+  // anything still in the ring).
+  for (auto it = P.staged.begin(); it != P.staged.end(); ++it) {
+    if (it->tag != tag) continue;
+    r->started = true;
+    if (it->total > r->bytes) {
+      finish_locked(r, STRATA_ERR_INVALID_ARGUMENT,
+                    str_cat(describe(*r), ": the message is ", it->total,
+                            " bytes, larger than the receive buffer; post a receive of at least that size"));
+      if (P.cur.staged == &*it) P.cur.staged = nullptr;  // drain the rest
+    } else {
+      if (it->got != 0) std::memcpy(r->data, it->data.data(), it->got);
+      if (it->got == it->total) {
+        r->done = it->total;
+        finish_locked(r, STRATA_OK);
+      } else {
+        P.cur.staged = nullptr;  // the rest lands in the receive's buffer
+        P.cur.req = r;
+      }
+    }
+    staged_bytes_ -= it->total;
+    P.staged.erase(it);
+    return reinterpret_cast<strata_request_t>(r);
+  }
+  if (P.failed) {
+    finish_locked(r, P.fail_code, str_cat(describe(*r), ": ", P.fail_reason));
+    return reinterpret_cast<strata_request_t>(r);
+  }
+  P.posted.push_back(r);
+  receive_locked(peer);
+  return reinterpret_cast<strata_request_t>(r);
+}
+
+// ------------------------------------------------------ test/wait/cancel ---
+
+bool ShmemComm::test(strata_request_t h, uint64_t* bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Request* r = lookup_locked(h);
+  if (!r->finished) {
+    progress_locked();
+    if (!r->finished && Clock::now() >= next_liveness_) {
+      check_peers_locked(true);
+      next_liveness_ = Clock::now() + kLivenessEvery;
+    }
+    if (!r->finished) return false;
+  }
+  *bytes = release_locked(r);
+  return true;
+}
+
+std::string ShmemComm::deadline_text(const Request& r, int64_t timeout_ms) const {
+  const Peer& P = peers_[r.peer];
+  std::string state;
+  if (r.is_send)
+    state = r.started ? str_cat(r.done, " of ", r.bytes, " bytes are in its ring, which is full: the peer is not "
+                                "receiving (stalled, or behind in the program)")
+                      : str_cat("its ring is full: the peer is not receiving (stalled, or behind in the program)");
+  else if (r.started)
+    state = str_cat("the message started (", P.cur.req == &r ? P.cur.got : 0, " of ", P.cur.total,
+                    " bytes arrived) but its sender is not sending the rest (stalled)");
+  else
+    state = "no message with this tag arrived: the peer is alive but has not sent it (stalled, or behind in the "
+            "program)";
+  return str_cat(describe(r), " did not complete within ", timeout_ms, " ms on communicator '", name_, "' (rank ",
+                 rank_, "): ", state);
+}
+
+uint64_t ShmemComm::wait(strata_request_t h, int64_t timeout_ms) {
+  if (timeout_ms < 0) timeout_ms = static_cast<int64_t>(opts_.timeout_s * 1000.0);
+  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  WaitPacer pacer;
+  for (;;) {
+    const uint32_t seen = hdr_->bell.load(std::memory_order_seq_cst);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      Request* r = lookup_locked(h);
+      if (!r->finished && progress_locked()) pacer.progressed();
+      const auto now = Clock::now();
+      if (!r->finished && now >= next_liveness_) {
+        check_peers_locked(true);
+        next_liveness_ = now + kLivenessEvery;
+      }
+      if (r->finished) return release_locked(r);
+      if (now >= deadline) STRATA_THROW(STRATA_ERR_DEADLINE_EXCEEDED, deadline_text(*r, timeout_ms));
+    }
+    if (pacer.polling()) {
+      pacer.pause(deadline);
+      continue;
+    }
+    // Sleep until a peer rings this segment's bell, the deadline, or the
+    // next liveness check.
+    const auto now = Clock::now();
+    const auto until = std::min(deadline, now + kLivenessEvery);
+    const int64_t ns = std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::nanoseconds>(until - now).count());
+    timespec ts{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
+    hdr_->sleepers.fetch_add(1, std::memory_order_seq_cst);
+    if (hdr_->bell.load(std::memory_order_seq_cst) == seen) futex(&hdr_->bell, FUTEX_WAIT, seen, &ts);
+    hdr_->sleepers.fetch_sub(1, std::memory_order_seq_cst);
+  }
+}
+
+void ShmemComm::cancel(strata_request_t h) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto* r = reinterpret_cast<Request*>(h);
+  if (h == nullptr || live_.count(r) == 0) return;
+  Peer& P = peers_[r->peer];
+  if (r->is_send) {
+    auto it = std::find(P.sendq.begin(), P.sendq.end(), r);
+    if (it != P.sendq.end()) {
+      if (r->started) {
+        // Part of it is in the ring: the receiver expects the rest, so it
+        // goes from a copy (the caller may free its buffer now).
+        auto rest = std::make_unique<Request>(*r);
+        rest->owned.assign(r->data + r->done, r->data + r->bytes);
+        rest->owned_from = r->done;
+        rest->data = nullptr;
+        *it = rest.get();
+        live_.insert(rest.release());  // released by its completion below or the destructor
+      } else {
+        P.sendq.erase(it);
+      }
+    }
+  } else {
+    auto it = std::find(P.posted.begin(), P.posted.end(), r);
+    if (it != P.posted.end()) P.posted.erase(it);
+    if (P.cur.req == r) P.cur.req = nullptr;  // drain the rest of its message
+  }
+  live_.erase(r);
+  delete r;
+}
+
+// ------------------------------------------------------------ transport ---
+
+ShmemTransport::ShmemTransport(sdk::Host host, const char* options_json) : host_(std::move(host)) {
+  const std::string comp = "transport 'shmem'";
+  const auto o = sdk::parse_options(options_json, comp);
+  sdk::check_known_keys(o, {"ring_bytes", "timeout_s", "max_unexpected_bytes"}, comp);
+  opts_.ring_bytes = sdk::get_option<uint64_t>(o, "ring_bytes", opts_.ring_bytes, comp);
+  if (opts_.ring_bytes < kMinRing || opts_.ring_bytes > kMaxRing || (opts_.ring_bytes & (opts_.ring_bytes - 1)) != 0)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'ring_bytes' of ", comp,
+                 " must be a power of two from 65536 (64 KiB) to 67108864 (64 MiB), got ", opts_.ring_bytes);
+  opts_.max_unexpected_bytes =
+      sdk::get_option<uint64_t>(o, "max_unexpected_bytes", opts_.max_unexpected_bytes, comp);
+  opts_.timeout_s = sdk::collective_timeout_s(host_, o, comp);
+}
+
+strata_transport_caps ShmemTransport::caps() {
+  strata_transport_caps c{};
+  c.flags = STRATA_TRANSPORT_CAP_P2P | STRATA_TRANSPORT_CAP_MEM_HOST | STRATA_TRANSPORT_CAP_THREAD_SAFE;
+  c.max_inflight = 0;
+  c.max_message_bytes = 0;
+  c.preferred_chunk_bytes = std::max<uint64_t>(opts_.ring_bytes / 2, 64 << 10);
+  return c;
+}
+
+std::unique_ptr<sdk::CommBase> ShmemTransport::comm_create(const char* name, int32_t rank, int32_t world_size,
+                                                           int64_t timeout_ms) {
+  if (name == nullptr || name[0] == '\0')
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT,
+                 "comm_create: the communicator name is empty; pass a name shared by every rank");
+  if (world_size < 1 || rank < 0 || rank >= world_size)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "comm_create('", name, "'): rank ", rank, " is not in 0..",
+                 world_size - 1, " (world size ", world_size, ")");
+  if (timeout_ms < 0) timeout_ms = static_cast<int64_t>(opts_.timeout_s * 1000.0);
+  auto comm = std::make_unique<ShmemComm>(host_, opts_, name, rank, world_size);
+  comm->setup(timeout_ms);
+  return comm;
+}
+
+}  // namespace strata::transport::shmem
+
+STRATA_PLUGIN("strata-transport-shmem", "0.1.0",
+              STRATA_TRANSPORT_COMPONENT(strata::transport::shmem::ShmemTransport, "shmem", "0.1.0"));
