@@ -722,6 +722,106 @@ TEST(ShmTransportTest, StaleRegionsOfGoneProcessesAreRemoved) {
 }
 #endif
 
+#ifdef SUITE_HAVE_SHMEM
+std::vector<std::string> shmem_segments_of(pid_t pid) {
+  std::vector<std::string> v;
+  const std::string prefix = "strata-shmem-" + std::to_string(pid) + "-";
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm"))
+    if (e.path().filename().string().rfind(prefix, 0) == 0) v.push_back(e.path().string());
+  return v;
+}
+
+// "ring_bytes" must be a power of two in 64 KiB..64 MiB; ranks may pick
+// different sizes (a sender uses the receiver's), and a message many times
+// larger than the smaller ring streams through it.
+TEST(ShmemTransportTest, RingSizesAreCheckedAndMayDifferBetweenRanks) {
+  PluginHost host;
+  for (const char* bad : {R"({"ring_bytes": 100000})", R"({"ring_bytes": 32768})", R"({"ring_bytes": 134217728})",
+                          R"({"ring_bytes": "1M"})", R"({"rings": 1})"}) {
+    try {
+      Rank r(host, "shmem", bad);
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const InvalidArgumentError& e) {
+      EXPECT_NE(std::string(e.what()).find("ring"), std::string::npos) << e.what();
+    }
+  }
+  const std::string name = unique_name("shmem-rings");
+  const uint64_t n = (3u << 20) + 5;  // 48 records of the 64 KiB ring's 16 KiB, and an odd tail
+  run_ranks(2, [&](int rank) {
+    Rank r(host, "shmem", rank == 0 ? R"({"ring_bytes": 65536})" : R"({"ring_bytes": 1048576})");
+    r.join(name, rank, 2);
+    std::vector<uint8_t> out(n), in(n, 0xAB);
+    for (uint64_t i = 0; i < n; ++i) out[i] = pattern(i, 7 + static_cast<uint64_t>(rank));
+    strata_request_t q = r.irecv(1 - rank, 9, in.data(), n);
+    strata_request_t s = r.isend(1 - rank, 9, out.data(), n);
+    EXPECT_EQ(r.wait(q), n);
+    r.wait(s);
+    for (uint64_t i = 0; i < n; ++i)
+      if (in[i] != pattern(i, 8 - static_cast<uint64_t>(rank))) {
+        ADD_FAILURE() << "rank " << rank << ": byte " << i << " is wrong";
+        break;
+      }
+  });
+}
+
+// Once every rank has mapped every segment, the names are unlinked: a job
+// leaves nothing in /dev/shm, even when it is killed later. A segment left
+// by a process killed inside comm_create (its pid no longer runs) is
+// removed by the next comm_create on the host.
+TEST(ShmemTransportTest, NothingIsLeftInDevShm) {
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ASSERT_GT(child, 0);
+  ::waitpid(child, nullptr, 0);
+  const std::string stale = "/dev/shm/strata-shmem-" + std::to_string(child) + "-0-00000000deadbeef";
+  std::ofstream(stale) << "stale";
+  ASSERT_TRUE(std::filesystem::exists(stale));
+  PluginHost host;
+  const std::string name = unique_name("shmem-unlinked");
+  run_ranks(3, [&](int rank) {
+    Rank r(host, "shmem", "{}");
+    r.join(name, rank, 3);
+    // A message from each other rank, sent after its join returned.
+    uint64_t out = 100 + static_cast<uint64_t>(rank), in[2] = {0, 0};
+    const int a = (rank + 1) % 3, b = (rank + 2) % 3;
+    strata_request_t qa = r.irecv(a, 1, &in[0], 8), qb = r.irecv(b, 1, &in[1], 8);
+    r.wait(r.isend(a, 1, &out, 8));
+    r.wait(r.isend(b, 1, &out, 8));
+    ASSERT_EQ(r.wait(qa), 8u);
+    ASSERT_EQ(r.wait(qb), 8u);
+    EXPECT_EQ(in[0], 100u + static_cast<uint64_t>(a));
+    EXPECT_TRUE(shmem_segments_of(::getpid()).empty()) << "a live communicator's segment is still in /dev/shm";
+  });
+  EXPECT_FALSE(std::filesystem::exists(stale)) << stale << " (its process is gone) was kept";
+  std::filesystem::remove(stale);
+}
+
+// Two ranks that each wait for a large send to the other before posting
+// their receive (a head-to-head exchange): each ring fills, and the message
+// at its head is staged once its receiver has been stuck for a moment, so
+// both complete instead of waiting for each other until the deadline.
+TEST(ShmemTransportTest, HeadToHeadLargeSendsComplete) {
+  PluginHost host;
+  const std::string name = unique_name("shmem-head-to-head");
+  const uint64_t n = 8u << 20;
+  run_ranks(2, [&](int rank) {
+    Rank r(host, "shmem", R"({"ring_bytes": 65536})");
+    r.join(name, rank, 2);
+    std::vector<uint8_t> out(n), in(n, 0);
+    for (uint64_t i = 0; i < n; ++i) out[i] = pattern(i, static_cast<uint64_t>(rank));
+    const auto t0 = std::chrono::steady_clock::now();
+    r.wait(r.isend(1 - rank, 4, out.data(), n), 10000);
+    EXPECT_EQ(r.wait(r.irecv(1 - rank, 4, in.data(), n), 10000), n);
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+    for (uint64_t i = 0; i < n; ++i)
+      if (in[i] != pattern(i, static_cast<uint64_t>(1 - rank))) {
+        ADD_FAILURE() << "rank " << rank << ": byte " << i << " is wrong";
+        break;
+      }
+  });
+}
+#endif
+
 INSTANTIATE_TEST_SUITE_P(Transports, TransportSuite, ::testing::ValuesIn(transport_cases()),
                          [](const ::testing::TestParamInfo<TransportCase>& i) { return i.param.label; });
 

@@ -8,8 +8,10 @@
 //
 // Options (JSON object; unknown keys are rejected):
 //   "local"      same-host transport: "name" or {"name": ..., "options": {...}}.
-//                Default: "libfabric" with {"provider": "shm"} when that
-//                plugin loads and accepts the shm provider, else "tcp".
+//                Default: "shmem" (Strata's own shared memory) when that
+//                plugin loads and /dev/shm is usable, else "libfabric" with
+//                {"provider": "shm"} when that plugin accepts the shm
+//                provider, else "tcp".
 //   "remote"     cross-host transport, same forms. Default: "libfabric" on the
 //                first NIC provider it accepts of verbs, efa, psm3, psm2, opx,
 //                cxi, else "tcp".
@@ -55,7 +57,7 @@
 // "<name>/auto/route/<rank>": {"rank", "host", "routes": [{"peer", "scope"
 // ("local"|"remote"), "transport", "sub_rank"}]}. Rank 0 logs the plan once
 // per communicator at info, e.g. "auto 'job': ranks {0,1} on host a via
-// libfabric/shm; ranks {2,3} on host b via libfabric/shm; across hosts via
+// shmem; ranks {2,3} on host b via shmem; across hosts via
 // tcp (no RDMA provider: ...)".
 //
 // Errors. A sub-communicator knows only sub-ranks, so every error it reports

@@ -43,11 +43,12 @@ constexpr uint32_t kLayoutVersion = 1;
 constexpr uint64_t kRecHeader = 32;
 constexpr uint32_t kFirst = 1;  // RecHeader::flags: the message's first record
 enum : uint32_t { kOpen = 0, kGoodbye = 1, kAborted = 2 };
-constexpr uint64_t kMinRing = 64 << 10, kMaxRing = 64ull << 20;
+constexpr uint64_t kMinRing = 64 << 10, kMaxRing = 64ull << 20, kDefaultRing = 1 << 20;
 // A sender whose ring lacks room for a whole record writes a shorter one
 // once at least this much (or the rest of its message) fits.
 constexpr uint64_t kMinPartial = 8 << 10;
 constexpr auto kLivenessEvery = std::chrono::milliseconds(100);
+constexpr auto kStuckAfter = std::chrono::milliseconds(2);
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free,
               "the shmem transport needs address-free atomics in shared memory");
@@ -90,9 +91,10 @@ uint64_t seg_bytes(int world, uint64_t ring) {
   return sizeof(SegHeader) + static_cast<uint64_t>(world) * (sizeof(RingCtl) + ring);
 }
 RingCtl* ring_ctl(char* base, int sender) { return reinterpret_cast<RingCtl*>(base + sizeof(SegHeader)) + sender; }
-char* ring_data(char* base, int world, int sender, uint64_t ring) {
-  return base + sizeof(SegHeader) + static_cast<uint64_t>(world) * sizeof(RingCtl) + sender * ring;
+uint64_t ring_offset(int world, int sender, uint64_t ring) {
+  return sizeof(SegHeader) + static_cast<uint64_t>(world) * sizeof(RingCtl) + static_cast<uint64_t>(sender) * ring;
 }
+char* ring_data(char* base, int world, int sender, uint64_t ring) { return base + ring_offset(world, sender, ring); }
 uint64_t rec_bytes(uint64_t len) { return kRecHeader + ((len + 31) & ~uint64_t(31)); }
 
 void copy_in(char* ring, uint64_t size, uint64_t pos, const void* src, uint64_t n) {
@@ -195,6 +197,7 @@ struct Peer {
   uint64_t map_bytes = 0;
   SegHeader* hdr = nullptr;
   RingCtl* out = nullptr;  // this rank's ring in the peer's segment
+  uint64_t out_ring = 0, out_frag = 0;  // its size (the peer chose it) and largest record payload
   char* out_data = nullptr;
   uint64_t out_tail = 0;
   RingCtl* in = nullptr;  // the peer's ring in this rank's segment
@@ -215,7 +218,7 @@ class ShmemComm : public sdk::CommBase {
  public:
   ShmemComm(sdk::Host host, const Options& o, std::string name, int32_t rank, int32_t world)
       : host_(std::move(host)), opts_(o), name_(std::move(name)), rank_(rank), world_(world),
-        max_frag_(o.ring_bytes / 4), peers_(static_cast<size_t>(world)) {}
+        peers_(static_cast<size_t>(world)) {}
   ~ShmemComm() override;
   void setup(int64_t timeout_ms);
 
@@ -265,7 +268,8 @@ class ShmemComm : public sdk::CommBase {
   Options opts_;
   std::string name_;
   int32_t rank_, world_;
-  uint64_t max_frag_;
+  uint64_t ring_ = 0;      // bytes of each ring in this rank's segment
+  uint64_t max_frag_ = 0;  // ring_ / 4: the largest record payload a sender may put there
   ProcId me_;
   std::string segment_;  // this rank's segment name
   bool unlinked_ = false;
@@ -276,7 +280,15 @@ class ShmemComm : public sdk::CommBase {
   std::mutex mu_;
   std::unordered_set<Request*> live_;
   uint64_t staged_bytes_ = 0;
+  // Messages staged over the communicator's life, by cause: another receive
+  // waited behind it, its sender was stuck, its sender left (debug log).
+  uint64_t staged_why_[3] = {0, 0, 0};
   Clock::time_point next_liveness_{};
+  Clock::time_point last_progress_ = Clock::now();  // when bytes last moved (test's measure of stuck)
+  // Set by a test or wait whose caller has seen nothing move for
+  // kStuckAfter: only then does a sender waiting for room get its unmatched
+  // message staged (two ranks that wait on large sends to each other).
+  bool stuck_ = false;
   std::atomic<bool> aborted_{false};
   bool abort_handled_ = false;  // under mu_
   std::mutex abort_mu_;
@@ -302,20 +314,43 @@ void ShmemComm::setup(int64_t timeout_ms) {
     STRATA_THROW(STRATA_ERR_UNAVAILABLE, "transport 'shmem': cannot create shared memory /dev/shm",
                  segment_, " for communicator '", name_, "' (", std::strerror(errno),
                  "); check that /dev/shm is mounted and writable by this user");
-  bytes_ = seg_bytes(world_, opts_.ring_bytes);
+  // The ring size: the option, or 1 MiB halved (down to 64 KiB) until this
+  // rank's rings take at most a 2 * world-th of what /dev/shm has free, so
+  // that a small /dev/shm (a container's 64 MiB) still fits every rank.
+  // Each receiver sizes its own rings; senders read the size from its
+  // segment, so ranks need not agree on it.
+  struct statvfs sv {};
+  const uint64_t shm_free = ::statvfs("/dev/shm", &sv) == 0 ? uint64_t(sv.f_bavail) * sv.f_frsize : 0;
+  ring_ = opts_.ring_bytes;
+  if (ring_ == 0) {
+    ring_ = kDefaultRing;
+    const uint64_t budget = shm_free / (2 * uint64_t(world_));
+    while (ring_ > kMinRing && uint64_t(world_ - 1) * ring_ > budget) ring_ /= 2;
+    if (ring_ < kDefaultRing)
+      host_.info("shmem '", name_, "' rank ", rank_, ": rings of ", mib(ring_), " instead of ", mib(kDefaultRing),
+                 " because /dev/shm has ", mib(shm_free), " free for ", world_, " ranks");
+  }
+  max_frag_ = ring_ / 4;
+  bytes_ = seg_bytes(world_, ring_);
   int rc = ::ftruncate(fd, static_cast<off_t>(bytes_));
-  if (rc == 0) rc = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes_));
-  else rc = errno;
+  if (rc != 0) {
+    rc = errno;
+  } else {
+    // Reserve every page but those of this rank's own ring (never used), so
+    // that a full /dev/shm fails here and not as a SIGBUS later.
+    const off_t own = static_cast<off_t>(ring_offset(world_, rank_, ring_));
+    rc = ::posix_fallocate(fd, 0, own);
+    if (rc == 0 && rank_ + 1 < world_) rc = ::posix_fallocate(fd, own + off_t(ring_), off_t(bytes_) - own - off_t(ring_));
+  }
   if (rc != 0) {
     ::close(fd);
     ::shm_unlink(segment_.c_str());
-    struct statvfs sv {};
     const uint64_t free_b = ::statvfs("/dev/shm", &sv) == 0 ? uint64_t(sv.f_bavail) * sv.f_frsize : 0;
     STRATA_THROW(STRATA_ERR_UNAVAILABLE,
                  "transport 'shmem': cannot reserve ", mib(bytes_), " in /dev/shm for rank ", rank_,
                  " of communicator '", name_, "' (", std::strerror(rc), "; ", mib(free_b),
-                 " free there): each rank needs world_size x ring_bytes (", world_, " x ",
-                 mib(opts_.ring_bytes), "); lower option 'ring_bytes' or enlarge /dev/shm (docker: --shm-size)");
+                 " free there): each rank needs (world_size - 1) x ring_bytes (", world_ - 1, " x ",
+                 mib(ring_), "); lower option 'ring_bytes' or enlarge /dev/shm (docker: --shm-size)");
   }
   void* m = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   ::close(fd);
@@ -330,7 +365,7 @@ void ShmemComm::setup(int64_t timeout_ms) {
   hdr_->version = kLayoutVersion;
   hdr_->rank = rank_;
   hdr_->world = world_;
-  hdr_->ring_bytes = opts_.ring_bytes;
+  hdr_->ring_bytes = ring_;
   for (int s = 0; s < world_; ++s) new (ring_ctl(base_, s)) RingCtl();
   std::atomic_thread_fence(std::memory_order_release);
 
@@ -364,43 +399,52 @@ void ShmemComm::setup(int64_t timeout_ms) {
     P.other_process = P.proc.pid != me_.pid;
     const int pfd = ::shm_open(P.segment.c_str(), O_RDWR | O_CLOEXEC, 0);
     struct stat st {};
-    if (pfd < 0 || ::fstat(pfd, &st) != 0 || static_cast<uint64_t>(st.st_size) < bytes_) {
+    if (pfd < 0 || ::fstat(pfd, &st) != 0 || static_cast<uint64_t>(st.st_size) < sizeof(SegHeader)) {
       const int e = errno;
       if (pfd >= 0) ::close(pfd);
       STRATA_THROW(STRATA_ERR_UNAVAILABLE, "transport 'shmem': cannot open the shared memory of ", peer_name(p),
-                   " (/dev/shm", P.segment, ": ",
-                   pfd < 0 ? std::strerror(e) : "smaller than this rank's options make it",
-                   "); every rank must run on this host as the same user, with the same 'ring_bytes'");
+                   " (/dev/shm", P.segment, ": ", pfd < 0 ? std::strerror(e) : "too small to be a segment",
+                   "); every rank must run on this host as the same user");
     }
-    void* pm = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, pfd, 0);
+    const uint64_t peer_bytes = static_cast<uint64_t>(st.st_size);
+    void* pm = ::mmap(nullptr, peer_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, pfd, 0);
     ::close(pfd);
     if (pm == MAP_FAILED)
       STRATA_THROW(STRATA_ERR_UNAVAILABLE, "transport 'shmem': cannot map the shared memory of ", peer_name(p),
                    " (", std::strerror(errno), ")");
     P.base = static_cast<char*>(pm);
-    P.map_bytes = bytes_;
+    P.map_bytes = peer_bytes;
     P.hdr = reinterpret_cast<SegHeader*>(P.base);
     std::atomic_thread_fence(std::memory_order_acquire);
+    const uint64_t pring = P.hdr->ring_bytes;
     if (P.hdr->magic != kMagic || P.hdr->version != kLayoutVersion || P.hdr->rank != p ||
-        P.hdr->world != world_ || P.hdr->ring_bytes != opts_.ring_bytes)
-      STRATA_THROW(STRATA_ERR_FAILED_PRECONDITION, "transport 'shmem': ", peer_name(p), " of communicator '",
-                   name_, "' made its shared memory with other options (ring_bytes ", P.hdr->ring_bytes,
-                   ", world ", P.hdr->world, ", layout ", P.hdr->version, "; this rank: ", opts_.ring_bytes,
-                   ", ", world_, ", ", kLayoutVersion, "); give every rank the same transport options");
+        P.hdr->world != world_ || pring < kMinRing || pring > kMaxRing || (pring & (pring - 1)) != 0 ||
+        seg_bytes(world_, pring) != peer_bytes)
+      STRATA_THROW(STRATA_ERR_FAILED_PRECONDITION, "transport 'shmem': the shared memory of ", peer_name(p),
+                   " of communicator '", name_, "' does not match this rank's (layout ", P.hdr->version,
+                   ", world ", P.hdr->world, ", ring ", pring, " bytes, ", peer_bytes, " bytes; this rank: layout ",
+                   kLayoutVersion, ", world ", world_,
+                   "); every rank must run the same Strata version with the same world size");
+    P.out_ring = pring;
+    P.out_frag = pring / 4;
     P.out = ring_ctl(P.base, rank_);
-    P.out_data = ring_data(P.base, world_, rank_, opts_.ring_bytes);
+    P.out_data = ring_data(P.base, world_, rank_, pring);
     P.in = ring_ctl(base_, p);
-    P.in_data = ring_data(base_, world_, p, opts_.ring_bytes);
+    P.in_data = ring_data(base_, world_, p, ring_);
   }
   // Every rank has mapped every segment: the names can go.
   sdk::rendezvous_gate(host_, name_ + "/shmem/mapped", rank_, world_, left_ms(), "transport 'shmem'");
   ::shm_unlink(segment_.c_str());
   unlinked_ = true;
   host_.debug("shmem '", name_, "' rank ", rank_, ": ", world_, " ranks, segment ", mib(bytes_), " (ring ",
-              mib(opts_.ring_bytes), " per sender)");
+              mib(ring_), " per sender)");
 }
 
 ShmemComm::~ShmemComm() {
+  if (staged_why_[0] + staged_why_[1] + staged_why_[2] != 0)
+    host_.debug("shmem '", name_, "' rank ", rank_, ": staged ", staged_why_[0] + staged_why_[1] + staged_why_[2],
+                " message(s) that arrived before their receive (", staged_why_[0], " with another receive behind ",
+                "them, ", staged_why_[1], " with their sender stuck, ", staged_why_[2], " from a sender that left)");
   if (hdr_ != nullptr) {
     uint32_t open = kOpen;
     hdr_->state.compare_exchange_strong(open, kGoodbye, std::memory_order_acq_rel);
@@ -543,12 +587,12 @@ void ShmemComm::check_peers_locked(bool liveness) {
 // Stream what fits of peer p's send queue into its ring.
 bool ShmemComm::send_locked(int p) {
   Peer& P = peers_[p];
-  const uint64_t ring = opts_.ring_bytes;
+  const uint64_t ring = P.out_ring;
   bool moved = false;
   while (!P.sendq.empty()) {
     Request* r = P.sendq.front();
     const uint64_t remaining = r->bytes - r->done;
-    uint64_t len = std::min(remaining, max_frag_);
+    uint64_t len = std::min(remaining, P.out_frag);
     uint64_t free = ring - (P.out_tail - P.out->head.load(std::memory_order_acquire));
     if (rec_bytes(len) > free) {
       const uint64_t fits = free > kRecHeader ? (free - kRecHeader) & ~uint64_t(31) : 0;
@@ -587,7 +631,7 @@ bool ShmemComm::send_locked(int p) {
 // Move what peer p's ring holds into posted receives (or staging).
 bool ShmemComm::receive_locked(int p) {
   Peer& P = peers_[p];
-  const uint64_t ring = opts_.ring_bytes;
+  const uint64_t ring = ring_;
   bool moved = false;
   uint64_t tail = P.in->tail.load(std::memory_order_acquire);
   while (P.in_head != tail) {
@@ -616,8 +660,13 @@ bool ShmemComm::receive_locked(int p) {
       if (r == nullptr) {
         // Leave it in the ring, where its receive will take it directly,
         // unless something waits behind it.
+        // A sender waiting for room gets it only once this rank's caller
+        // has seen nothing move for kStuckAfter (stuck_): usually the
+        // receive is about to be posted, and staging costs an allocation
+        // and a second copy.
         const bool closed = P.hdr->state.load(std::memory_order_acquire) != kOpen;
-        if (P.posted.empty() && !closed && P.in->sender_waiting.load(std::memory_order_seq_cst) == 0) break;
+        const bool sender_stuck = stuck_ && P.in->sender_waiting.load(std::memory_order_seq_cst) != 0;
+        if (P.posted.empty() && !closed && !sender_stuck) break;
         if (staged_bytes_ + h.total > opts_.max_unexpected_bytes) {
           fail_peer_locked(p, STRATA_ERR_FAILED_PRECONDITION,
                            str_cat(peer_name(p), " sent a message of ", h.total, " bytes with tag ", h.tag,
@@ -628,6 +677,7 @@ bool ShmemComm::receive_locked(int p) {
         }
         P.staged.push_back(Staged{h.tag, h.total, 0, std::vector<char>(h.total)});
         staged_bytes_ += h.total;
+        ++staged_why_[!P.posted.empty() ? 0 : closed ? 2 : 1];
         P.cur = Incoming{true, h.total, 0, nullptr, &P.staged.back()};
       } else if (h.total > r->bytes) {
         finish_locked(r, STRATA_ERR_INVALID_ARGUMENT,
@@ -683,6 +733,7 @@ bool ShmemComm::progress_locked() {
     moved |= receive_locked(p);
   }
   check_peers_locked(false);
+  if (moved) last_progress_ = Clock::now();
   return moved;
 }
 
@@ -703,7 +754,7 @@ strata_request_t ShmemComm::isend(int32_t peer, uint64_t tag, const strata_buffe
     check_peers_locked(false);
   } else {
     P.sendq.push_back(r);
-    if (P.sendq.size() == 1) send_locked(peer);
+    if (P.sendq.size() == 1 && send_locked(peer)) last_progress_ = Clock::now();
   }
   return reinterpret_cast<strata_request_t>(r);
 }
@@ -747,7 +798,8 @@ strata_request_t ShmemComm::irecv(int32_t peer, uint64_t tag, const strata_buffe
     return reinterpret_cast<strata_request_t>(r);
   }
   P.posted.push_back(r);
-  receive_locked(peer);
+  stuck_ = false;
+  if (receive_locked(peer)) last_progress_ = Clock::now();
   return reinterpret_cast<strata_request_t>(r);
 }
 
@@ -757,6 +809,7 @@ bool ShmemComm::test(strata_request_t h, uint64_t* bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   Request* r = lookup_locked(h);
   if (!r->finished) {
+    stuck_ = Clock::now() - last_progress_ > kStuckAfter;
     progress_locked();
     if (!r->finished && Clock::now() >= next_liveness_) {
       check_peers_locked(true);
@@ -789,12 +842,17 @@ uint64_t ShmemComm::wait(strata_request_t h, int64_t timeout_ms) {
   if (timeout_ms < 0) timeout_ms = static_cast<int64_t>(opts_.timeout_s * 1000.0);
   const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
   WaitPacer pacer;
+  auto moved_at = Clock::now();
   for (;;) {
     const uint32_t seen = hdr_->bell.load(std::memory_order_seq_cst);
     {
       std::lock_guard<std::mutex> lock(mu_);
       Request* r = lookup_locked(h);
-      if (!r->finished && progress_locked()) pacer.progressed();
+      stuck_ = Clock::now() - moved_at > kStuckAfter;
+      if (!r->finished && progress_locked()) {
+        pacer.progressed();
+        moved_at = Clock::now();
+      }
       const auto now = Clock::now();
       if (!r->finished && now >= next_liveness_) {
         check_peers_locked(true);
@@ -855,13 +913,21 @@ ShmemTransport::ShmemTransport(sdk::Host host, const char* options_json) : host_
   const std::string comp = "transport 'shmem'";
   const auto o = sdk::parse_options(options_json, comp);
   sdk::check_known_keys(o, {"ring_bytes", "timeout_s", "max_unexpected_bytes"}, comp);
-  opts_.ring_bytes = sdk::get_option<uint64_t>(o, "ring_bytes", opts_.ring_bytes, comp);
-  if (opts_.ring_bytes < kMinRing || opts_.ring_bytes > kMaxRing || (opts_.ring_bytes & (opts_.ring_bytes - 1)) != 0)
+  opts_.ring_bytes = sdk::get_option<uint64_t>(o, "ring_bytes", 0, comp);
+  if (opts_.ring_bytes != 0 && (opts_.ring_bytes < kMinRing || opts_.ring_bytes > kMaxRing ||
+                                (opts_.ring_bytes & (opts_.ring_bytes - 1)) != 0))
     STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'ring_bytes' of ", comp,
                  " must be a power of two from 65536 (64 KiB) to 67108864 (64 MiB), got ", opts_.ring_bytes);
   opts_.max_unexpected_bytes =
       sdk::get_option<uint64_t>(o, "max_unexpected_bytes", opts_.max_unexpected_bytes, comp);
   opts_.timeout_s = sdk::collective_timeout_s(host_, o, comp);
+  // shm_open lives in /dev/shm: without it (or without write access) this
+  // transport cannot run here, and "auto" should hear so now, not at
+  // comm_create.
+  if (::access("/dev/shm", W_OK | X_OK) != 0)
+    STRATA_THROW(STRATA_ERR_UNAVAILABLE, comp, " cannot run here: /dev/shm is ",
+                 errno == ENOENT ? "missing" : "not writable by this user", " (", std::strerror(errno),
+                 "); mount a tmpfs there or use transport 'tcp'");
 }
 
 strata_transport_caps ShmemTransport::caps() {
@@ -869,7 +935,7 @@ strata_transport_caps ShmemTransport::caps() {
   c.flags = STRATA_TRANSPORT_CAP_P2P | STRATA_TRANSPORT_CAP_MEM_HOST | STRATA_TRANSPORT_CAP_THREAD_SAFE;
   c.max_inflight = 0;
   c.max_message_bytes = 0;
-  c.preferred_chunk_bytes = std::max<uint64_t>(opts_.ring_bytes / 2, 64 << 10);
+  c.preferred_chunk_bytes = std::max<uint64_t>((opts_.ring_bytes != 0 ? opts_.ring_bytes : kDefaultRing) / 2, 64 << 10);
   return c;
 }
 

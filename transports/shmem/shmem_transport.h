@@ -4,11 +4,16 @@
 // manages itself (no libfabric, no sockets, no kernel copy per message).
 //
 // Options (JSON object; unknown keys are rejected):
-//   "ring_bytes"           bytes of each sender's ring in a receiver's
-//                          segment: a power of two, 64 KiB .. 64 MiB
-//                          (default 1 MiB). Each rank's segment holds one
-//                          ring per other rank, so a host with N ranks uses
-//                          about N * (N - 1) * ring_bytes of /dev/shm.
+//   "ring_bytes"           bytes of each sender's ring in this rank's
+//                          segment: a power of two, 64 KiB .. 64 MiB.
+//                          Default: 1 MiB, halved (down to 64 KiB) until
+//                          this rank's rings take at most 1 / (2 * world)
+//                          of /dev/shm's free space (a container's 64 MiB
+//                          /dev/shm then still fits 8 ranks), logged at info
+//                          when smaller. Each rank's segment holds one ring
+//                          per other rank, so a host with N ranks uses about
+//                          N * (N - 1) * ring_bytes of /dev/shm. Ranks may
+//                          differ: a sender uses the receiver's size.
 //   "timeout_s"            deadline for comm_create and for wait given a
 //                          negative timeout (default /timeouts/collective_s,
 //                          else 300).
@@ -86,7 +91,7 @@
 namespace strata::transport::shmem {
 
 struct Options {
-  uint64_t ring_bytes = 1ull << 20;
+  uint64_t ring_bytes = 0;  // 0 = chosen at comm_create (see above)
   double timeout_s = 300;
   uint64_t max_unexpected_bytes = 1ull << 30;
 };
