@@ -127,13 +127,15 @@ TEST_F(SwitchTransportTest, SwitchingToLibfabricAndBackKeepsTheWeightsBitIdentic
   Result r;
   const json got = train4("tcp_libfabric",
                           "--switch-transport '10:libfabric:{\"provider\": \"tcp;ofi_rxm\"}' "
-                          "--switch-transport '25:libfabric:{\"provider\": \"shm\"}' --switch-transport 40:tcp",
+                          "--switch-transport '20:libfabric:{\"provider\": \"shm\"}' --switch-transport 30:shmem "
+                          "--switch-transport 40:tcp",
                           &r, "FI_TCP_IFACE=lo");
   EXPECT_EQ(count(r.output, "switched to transport libfabric {\"provider\":\"tcp;ofi_rxm\"} at step 10"), 4u)
       << r.output;
-  EXPECT_EQ(count(r.output, "switched to transport libfabric {\"provider\":\"shm\"} at step 25"), 4u) << r.output;
+  EXPECT_EQ(count(r.output, "switched to transport libfabric {\"provider\":\"shm\"} at step 20"), 4u) << r.output;
+  EXPECT_EQ(count(r.output, "switched to transport shmem {} at step 30"), 4u) << r.output;
   EXPECT_EQ(count(r.output, "switched to transport tcp {} at step 40"), 4u) << r.output;
-  expect_same_weights(got, "tcp -> libfabric(tcp;ofi_rxm) -> libfabric(shm) -> tcp");
+  expect_same_weights(got, "tcp -> libfabric(tcp;ofi_rxm) -> libfabric(shm) -> shmem -> tcp");
 }
 
 TEST_F(SwitchTransportTest, FailedSwitchIsLoggedEverywhereAndTrainingGoesOn) {

@@ -235,6 +235,9 @@ void load_plugins() {
 #ifdef RING_HAVE_AUTO
     PluginHost::global().load_explicit(RING_AUTO_TRANSPORT);
 #endif
+#ifdef RING_HAVE_SHMEM
+    PluginHost::global().load_explicit(RING_SHMEM_TRANSPORT);
+#endif
     return true;
   }();
   (void)done;
@@ -251,6 +254,9 @@ std::vector<std::string> transports() {
 #endif
 #ifdef RING_HAVE_AUTO
   v.push_back("auto");
+#endif
+#ifdef RING_HAVE_SHMEM
+  v.push_back("shmem");
 #endif
   return v;
 }

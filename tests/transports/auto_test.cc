@@ -166,8 +166,8 @@ TEST(AutoTest, DetectedIdentityPutsThreadsOfOneProcessOnOneHost) {
 }
 
 TEST(AutoTest, DefaultsWorkWhateverIsInstalled) {
-  // No sub-transport named: same-host via libfabric/shm when that plugin
-  // works here, else tcp; across hosts via a NIC provider, else tcp.
+  // No sub-transport named: same-host via shmem when /dev/shm works here,
+  // else libfabric/shm, else tcp; across hosts via a NIC provider, else tcp.
   PluginHost host;
   const std::string name = unique_name("defaults");
   const std::vector<std::string> hosts = {"a", "a", "b"};
@@ -199,7 +199,7 @@ TEST(AutoTest, DefaultsWorkWhateverIsInstalled) {
   for (const json& route : j.at("routes")) {
     const std::string t = route.at("transport").get<std::string>();
     if (route.at("peer").get<int>() == 1) {
-      EXPECT_TRUE(t == "tcp" || t == "libfabric/shm") << t;
+      EXPECT_TRUE(t == "shmem" || t == "tcp" || t == "libfabric/shm") << t;
     } else {
       EXPECT_EQ(route.at("scope").get<std::string>(), "remote");
     }

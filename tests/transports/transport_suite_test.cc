@@ -61,7 +61,7 @@ struct TransportCase {
 std::vector<TransportCase> transport_cases() {
   std::vector<TransportCase> v;
   v.push_back({"tcp", "tcp", R"({"connections_per_peer": 2})"});
-  v.push_back({"auto", "auto", R"({})"});  // defaults: libfabric/shm or tcp on this host
+  v.push_back({"auto", "auto", R"({})"});  // defaults: shmem, libfabric/shm or tcp on this host
 #ifdef SUITE_HAVE_SHMEM
   v.push_back({"shmem", "shmem", R"({})"});
   // A 64 KiB ring (16 KiB records): every message above 16 KiB takes
