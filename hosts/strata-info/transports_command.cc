@@ -206,10 +206,11 @@ ojson libfabric_json(strata::PluginHost&, bool) {
 #endif
 
 // The choice "auto" makes by default (transports/auto): the same-host path
-// is libfabric's shm provider when the libfabric transport runs on it, else
-// tcp; the network path is libfabric on a NIC provider when there is one the
-// transport accepts, else tcp.
-ojson auto_json(const ojson& libfabric, bool have_libfabric_plugin) {
+// is Strata's own "shmem" when that plugin runs here, else libfabric's shm
+// provider when the libfabric transport runs on it, else tcp; the network
+// path is libfabric on a NIC provider when there is one the transport
+// accepts, else tcp.
+ojson auto_json(const ojson& transports, const ojson& libfabric, bool have_libfabric_plugin) {
   ojson same{{"transport", "tcp"}, {"options", ojson::object()}, {"reason", ""}};
   ojson net{{"transport", "tcp"}, {"options", ojson::object()}, {"reason", ""}};
   std::string shm_why = have_libfabric_plugin ? "libfabric has no shm provider here" : "the libfabric transport plugin is not installed";
@@ -220,11 +221,17 @@ ojson auto_json(const ojson& libfabric, bool have_libfabric_plugin) {
              {"reason", "an RDMA provider (" + p["name"].get<std::string>() + ") is present"}};
     }
   }
-  if (shm_why.empty()) {
+  std::string shmem_why = "the shmem transport plugin is not installed";
+  for (const auto& t : transports)
+    if (t["name"] == "shmem") shmem_why = t["status"] == "usable" ? "" : t["error"].get<std::string>();
+  if (shmem_why.empty()) {
+    same = {{"transport", "shmem"}, {"options", ojson::object()},
+            {"reason", "Strata's own shared memory runs here (/dev/shm, futex wake-ups, no sockets)"}};
+  } else if (shm_why.empty()) {
     same = {{"transport", "libfabric"}, {"options", {{"provider", "shm"}}},
-            {"reason", "libfabric's shm provider runs here (shared memory, no sockets)"}};
+            {"reason", "libfabric's shm provider runs here (shared memory, no sockets); shmem cannot: " + shmem_why}};
   } else {
-    same["reason"] = "loopback TCP, because the shared-memory path cannot run: " + shm_why;
+    same["reason"] = "loopback TCP, because no shared-memory path can run: shmem: " + shmem_why + "; libfabric/shm: " + shm_why;
   }
   if (net["reason"] == "")
     net["reason"] = "no RDMA NIC provider (verbs, efa, psm2/psm3, opx, cxi, ...) is usable here";
@@ -273,7 +280,7 @@ ojson describe_transports(strata::PluginHost& host) {
   doc["transports"] = std::move(list);
   doc["interfaces"] = interfaces_json();
   doc["libfabric"] = libfabric_json(host, have_libfabric_plugin);
-  doc["auto"] = auto_json(doc["libfabric"], have_libfabric_plugin);
+  doc["auto"] = auto_json(doc["transports"], doc["libfabric"], have_libfabric_plugin);
   return doc;
 }
 

@@ -93,10 +93,18 @@ TEST(InfoTransportsTest, LibfabricProvidersAndTheAutoChoiceAgree) {
     EXPECT_NE(std::find(p["caps"].begin(), p["caps"].end(), "tagged"), p["caps"].end());
     EXPECT_TRUE(p["plugin"].is_string() && !p["plugin"].get<std::string>().empty());
   }
-  // "auto": shm for this host exactly when the libfabric transport runs on shm;
-  // the network path is libfabric only with a usable NIC provider.
+  // "auto": shmem for this host when it runs here, else libfabric's shm
+  // exactly when the libfabric transport runs on shm; the network path is
+  // libfabric only with a usable NIC provider.
   const json& same = doc["auto"]["same_host"];
-  if ((*shm)["plugin"] == "usable") {
+  const json* shmem = find_by(doc["transports"], "name", "shmem");
+#ifdef INFO_HAVE_STRATA_TRANSPORT_SHMEM
+  ASSERT_NE(shmem, nullptr) << "the shmem transport is built but not listed";
+  EXPECT_EQ((*shmem)["status"], "usable") << "the shmem transport is built: /dev/shm works here";
+#endif
+  if (shmem != nullptr && (*shmem)["status"] == "usable") {
+    EXPECT_EQ(same["transport"], "shmem");
+  } else if ((*shm)["plugin"] == "usable") {
     EXPECT_EQ(same["transport"], "libfabric");
     EXPECT_EQ(same["options"], json({{"provider", "shm"}}));
   } else {
