@@ -303,7 +303,7 @@ int main(int argc, char** argv) {
   CLI::Option* allreduce_sizes = nullptr;
   for (CLI::App* sub : {allreduce, broadcast, allgather, pingpong, rendezvous}) {
     if (sub == rendezvous) {
-      sub->add_option("--transport", transport, "Transport of the communicators (tcp by default, shm, auto, ...)");
+      sub->add_option("--transport", transport, "Transport of the communicators (tcp by default, shmem, shm, auto, ...)");
       // 4096: kMaxRendezvousRanks in multiproc.cc.
       sub->add_option("-n,--ranks", mp.ranks, "Processes to start (up to 4096; see ulimit -n)")
           ->capture_default_str()
@@ -328,8 +328,8 @@ int main(int argc, char** argv) {
       if (sub == allreduce) allreduce_sizes = sizes_opt;
     }
     sub->add_option("--transport", transport,
-                    sub == allreduce ? "Run across processes over this transport (tcp, libfabric, shm, auto, ...)"
-                                     : "Transport between the processes: tcp (default), libfabric, shm, auto, ...");
+                    sub == allreduce ? "Run across processes over this transport (tcp, shmem, libfabric, shm, auto, ...)"
+                                     : "Transport between the processes: tcp (default), shmem, libfabric, shm, auto, ...");
     auto* ranks_opt = sub->add_option("-n,--ranks", mp.ranks,
                                       sub == pingpong ? "Processes to start (pingpong: exactly 2)"
                                       : sub == allreduce

@@ -260,6 +260,12 @@ class ShmemComm : public sdk::CommBase {
   bool send_locked(int p);
   bool receive_locked(int p);
   void fail_peer_locked(int p, strata_status_t code, const std::string& reason);
+  // Another thread of this rank may sleep in wait() on a request that this
+  // thread's progress just completed: ring its bell (a system call only when
+  // one sleeps).
+  void wake_local_waiters() {
+    if (hdr_->sleepers.load(std::memory_order_seq_cst) != 0) ring_bell(hdr_);
+  }
   void fail_all_aborted_locked();
   void check_peers_locked(bool liveness);
   std::string deadline_text(const Request& r, int64_t timeout_ms) const;
@@ -493,6 +499,7 @@ void ShmemComm::fail_all_aborted_locked() {
     P.posted.clear();
     if (P.cur.active) P.cur.req = nullptr;
   }
+  wake_local_waiters();
 }
 
 // ------------------------------------------------------ requests, state ---
@@ -554,6 +561,7 @@ void ShmemComm::fail_peer_locked(int p, strata_status_t code, const std::string&
       }
   }
   P.cur = Incoming{};
+  wake_local_waiters();
 }
 
 // Peers that closed (goodbye or abort) and, with `liveness`, peers whose
@@ -624,7 +632,10 @@ bool ShmemComm::send_locked(int p) {
       finish_locked(r, STRATA_OK);
     }
   }
-  if (moved) ring_bell(P.hdr);
+  if (moved) {
+    ring_bell(P.hdr);
+    wake_local_waiters();
+  }
   return moved;
 }
 
@@ -717,6 +728,7 @@ bool ShmemComm::receive_locked(int p) {
     std::atomic_thread_fence(std::memory_order_seq_cst);
     if (P.in->sender_waiting.load(std::memory_order_seq_cst) != 0 && P.in->sender_waiting.exchange(0) != 0)
       ring_bell(P.hdr);
+    wake_local_waiters();
   }
   return moved;
 }
