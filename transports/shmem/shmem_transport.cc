@@ -23,7 +23,6 @@
 #include <new>
 #include <random>
 #include <sstream>
-#include <unordered_set>
 #include <vector>
 
 #include "strata/sdk/options.hpp"
@@ -49,6 +48,7 @@ constexpr uint64_t kMinRing = 64 << 10, kMaxRing = 64ull << 20, kDefaultRing = 1
 constexpr uint64_t kMinPartial = 8 << 10;
 constexpr auto kLivenessEvery = std::chrono::milliseconds(100);
 constexpr auto kStuckAfter = std::chrono::milliseconds(2);
+constexpr int kSpinChecks = 256;
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free,
               "the shmem transport needs address-free atomics in shared memory");
@@ -170,6 +170,8 @@ struct Request {
   std::string error;
   std::vector<char> owned;  // a cancelled, half-sent send: the bytes still to go (from `owned_from`)
   uint64_t owned_from = 0;
+  uint32_t idx = 0, gen = 0;  // its slot in the communicator's pool and the slot's use count
+  bool live = false;          // handed out (or internal) and not released yet
 };
 
 // A message moved out of the ring before its receive was posted.
@@ -246,9 +248,21 @@ class ShmemComm : public sdk::CommBase {
                      : str_cat("receive of up to ", r.bytes, " bytes with tag ", r.tag, " from ", peer_name(r.peer));
   }
   void check_buffer(int32_t peer, const strata_buffer& buf, const char* op) const;
+  // A request handle is its pool slot and the slot's use count, so a
+  // released handle is rejected even after its slot is reused.
+  static strata_request_t handle_of(const Request* r) {
+    return reinterpret_cast<strata_request_t>(static_cast<uintptr_t>((uint64_t(r->gen) << 32) | (uint64_t(r->idx) + 1)));
+  }
+  Request* find_locked(strata_request_t h) const {
+    const uint64_t v = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(h));
+    const uint64_t idx = (v & 0xffffffffu) - 1;
+    if (v == 0 || idx >= slots_.size()) return nullptr;
+    Request* r = slots_[idx].get();
+    return r->live && r->gen == uint32_t(v >> 32) ? r : nullptr;
+  }
   Request* lookup_locked(strata_request_t h) const {
-    auto* r = reinterpret_cast<Request*>(h);
-    if (h == nullptr || live_.count(r) == 0)
+    Request* r = find_locked(h);
+    if (r == nullptr)
       STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "request ", static_cast<void*>(h),
                    " is not a live request of communicator '", name_, "' (already released?)");
     return r;
@@ -284,7 +298,8 @@ class ShmemComm : public sdk::CommBase {
   SegHeader* hdr_ = nullptr;
   std::vector<Peer> peers_;
   std::mutex mu_;
-  std::unordered_set<Request*> live_;
+  std::vector<std::unique_ptr<Request>> slots_;  // the request pool: a warm communicator allocates none
+  std::vector<uint32_t> free_slots_;
   uint64_t staged_bytes_ = 0;
   // Messages staged over the communicator's life, by cause: another receive
   // waited behind it, its sender was stuck, its sender left (debug log).
@@ -458,7 +473,6 @@ ShmemComm::~ShmemComm() {
       if (P.hdr != nullptr) ring_bell(P.hdr);
     ring_bell(hdr_);
   }
-  for (Request* r : live_) delete r;
   for (Peer& P : peers_)
     if (P.base != nullptr) ::munmap(P.base, P.map_bytes);
   if (base_ != nullptr) ::munmap(base_, bytes_);
@@ -492,8 +506,8 @@ void ShmemComm::fail_all_aborted_locked() {
     reason = abort_reason_;
   }
   abort_handled_ = true;
-  for (Request* r : live_)
-    finish_locked(r, STRATA_ERR_ABORTED, str_cat(describe(*r), ": communicator '", name_, "' was aborted: ", reason));
+  for (auto& slot : slots_)
+    if (Request* r = slot.get(); r->live) finish_locked(r, STRATA_ERR_ABORTED, str_cat(describe(*r), ": communicator '", name_, "' was aborted: ", reason));
   for (Peer& P : peers_) {
     P.sendq.clear();
     P.posted.clear();
@@ -516,14 +530,26 @@ void ShmemComm::check_buffer(int32_t peer, const strata_buffer& buf, const char*
 }
 
 Request* ShmemComm::new_request_locked(bool is_send, int32_t peer, uint64_t tag, const strata_buffer& buf) {
-  auto r = std::make_unique<Request>();
+  uint32_t idx;
+  if (!free_slots_.empty()) {
+    idx = free_slots_.back();
+    free_slots_.pop_back();
+  } else {
+    idx = static_cast<uint32_t>(slots_.size());
+    slots_.push_back(std::make_unique<Request>());
+  }
+  Request* r = slots_[idx].get();
+  const uint32_t gen = r->gen + 1;
+  *r = Request{};
+  r->idx = idx;
+  r->gen = gen;
+  r->live = true;
   r->is_send = is_send;
   r->peer = peer;
   r->tag = tag;
   r->data = static_cast<char*>(buf.data);
   r->bytes = buf.bytes;
-  live_.insert(r.get());
-  return r.release();
+  return r;
 }
 
 void ShmemComm::finish_locked(Request* r, strata_status_t code, std::string error) {
@@ -534,8 +560,8 @@ void ShmemComm::finish_locked(Request* r, strata_status_t code, std::string erro
 }
 
 uint64_t ShmemComm::release_locked(Request* r) {
-  live_.erase(r);
-  std::unique_ptr<Request> owned(r);
+  r->live = false;
+  free_slots_.push_back(r->idx);
   if (r->status != STRATA_OK) detail::throw_status(r->status, r->error);
   return r->done;
 }
@@ -768,7 +794,7 @@ strata_request_t ShmemComm::isend(int32_t peer, uint64_t tag, const strata_buffe
     P.sendq.push_back(r);
     if (P.sendq.size() == 1 && send_locked(peer)) last_progress_ = Clock::now();
   }
-  return reinterpret_cast<strata_request_t>(r);
+  return handle_of(r);
 }
 
 strata_request_t ShmemComm::irecv(int32_t peer, uint64_t tag, const strata_buffer& buf) {
@@ -779,7 +805,7 @@ strata_request_t ShmemComm::irecv(int32_t peer, uint64_t tag, const strata_buffe
   if (aborted_.load()) {
     if (!abort_handled_) fail_all_aborted_locked();
     finish_locked(r, STRATA_ERR_ABORTED, str_cat(describe(*r), ": communicator '", name_, "' was aborted"));
-    return reinterpret_cast<strata_request_t>(r);
+    return handle_of(r);
   }
   // A staged message with this tag comes first (it was sent before
   // anything still in the ring).
@@ -803,16 +829,16 @@ strata_request_t ShmemComm::irecv(int32_t peer, uint64_t tag, const strata_buffe
     }
     staged_bytes_ -= it->total;
     P.staged.erase(it);
-    return reinterpret_cast<strata_request_t>(r);
+    return handle_of(r);
   }
   if (P.failed) {
     finish_locked(r, P.fail_code, str_cat(describe(*r), ": ", P.fail_reason));
-    return reinterpret_cast<strata_request_t>(r);
+    return handle_of(r);
   }
   P.posted.push_back(r);
   stuck_ = false;
   if (receive_locked(peer)) last_progress_ = Clock::now();
-  return reinterpret_cast<strata_request_t>(r);
+  return handle_of(r);
 }
 
 // ------------------------------------------------------ test/wait/cancel ---
@@ -851,6 +877,17 @@ std::string ShmemComm::deadline_text(const Request& r, int64_t timeout_ms) const
 }
 
 uint64_t ShmemComm::wait(strata_request_t h, int64_t timeout_ms) {
+  {
+    // One look before any clock is read: a small send is complete when
+    // isend returns, and a receive has often arrived by now.
+    std::lock_guard<std::mutex> lock(mu_);
+    Request* r = lookup_locked(h);
+    if (!r->finished) {
+      stuck_ = false;
+      progress_locked();
+    }
+    if (r->finished) return release_locked(r);
+  }
   if (timeout_ms < 0) timeout_ms = static_cast<int64_t>(opts_.timeout_s * 1000.0);
   const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
   WaitPacer pacer;
@@ -874,7 +911,15 @@ uint64_t ShmemComm::wait(strata_request_t h, int64_t timeout_ms) {
       if (now >= deadline) STRATA_THROW(STRATA_ERR_DEADLINE_EXCEEDED, deadline_text(*r, timeout_ms));
     }
     if (pacer.polling()) {
-      pacer.pause(deadline);
+      if (!pacer.busy_polling()) {
+        pacer.pause(deadline);  // yields the core: more threads want to run than there are cores
+        continue;
+      }
+      // Every event this rank can wait for rings its bell (a peer published
+      // a record or freed room, closed or aborted), so the spin watches that
+      // one word and runs the progress engine only when it moves, or every
+      // kSpinChecks pauses (requests completed by this rank's other threads).
+      for (int i = 0; i < kSpinChecks && hdr_->bell.load(std::memory_order_acquire) == seen; ++i) cpu_relax();
       continue;
     }
     // Sleep until a peer rings this segment's bell, the deadline, or the
@@ -891,8 +936,8 @@ uint64_t ShmemComm::wait(strata_request_t h, int64_t timeout_ms) {
 
 void ShmemComm::cancel(strata_request_t h) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
-  auto* r = reinterpret_cast<Request*>(h);
-  if (h == nullptr || live_.count(r) == 0) return;
+  Request* r = find_locked(h);
+  if (r == nullptr) return;
   Peer& P = peers_[r->peer];
   if (r->is_send) {
     auto it = std::find(P.sendq.begin(), P.sendq.end(), r);
@@ -900,12 +945,15 @@ void ShmemComm::cancel(strata_request_t h) noexcept {
       if (r->started) {
         // Part of it is in the ring: the receiver expects the rest, so it
         // goes from a copy (the caller may free its buffer now).
-        auto rest = std::make_unique<Request>(*r);
+        // (An internal request: nobody releases it; its slot stays taken.)
+        const strata_buffer none{};
+        Request* rest = new_request_locked(true, r->peer, r->tag, none);
+        rest->bytes = r->bytes;
+        rest->done = r->done;
+        rest->started = true;
         rest->owned.assign(r->data + r->done, r->data + r->bytes);
         rest->owned_from = r->done;
-        rest->data = nullptr;
-        *it = rest.get();
-        live_.insert(rest.release());  // released by its completion below or the destructor
+        *it = rest;
       } else {
         P.sendq.erase(it);
       }
@@ -915,8 +963,8 @@ void ShmemComm::cancel(strata_request_t h) noexcept {
     if (it != P.posted.end()) P.posted.erase(it);
     if (P.cur.req == r) P.cur.req = nullptr;  // drain the rest of its message
   }
-  live_.erase(r);
-  delete r;
+  r->live = false;
+  free_slots_.push_back(r->idx);
 }
 
 // ------------------------------------------------------------ transport ---
