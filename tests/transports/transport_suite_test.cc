@@ -7,6 +7,7 @@
 // Transport-specific behaviour stays in that transport's own test
 // (tcp_test.cc); a parameter whose provider is absent skips cleanly.
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -773,7 +774,15 @@ TEST(ShmemTransportTest, NothingIsLeftInDevShm) {
   if (child == 0) ::_exit(0);
   ASSERT_GT(child, 0);
   ::waitpid(child, nullptr, 0);
-  const std::string stale = "/dev/shm/strata-shmem-" + std::to_string(child) + "-0-00000000deadbeef";
+  struct stat ns {};
+  ASSERT_EQ(::stat("/proc/self/ns/pid", &ns), 0);
+  const std::string stale =
+      "/dev/shm/strata-shmem-" + std::to_string(child) + "-0-" + std::to_string(ns.st_ino) + "-00000000deadbeef";
+  // The same name in another pid namespace (a container sharing /dev/shm)
+  // is not this namespace's to judge, and stays.
+  const std::string foreign =
+      "/dev/shm/strata-shmem-" + std::to_string(child) + "-0-" + std::to_string(ns.st_ino + 1) + "-00000000deadbeef";
+  std::ofstream(foreign) << "foreign";
   std::ofstream(stale) << "stale";
   ASSERT_TRUE(std::filesystem::exists(stale));
   PluginHost host;
@@ -793,7 +802,9 @@ TEST(ShmemTransportTest, NothingIsLeftInDevShm) {
     EXPECT_TRUE(shmem_segments_of(::getpid()).empty()) << "a live communicator's segment is still in /dev/shm";
   });
   EXPECT_FALSE(std::filesystem::exists(stale)) << stale << " (its process is gone) was kept";
+  EXPECT_TRUE(std::filesystem::exists(foreign)) << foreign << " (another pid namespace's) was removed";
   std::filesystem::remove(stale);
+  std::filesystem::remove(foreign);
 }
 
 // Two ranks that each wait for a large send to the other before posting

@@ -630,12 +630,7 @@ strata_transport_caps AutoTransport::caps() {
 
 std::unique_ptr<sdk::CommBase> AutoTransport::comm_create(const char* name, int32_t rank, int32_t world_size,
                                                           int64_t timeout_ms) {
-  if (name == nullptr || name[0] == '\0')
-    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT,
-                 "comm_create: the communicator name is empty; pass a name shared by every rank");
-  if (world_size < 1 || rank < 0 || rank >= world_size)
-    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "comm_create('", name, "'): rank ", rank, " is not in 0..",
-                 world_size - 1, " (world size ", world_size, ")");
+  sdk::check_comm_create_args(name, rank, world_size);
   if (timeout_ms < 0) timeout_ms = static_cast<int64_t>(timeout_s_ * 1000.0);
   auto comm = std::make_unique<AutoComm>(host_, name, rank, world_size, timeout_s_);
   comm->setup(local_, remote_, identity_, host_label_, timeout_ms);

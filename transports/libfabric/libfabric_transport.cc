@@ -2081,12 +2081,7 @@ strata_transport_caps LibfabricTransport::caps() {
 
 std::unique_ptr<sdk::CommBase> LibfabricTransport::comm_create(const char* name, int32_t rank, int32_t world_size,
                                                                int64_t timeout_ms) {
-  if (name == nullptr || name[0] == '\0')
-    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT,
-                 "comm_create: the communicator name is empty; pass a name shared by every rank");
-  if (world_size < 1 || rank < 0 || rank >= world_size)
-    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "comm_create('", name, "'): rank ", rank, " is not in 0..",
-                 world_size - 1, " (world size ", world_size, ")");
+  sdk::check_comm_create_args(name, rank, world_size);
   if (timeout_ms < 0) timeout_ms = static_cast<int64_t>(opts_.timeout_s * 1000.0);
   auto comm = std::make_unique<LfComm>(host_, opts_, info_, rma_, mr_local_, name, rank, world_size);
   comm->setup(timeout_ms);

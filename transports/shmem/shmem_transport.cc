@@ -121,10 +121,19 @@ void ring_bell(SegHeader* h) {
 
 constexpr const char* kPrefix = "strata-shmem-";
 
+// This process's pid namespace (the inode of /proc/self/ns/pid; 0 when
+// unknown). Pids mean something only inside one: containers that share
+// /dev/shm but not their pid namespace must not judge each other's pids.
+uint64_t pid_namespace() {
+  struct stat st {};
+  return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+}
+
 // Segments of processes that were killed inside comm_create (before their
-// names were unlinked): "strata-shmem-<pid>-<start>-<random>" whose process
-// is gone. Only this user's can be removed; others are left alone.
-void remove_stale_segments(const ProcId& me) {
+// names were unlinked): "strata-shmem-<pid>-<start>-<pid namespace>-<random>"
+// whose process is gone, looked up in this pid namespace only. Only this
+// user's can be removed; others are left alone.
+void remove_stale_segments(const ProcId& me, uint64_t pidns) {
   DIR* d = ::opendir("/dev/shm");
   if (d == nullptr) return;
   while (dirent* e = ::readdir(d)) {
@@ -135,7 +144,8 @@ void remove_stale_segments(const ProcId& me) {
     char* end = nullptr;
     p.pid = std::strtol(n.c_str() + std::strlen(kPrefix), &end, 10);
     if (end == nullptr || *end != '-' || p.pid <= 0) continue;
-    p.start = std::strtoull(end + 1, nullptr, 10);
+    p.start = std::strtoull(end + 1, &end, 10);
+    if (end == nullptr || *end != '-' || std::strtoull(end + 1, nullptr, 10) != pidns || pidns == 0) continue;
     if (p.pid == me.pid && p.start == me.start) continue;
     if (!proc_gone(p).empty()) ::shm_unlink(("/" + n).c_str());
   }
@@ -195,6 +205,7 @@ struct Peer {
   std::string segment;  // "/strata-shmem-..."
   ProcId proc;
   bool other_process = false;
+  bool same_pidns = false;  // its pid means the same here (liveness checks by pid)
   char* base = nullptr;  // the peer's segment, mapped here
   uint64_t map_bytes = 0;
   SegHeader* hdr = nullptr;
@@ -291,6 +302,7 @@ class ShmemComm : public sdk::CommBase {
   uint64_t ring_ = 0;      // bytes of each ring in this rank's segment
   uint64_t max_frag_ = 0;  // ring_ / 4: the largest record payload a sender may put there
   ProcId me_;
+  uint64_t pidns_ = 0;
   std::string segment_;  // this rank's segment name
   bool unlinked_ = false;
   char* base_ = nullptr;
@@ -326,10 +338,11 @@ void ShmemComm::setup(int64_t timeout_ms) {
         0, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count());
   };
   me_ = self_proc();
-  remove_stale_segments(me_);
+  pidns_ = pid_namespace();
+  remove_stale_segments(me_, pidns_);
 
   // This rank's segment.
-  segment_ = str_cat("/", kPrefix, me_.pid, "-", me_.start, "-", random_hex());
+  segment_ = str_cat("/", kPrefix, me_.pid, "-", me_.start, "-", pidns_, "-", random_hex());
   const int fd = ::shm_open(segment_.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0)
     STRATA_THROW(STRATA_ERR_UNAVAILABLE, "transport 'shmem': cannot create shared memory /dev/shm",
@@ -391,7 +404,7 @@ void ShmemComm::setup(int64_t timeout_ms) {
   std::atomic_thread_fence(std::memory_order_release);
 
   const std::string key = str_cat(name_, "/shmem/seg/");
-  host_.store_set(key + std::to_string(rank_), str_cat(segment_, " ", me_.boot_id, " ", me_.pid, " ", me_.start),
+  host_.store_set(key + std::to_string(rank_), str_cat(segment_, " ", me_.boot_id, " ", me_.pid, " ", me_.start, " ", pidns_),
                   left_ms());
   for (int p = 0; p < world_; ++p) {
     if (p == rank_) continue;
@@ -408,7 +421,8 @@ void ShmemComm::setup(int64_t timeout_ms) {
     }
     Peer& P = peers_[p];
     std::istringstream in(rec);
-    in >> P.segment >> P.proc.boot_id >> P.proc.pid >> P.proc.start;
+    uint64_t peer_pidns = 0;
+    in >> P.segment >> P.proc.boot_id >> P.proc.pid >> P.proc.start >> peer_pidns;
     if (!in || P.segment.rfind(std::string("/") + kPrefix, 0) != 0)
       STRATA_THROW(STRATA_ERR_DATA_LOSS, "transport 'shmem': rank ", p, " of communicator '", name_,
                    "' published a malformed record '", rec, "'");
@@ -417,7 +431,11 @@ void ShmemComm::setup(int64_t timeout_ms) {
                    name_, "' runs on another host (boot id ", P.proc.boot_id, ", this host's is ", me_.boot_id,
                    "); shared memory joins ranks of one host only: use transport 'auto' (shared memory "
                    "within a host, the network between hosts) or 'tcp'");
-    P.other_process = P.proc.pid != me_.pid;
+    // A peer in another pid namespace (a container sharing /dev/shm) cannot
+    // be looked up by pid: it is watched through its goodbye or abort
+    // notice and the wait deadline only.
+    P.same_pidns = peer_pidns == pidns_ && pidns_ != 0;
+    P.other_process = !(P.same_pidns && P.proc.pid == me_.pid);
     const int pfd = ::shm_open(P.segment.c_str(), O_RDWR | O_CLOEXEC, 0);
     struct stat st {};
     if (pfd < 0 || ::fstat(pfd, &st) != 0 || static_cast<uint64_t>(st.st_size) < sizeof(SegHeader)) {
@@ -604,7 +622,7 @@ void ShmemComm::check_peers_locked(bool liveness) {
     if (st == kGoodbye) why = "it closed its communicator";
     else if (st == kAborted)
       why = str_cat("it aborted its communicator: ", std::string(P.hdr->reason, strnlen(P.hdr->reason, sizeof P.hdr->reason)));
-    else if (liveness && P.other_process)
+    else if (liveness && P.other_process && P.same_pidns)
       why = proc_gone(P.proc);
     if (why.empty()) continue;
     receive_locked(p);  // drain what it sent before (staging what is not posted)
@@ -1001,12 +1019,7 @@ strata_transport_caps ShmemTransport::caps() {
 
 std::unique_ptr<sdk::CommBase> ShmemTransport::comm_create(const char* name, int32_t rank, int32_t world_size,
                                                            int64_t timeout_ms) {
-  if (name == nullptr || name[0] == '\0')
-    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT,
-                 "comm_create: the communicator name is empty; pass a name shared by every rank");
-  if (world_size < 1 || rank < 0 || rank >= world_size)
-    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "comm_create('", name, "'): rank ", rank, " is not in 0..",
-                 world_size - 1, " (world size ", world_size, ")");
+  sdk::check_comm_create_args(name, rank, world_size);
   if (timeout_ms < 0) timeout_ms = static_cast<int64_t>(opts_.timeout_s * 1000.0);
   auto comm = std::make_unique<ShmemComm>(host_, opts_, name, rank, world_size);
   comm->setup(timeout_ms);

@@ -69,9 +69,11 @@
 // reason in its segment; comm_destroy posts a goodbye. A peer that posted
 // either is closed: what it sent before stays receivable, requests that
 // still need it fail with UNAVAILABLE naming its rank, pid and, after an
-// abort, its reason. While requests wait, peers in other processes are
-// checked every 100 ms: a process that is gone, a zombie or a reused pid
-// fails that peer with UNAVAILABLE. A stalled peer (SIGSTOP, or a rank that
+// abort, its reason. While requests wait, peers in other processes of this
+// pid namespace are checked every 100 ms: a process that is gone, a zombie
+// or a reused pid fails that peer with UNAVAILABLE (a peer in another pid
+// namespace, e.g. a container that shares /dev/shm, only through its notices
+// and the deadline). A stalled peer (SIGSTOP, or a rank that
 // never posts the matching call) ends in DEADLINE_EXCEEDED at wait's
 // deadline naming it and what is missing.
 //

@@ -514,6 +514,18 @@ class CommBase {
   virtual void cancel(strata_request_t req) noexcept = 0;
 };
 
+/// comm_create's argument checks, the same for every transport: a
+/// non-empty name shared by the ranks, and 0 <= rank < world_size. `who`
+/// starts the messages ("comm_create" by default).
+inline void check_comm_create_args(const char* name, int32_t rank, int32_t world_size,
+                                   const char* who = "comm_create") {
+  if (name == nullptr || name[0] == '\0')
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, who, ": the communicator name is empty; pass a name shared by every rank");
+  if (world_size < 1 || rank < 0 || rank >= world_size)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, who, "('", name, "'): rank ", rank, " is not in 0..", world_size - 1,
+                 " (world size ", world_size, ")");
+}
+
 /// A transport: `using Comm = MyComm;` (derived from CommBase) is required.
 class TransportBase {
  public:
