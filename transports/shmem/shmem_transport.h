@@ -55,9 +55,11 @@
 //
 // Progress and waiting. Every test/wait/isend/irecv moves what it can for
 // every peer (one mutex per communicator; caps: P2P | MEM_HOST |
-// THREAD_SAFE). A wait polls (busy while the process has free cores,
-// yielding while it does not: transports/common/wait_pacer.h) and then
-// sleeps on its segment's doorbell with a futex; a sender rings the
+// THREAD_SAFE). A wait polls its segment's doorbell for up to 0.4 ms
+// without progress (busy; yielding between polls only when the
+// communicator's own ranks outnumber the cores and more threads want to run
+// than there are: transports/common/wait_pacer.h) and then sleeps on the
+// doorbell with a futex; a sender rings the
 // receiver's doorbell after it publishes, and a receiver rings the sender's
 // after it frees room the sender waits for, waking it only when it sleeps.
 // No thread of its own: a rank makes progress inside its transport calls,
