@@ -292,6 +292,25 @@ class ShmemComm : public sdk::CommBase {
     if (hdr_->sleepers.load(std::memory_order_seq_cst) != 0) ring_bell(hdr_);
   }
   void fail_all_aborted_locked();
+  void fail_aborted_locked(Request* r);  // ABORTED with abort()'s reason
+  // True once abort() was called; the first call after it fails every live
+  // request (with the reason) and empties the queues.
+  bool aborted_locked() {
+    if (!aborted_.load(std::memory_order_acquire)) return false;
+    if (!abort_handled_) fail_all_aborted_locked();
+    return true;
+  }
+  void fail_too_small_locked(Request* r, uint64_t total) {
+    finish_locked(r, STRATA_ERR_INVALID_ARGUMENT,
+                  str_cat(describe(*r), ": the message is ", total,
+                          " bytes, larger than the receive buffer; post a receive of at least that size"));
+  }
+  void malformed_locked(int p, const std::string& what) {
+    fail_peer_locked(p, STRATA_ERR_DATA_LOSS,
+                     str_cat("malformed record from ", peer_name(p), " in shared memory (", what,
+                             "): every rank must run the same Strata version; otherwise its memory was "
+                             "overwritten"));
+  }
   void check_peers_locked(bool liveness);
   std::string deadline_text(const Request& r, int64_t timeout_ms) const;
 
@@ -519,15 +538,15 @@ void ShmemComm::abort(const char* reason) noexcept {
     if (P.hdr != nullptr) ring_bell(P.hdr);
 }
 
+void ShmemComm::fail_aborted_locked(Request* r) {
+  std::lock_guard<std::mutex> lock(abort_mu_);
+  finish_locked(r, STRATA_ERR_ABORTED, str_cat(describe(*r), ": communicator '", name_, "' was aborted: ", abort_reason_));
+}
+
 void ShmemComm::fail_all_aborted_locked() {
-  std::string reason;
-  {
-    std::lock_guard<std::mutex> lock(abort_mu_);
-    reason = abort_reason_;
-  }
   abort_handled_ = true;
   for (auto& slot : slots_)
-    if (Request* r = slot.get(); r->live) finish_locked(r, STRATA_ERR_ABORTED, str_cat(describe(*r), ": communicator '", name_, "' was aborted: ", reason));
+    if (Request* r = slot.get(); r->live) fail_aborted_locked(r);
   for (Peer& P : peers_) {
     P.sendq.clear();
     P.posted.clear();
@@ -695,16 +714,12 @@ bool ShmemComm::receive_locked(int p) {
     RecHeader h;
     copy_out(P.in_data, ring, P.in_head, &h, kRecHeader);
     if (h.len > max_frag_ || rec_bytes(h.len) > tail - P.in_head) {
-      fail_peer_locked(p, STRATA_ERR_DATA_LOSS,
-                       str_cat("malformed record from ", peer_name(p), " in shared memory (", h.len,
-                               " bytes announced, ", tail - P.in_head, " published)"));
+      malformed_locked(p, str_cat(h.len, " bytes announced, ", tail - P.in_head, " published"));
       return moved;
     }
     if (!P.cur.active) {
       if ((h.flags & kFirst) == 0) {
-        fail_peer_locked(p, STRATA_ERR_DATA_LOSS,
-                         str_cat("malformed record from ", peer_name(p), " in shared memory (a message's middle "
-                                 "without its start)"));
+        malformed_locked(p, "a message's middle without its start");
         return moved;
       }
       Request* r = nullptr;
@@ -737,9 +752,7 @@ bool ShmemComm::receive_locked(int p) {
         ++staged_why_[!P.posted.empty() ? 0 : closed ? 2 : 1];
         P.cur = Incoming{true, h.total, 0, nullptr, &P.staged.back()};
       } else if (h.total > r->bytes) {
-        finish_locked(r, STRATA_ERR_INVALID_ARGUMENT,
-                      str_cat(describe(*r), ": the message is ", h.total,
-                              " bytes, larger than the receive buffer; post a receive of at least that size"));
+        fail_too_small_locked(r, h.total);
         P.cur = Incoming{true, h.total, 0, nullptr, nullptr};
       } else {
         r->started = true;
@@ -747,9 +760,7 @@ bool ShmemComm::receive_locked(int p) {
       }
     }
     if (P.cur.got + h.len > P.cur.total) {
-      fail_peer_locked(p, STRATA_ERR_DATA_LOSS,
-                       str_cat("malformed record from ", peer_name(p), " in shared memory (more bytes than its "
-                               "message's size)"));
+      malformed_locked(p, "more bytes than its message's size");
       return moved;
     }
     char* dst = P.cur.req != nullptr      ? P.cur.req->data + P.cur.got
@@ -780,10 +791,7 @@ bool ShmemComm::receive_locked(int p) {
 }
 
 bool ShmemComm::progress_locked() {
-  if (aborted_.load(std::memory_order_relaxed)) {
-    if (!abort_handled_) fail_all_aborted_locked();
-    return false;
-  }
+  if (aborted_locked()) return false;
   bool moved = false;
   for (int p = 0; p < world_; ++p) {
     if (p == rank_ || peers_[p].failed) continue;
@@ -802,9 +810,8 @@ strata_request_t ShmemComm::isend(int32_t peer, uint64_t tag, const strata_buffe
   std::lock_guard<std::mutex> lock(mu_);
   Request* r = new_request_locked(true, peer, tag, buf);
   Peer& P = peers_[peer];
-  if (aborted_.load()) {
-    if (!abort_handled_) fail_all_aborted_locked();
-    finish_locked(r, STRATA_ERR_ABORTED, str_cat(describe(*r), ": communicator '", name_, "' was aborted"));
+  if (aborted_locked()) {
+    fail_aborted_locked(r);
   } else if (P.failed) {
     finish_locked(r, P.fail_code, str_cat(describe(*r), ": ", P.fail_reason));
   } else if (P.hdr->state.load(std::memory_order_acquire) != kOpen) {
@@ -822,9 +829,8 @@ strata_request_t ShmemComm::irecv(int32_t peer, uint64_t tag, const strata_buffe
   std::lock_guard<std::mutex> lock(mu_);
   Request* r = new_request_locked(false, peer, tag, buf);
   Peer& P = peers_[peer];
-  if (aborted_.load()) {
-    if (!abort_handled_) fail_all_aborted_locked();
-    finish_locked(r, STRATA_ERR_ABORTED, str_cat(describe(*r), ": communicator '", name_, "' was aborted"));
+  if (aborted_locked()) {
+    fail_aborted_locked(r);
     return handle_of(r);
   }
   // A staged message with this tag comes first (it was sent before
@@ -833,9 +839,7 @@ strata_request_t ShmemComm::irecv(int32_t peer, uint64_t tag, const strata_buffe
     if (it->tag != tag) continue;
     r->started = true;
     if (it->total > r->bytes) {
-      finish_locked(r, STRATA_ERR_INVALID_ARGUMENT,
-                    str_cat(describe(*r), ": the message is ", it->total,
-                            " bytes, larger than the receive buffer; post a receive of at least that size"));
+      fail_too_small_locked(r, it->total);
       if (P.cur.staged == &*it) P.cur.staged = nullptr;  // drain the rest
     } else {
       if (it->got != 0) std::memcpy(r->data, it->data.data(), it->got);
