@@ -421,8 +421,9 @@ void ShmemComm::setup(int64_t timeout_ms) {
   hdr_->rank = rank_;
   hdr_->world = world_;
   hdr_->ring_bytes = ring_;
+  // Peers read these fields only after they read this segment's name from
+  // the store, which orders them (a lock or a socket round trip).
   for (int s = 0; s < world_; ++s) new (ring_ctl(base_, s)) RingCtl();
-  std::atomic_thread_fence(std::memory_order_release);
 
   const std::string key = str_cat(name_, "/shmem/seg/");
   host_.store_set(key + std::to_string(rank_), str_cat(segment_, " ", me_.boot_id, " ", me_.pid, " ", me_.start, " ", pidns_),
@@ -475,7 +476,6 @@ void ShmemComm::setup(int64_t timeout_ms) {
     P.base = static_cast<char*>(pm);
     P.map_bytes = peer_bytes;
     P.hdr = reinterpret_cast<SegHeader*>(P.base);
-    std::atomic_thread_fence(std::memory_order_acquire);
     const uint64_t pring = P.hdr->ring_bytes;
     if (P.hdr->magic != kMagic || P.hdr->version != kLayoutVersion || P.hdr->rank != p ||
         P.hdr->world != world_ || pring < kMinRing || pring > kMaxRing || (pring & (pring - 1)) != 0 ||
@@ -782,7 +782,11 @@ bool ShmemComm::receive_locked(int p) {
     if (P.in_head == tail) tail = P.in->tail.load(std::memory_order_acquire);
   }
   if (moved) {
-    std::atomic_thread_fence(std::memory_order_seq_cst);
+    // Store the head again seq_cst (no fence: ThreadSanitizer cannot see
+    // fences), so the load of sender_waiting below cannot pass it: with the
+    // sender's seq_cst flag store and head load, one of the two sees the
+    // other.
+    P.in->head.store(P.in_head, std::memory_order_seq_cst);
     if (P.in->sender_waiting.load(std::memory_order_seq_cst) != 0 && P.in->sender_waiting.exchange(0) != 0)
       ring_bell(P.hdr);
     wake_local_waiters();
