@@ -33,7 +33,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
 using test::Children;
-using test::pattern;
+using test::fill_pattern;
+using test::pattern_mismatch;
 using test::reap;
 using test::run_ranks;
 using test::unique_name;
@@ -77,7 +78,7 @@ void all_pairs_exchange(Rank& r, int rank, int world) {
     for (size_t k = 0; k < sizes.size(); ++k)
       for (int t = 0; t < kTags; ++t) {
         Msg m{std::vector<uint8_t>(sizes[k]), nullptr, peer, (rank * 100 + peer) * 64 + k * kTags + t};
-        for (uint64_t i = 0; i < sizes[k]; ++i) m.data[i] = pattern(i, m.salt);
+        fill_pattern(m.data.data(), sizes[k], m.salt);
         m.req = r.isend(peer, 10 + t, m.data.data(), m.data.size());
         sends.push_back(std::move(m));
       }
@@ -87,8 +88,8 @@ void all_pairs_exchange(Rank& r, int rank, int world) {
     Msg& m = recvs[j];
     const uint64_t n = m.data.size() - 8;
     ASSERT_EQ(r.wait(m.req), n) << "rank " << rank << " from " << m.peer;
-    for (uint64_t i = 0; i < n; ++i)
-      if (m.data[i] != pattern(i, m.salt)) FAIL() << "rank " << rank << " from " << m.peer << ": byte " << i;
+    if (const uint64_t i = pattern_mismatch(m.data.data(), n, m.salt); i != n)
+      FAIL() << "rank " << rank << " from " << m.peer << ": byte " << i;
     ASSERT_EQ(m.data[n], 0xEE) << "wrote past the message";
   }
 }
@@ -379,7 +380,7 @@ TEST(AutoTest, ForkedProcessesOnTwoHostsOverTheTcpStore) {
     r.join("auto-forked", rank, kWorld);
     constexpr uint64_t kBytes = (1u << 20) + 3;
     std::vector<uint8_t> out(kBytes);
-    for (uint64_t i = 0; i < kBytes; ++i) out[i] = pattern(i, rank);
+    fill_pattern(out.data(), kBytes, rank);
     std::vector<std::vector<uint8_t>> in(kWorld, std::vector<uint8_t>(kBytes));
     std::vector<strata_request_t> rq(kWorld), sq;
     for (int p = 0; p < kWorld; ++p)
@@ -390,8 +391,7 @@ TEST(AutoTest, ForkedProcessesOnTwoHostsOverTheTcpStore) {
     for (int p = 0; p < kWorld; ++p) {
       if (p == rank) continue;
       if (r.wait(rq[p]) != kBytes) return 3;
-      for (uint64_t i = 0; i < kBytes; ++i)
-        if (in[p][i] != pattern(i, p)) return 4;
+      if (pattern_mismatch(in[p].data(), kBytes, p) != kBytes) return 4;
     }
     // Barrier so nobody closes while a peer still reads.
     uint8_t b = 0;

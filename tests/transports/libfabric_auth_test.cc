@@ -43,7 +43,8 @@ namespace lf = transport::libfabric;
 using test::store_get;
 using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
-using test::pattern;
+using test::fill_pattern;
+using test::pattern_mismatch;
 using test::run_ranks;
 using test::unique_name;
 using Rank = test::TransportRank;
@@ -329,9 +330,7 @@ class LibfabricAuth : public ::testing::TestWithParam<ProviderCase> {
           EXPECT_EQ(a, 0x1111111111111111ull);
           EXPECT_EQ(c, 0x3333333333333333ull);
           EXPECT_EQ(last, 0x4444444444444444ull);
-          size_t bad = 0;
-          for (uint64_t i = 0; i < kBig; ++i) bad += big[i] != pattern(i, 1);
-          EXPECT_EQ(bad, 0u) << "bytes of the split message that are not the real peer's";
+          EXPECT_EQ(pattern_mismatch(big.data(), kBig, 1), kBig) << "the first byte of the split message that is not the real peer's";
           uint64_t reply = 0x5555;
           r.wait(r.isend(1, 9, &reply, 8));
         } else {
@@ -339,7 +338,7 @@ class LibfabricAuth : public ::testing::TestWithParam<ProviderCase> {
           while (!ready.load() && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(1));
           uint64_t a = 0x1111111111111111ull, c = 0x3333333333333333ull, d = 0x4444444444444444ull;
           std::vector<uint8_t> big(kBig);
-          for (uint64_t i = 0; i < kBig; ++i) big[i] = pattern(i, 1);
+          fill_pattern(big.data(), kBig, 1);
           auto sa = r.isend(0, 7, &a, 8);
           auto sb = r.isend(0, 7, big.data(), kBig);
           auto sc = r.isend(0, 7, &c, 8);

@@ -44,7 +44,8 @@ namespace {
 
 using test::Children;
 using test::forked_ranks;
-using test::pattern;
+using test::fill_pattern;
+using test::pattern_mismatch;
 using test::reap;
 using test::run_ranks;
 using test::unique_name;
@@ -269,7 +270,7 @@ void exchange_sizes(const std::string& options, const std::vector<uint64_t>& siz
     for (size_t k = 0; k < sizes.size(); ++k) {
       const uint64_t n = sizes[k];
       std::vector<uint8_t> out(n), in(n + 16, 0xEE);
-      for (uint64_t i = 0; i < n; ++i) out[i] = pattern(i, k + rank);
+      fill_pattern(out.data(), n, k + rank);
       // Receive posted first on one side, second on the other: both paths.
       strata_request_t rq, sq;
       if (rank == 0) {
@@ -282,8 +283,7 @@ void exchange_sizes(const std::string& options, const std::vector<uint64_t>& siz
       }
       ASSERT_EQ(r.wait(sq, 60000), n);
       ASSERT_EQ(r.wait(rq, 60000), n) << "size " << n;
-      for (uint64_t i = 0; i < n; ++i)
-        if (in[i] != pattern(i, k + peer)) FAIL() << "size " << n << ": byte " << i << " differs";
+      if (const uint64_t i = pattern_mismatch(in.data(), n, k + peer); i != n) FAIL() << "size " << n << ": byte " << i << " differs";
       ASSERT_EQ(in[n], 0xEE) << "wrote past the message";
     }
     if (report) {
@@ -333,7 +333,7 @@ void stream_and_check(const char* options, const char* what, int count, const st
     if (rank == 0) {
       for (int i = 0; i < count; ++i) {
         bufs[i].resize(size_of(i));
-        for (uint64_t j = 0; j < bufs[i].size(); ++j) bufs[i][j] = pattern(j, i);
+        fill_pattern(bufs[i].data(), bufs[i].size(), i);
         reqs.push_back(r.isend(1, 7, bufs[i].data(), bufs[i].size()));
       }
       for (auto q : reqs) r.wait(q, 60000);
@@ -346,7 +346,7 @@ void stream_and_check(const char* options, const char* what, int count, const st
     }
     for (int i = 0; i < count; ++i) {
       ASSERT_EQ(r.wait(reqs[i], 60000), size_of(i)) << "message " << i;
-      for (uint64_t j = 0; j < size_of(i); ++j) ASSERT_EQ(bufs[i][j], pattern(j, i)) << i << "/" << j;
+      ASSERT_EQ(pattern_mismatch(bufs[i].data(), size_of(i), i), size_of(i)) << "message " << i << ": the first byte that differs";
       ASSERT_EQ(bufs[i][size_of(i)], 0xEE) << "message " << i << " wrote past its end";
     }
   });
@@ -1025,14 +1025,13 @@ TEST(TcpTest, ForkedProcessesRingExchangeOverTheTcpStore) {
     Rank r(host, R"({"connections_per_peer": 2})");
     r.join("ring", rank, kWorld);
     std::vector<uint8_t> out(kBytes), in(kBytes);
-    for (uint64_t i = 0; i < kBytes; ++i) out[i] = pattern(i, rank);
+    fill_pattern(out.data(), kBytes, rank);
     const int next = (rank + 1) % kWorld, prev = (rank + kWorld - 1) % kWorld;
     auto rq = r.irecv(prev, 1, in.data(), kBytes);
     auto sq = r.isend(next, 1, out.data(), kBytes);
     r.wait(sq);
     if (r.wait(rq) != kBytes) return 3;
-    for (uint64_t i = 0; i < kBytes; ++i)
-      if (in[i] != pattern(i, prev)) return 4;
+    if (pattern_mismatch(in.data(), kBytes, prev) != kBytes) return 4;
     // Final barrier so nobody closes while a peer still reads.
     uint8_t b = 0;
     auto bs = r.isend(next, 2, &b, 1);

@@ -42,7 +42,9 @@ using json = nlohmann::json;
 using test::Children;
 using test::forked_ranks;
 using test::make_buf;
+using test::fill_pattern;
 using test::pattern;
+using test::pattern_mismatch;
 using test::reap;
 using test::run_ranks;
 using test::serve_store;
@@ -273,7 +275,7 @@ void exchange_sizes(const TransportCase& tc, const std::string& options, bool re
     strata_mem_region_t in_mr = registered ? r.reg(in.data(), in.size()) : nullptr;
     for (size_t k = 0; k < sizes.size(); ++k) {
       const uint64_t n = sizes[k];
-      for (uint64_t i = 0; i < n; ++i) out[i] = pattern(i, k + rank);
+      fill_pattern(out.data(), n, k + rank);
       std::memset(in.data(), 0xEE, n + 16);
       strata_request_t rq, sq;
       if (rank == 0) {
@@ -286,8 +288,7 @@ void exchange_sizes(const TransportCase& tc, const std::string& options, bool re
       }
       ASSERT_EQ(r.wait(sq, 60000), n);
       ASSERT_EQ(r.wait(rq, 60000), n) << "size " << n;
-      for (uint64_t i = 0; i < n; ++i)
-        if (in[i] != pattern(i, k + peer)) FAIL() << "size " << n << ": byte " << i << " differs";
+      if (const uint64_t i = pattern_mismatch(in.data(), n, k + peer); i != n) FAIL() << "size " << n << ": byte " << i << " differs";
       ASSERT_EQ(in[n], 0xEE) << "wrote past the message";
     }
     if (report) {
@@ -307,6 +308,25 @@ void exchange_sizes(const TransportCase& tc, const std::string& options, bool re
                     reps * n / s / 1e9);
     }
   });
+}
+
+// The block-wise helpers that fill and check the messages agree with
+// pattern() byte for byte, across block edges and for every salt's row, and
+// find a single wrong byte.
+TEST(PatternHelpersTest, AgreeWithPatternAndFindAWrongByte) {
+  const uint64_t n = 5 * 2048 + 777;
+  std::vector<uint8_t> buf(n);
+  for (uint64_t salt : {0, 1, 37, 255, 256, 1000}) {
+    fill_pattern(buf.data(), n, salt);
+    for (uint64_t i = 0; i < n; ++i) ASSERT_EQ(buf[i], pattern(i, salt)) << "salt " << salt << " byte " << i;
+    EXPECT_EQ(pattern_mismatch(buf.data(), n, salt), n);
+    EXPECT_EQ(pattern_mismatch(buf.data(), n, salt + 1), 0u);
+    for (uint64_t at : {uint64_t{0}, uint64_t{2047}, uint64_t{2048}, n - 1}) {
+      buf[at] ^= 0x10;
+      EXPECT_EQ(pattern_mismatch(buf.data(), n, salt), at);
+      buf[at] ^= 0x10;
+    }
+  }
 }
 
 TEST_P(TransportSuite, SizesFromZeroTo64MiBUnregistered) { exchange_sizes(tc(), opts(), false, true); }
@@ -336,15 +356,15 @@ TEST_P(TransportSuite, ManyOutstandingSplitMessagesReceivedInReverseOrder) {
     std::vector<std::vector<uint8_t>> out(kMsgs, std::vector<uint8_t>(kBytes)), in(kMsgs, std::vector<uint8_t>(kBytes));
     std::vector<strata_request_t> sends, recvs(kMsgs);
     for (int k = 0; k < kMsgs; ++k) {
-      for (uint64_t i = 0; i < kBytes; ++i) out[k][i] = pattern(i, k * 2 + rank);
+      fill_pattern(out[k].data(), kBytes, k * 2 + rank);
       sends.push_back(r.isend(peer, k, out[k].data(), kBytes));
     }
     for (int k = kMsgs - 1; k >= 0; --k) recvs[k] = r.irecv(peer, k, in[k].data(), kBytes);
     for (int k = kMsgs - 1; k >= 0; --k) ASSERT_EQ(r.wait(recvs[k], 60000), kBytes) << "message " << k;
     for (auto q : sends) ASSERT_EQ(r.wait(q, 60000), kBytes);
     for (int k = 0; k < kMsgs; ++k)
-      for (uint64_t i = 0; i < kBytes; ++i)
-        if (in[k][i] != pattern(i, k * 2 + peer)) FAIL() << "message " << k << ": byte " << i << " differs";
+      if (const uint64_t i = pattern_mismatch(in[k].data(), kBytes, k * 2 + peer); i != kBytes)
+        FAIL() << "message " << k << ": byte " << i << " differs";
   });
 }
 
@@ -524,11 +544,11 @@ TEST_P(TransportSuite, RmaWriteLandsInTheExportedRegion) {
       uint8_t done = 0;
       r.wait(r.irecv(0, 2, &done, 1));
       for (uint64_t i = 0; i < kOffset; ++i) ASSERT_EQ(buf[i], 0) << "written before the offset at " << i;
-      for (uint64_t i = 0; i < kBytes; ++i) ASSERT_EQ(buf[kOffset + i], pattern(i, 3)) << "byte " << i;
+      EXPECT_EQ(pattern_mismatch(buf.data() + kOffset, kBytes, 3), kBytes) << "the first byte that differs";
     } else {
       std::vector<char> key(256);
       const uint64_t n = r.wait(r.irecv(1, 1, key.data(), key.size()));
-      for (uint64_t i = 0; i < kBytes; ++i) buf[i] = pattern(i, 3);
+      fill_pattern(buf.data(), kBytes, 3);
       strata_buffer b = make_buf(buf.data(), kBytes, mr);
       strata_request_t q = nullptr;
       detail::check_status(r.vt()->iwrite(r.comm(), 1, &b, key.data(), n, kOffset, &q, &e), e, "iwrite");
@@ -586,14 +606,13 @@ TEST_P(TransportSuite, ForkedProcessesRingExchangeOverTheTcpStore) {
     Rank r(host, c.name, c.options);
     r.join("ring", rank, kWorld);
     std::vector<uint8_t> out(kBytes), in(kBytes);
-    for (uint64_t i = 0; i < kBytes; ++i) out[i] = pattern(i, rank);
+    fill_pattern(out.data(), kBytes, rank);
     const int next = (rank + 1) % kWorld, prev = (rank + kWorld - 1) % kWorld;
     auto rq = r.irecv(prev, 1, in.data(), kBytes);
     auto sq = r.isend(next, 1, out.data(), kBytes);
     r.wait(sq);
     if (r.wait(rq) != kBytes) return 3;
-    for (uint64_t i = 0; i < kBytes; ++i)
-      if (in[i] != pattern(i, prev)) return 4;
+    if (pattern_mismatch(in.data(), kBytes, prev) != kBytes) return 4;
     // Final barrier so nobody closes while a peer still reads.
     uint8_t b = 0;
     auto bs = r.isend(next, 2, &b, 1);
@@ -752,16 +771,13 @@ TEST(ShmemTransportTest, RingSizesAreCheckedAndMayDifferBetweenRanks) {
     Rank r(host, "shmem", rank == 0 ? R"({"ring_bytes": 65536})" : R"({"ring_bytes": 1048576})");
     r.join(name, rank, 2);
     std::vector<uint8_t> out(n), in(n, 0xAB);
-    for (uint64_t i = 0; i < n; ++i) out[i] = pattern(i, 7 + static_cast<uint64_t>(rank));
+    fill_pattern(out.data(), n, 7 + static_cast<uint64_t>(rank));
     strata_request_t q = r.irecv(1 - rank, 9, in.data(), n);
     strata_request_t s = r.isend(1 - rank, 9, out.data(), n);
     EXPECT_EQ(r.wait(q), n);
     r.wait(s);
-    for (uint64_t i = 0; i < n; ++i)
-      if (in[i] != pattern(i, 8 - static_cast<uint64_t>(rank))) {
-        ADD_FAILURE() << "rank " << rank << ": byte " << i << " is wrong";
-        break;
-      }
+    if (const uint64_t i = pattern_mismatch(in.data(), n, 8 - static_cast<uint64_t>(rank)); i != n)
+      ADD_FAILURE() << "rank " << rank << ": byte " << i << " is wrong";
   });
 }
 
@@ -819,16 +835,13 @@ TEST(ShmemTransportTest, HeadToHeadLargeSendsComplete) {
     Rank r(host, "shmem", R"({"ring_bytes": 65536})");
     r.join(name, rank, 2);
     std::vector<uint8_t> out(n), in(n, 0);
-    for (uint64_t i = 0; i < n; ++i) out[i] = pattern(i, static_cast<uint64_t>(rank));
+    fill_pattern(out.data(), n, static_cast<uint64_t>(rank));
     const auto t0 = std::chrono::steady_clock::now();
     r.wait(r.isend(1 - rank, 4, out.data(), n), 10000);
     EXPECT_EQ(r.wait(r.irecv(1 - rank, 4, in.data(), n), 10000), n);
     EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
-    for (uint64_t i = 0; i < n; ++i)
-      if (in[i] != pattern(i, static_cast<uint64_t>(1 - rank))) {
-        ADD_FAILURE() << "rank " << rank << ": byte " << i << " is wrong";
-        break;
-      }
+    if (const uint64_t i = pattern_mismatch(in.data(), n, static_cast<uint64_t>(1 - rank)); i != n)
+      ADD_FAILURE() << "rank " << rank << ": byte " << i << " is wrong";
   });
 }
 #endif

@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <functional>
 #include <string>
@@ -177,6 +178,41 @@ inline std::string store_get(const strata_host_api* api, const std::string& key,
 
 inline uint8_t pattern(uint64_t i, uint64_t salt) {
   return static_cast<uint8_t>((i * 131 + salt * 7 + (i >> 11)) & 0xff);
+}
+
+namespace detail {
+// pattern() over a 2 KiB block k (bytes 2048k + j, j < 2048) is
+// (j * 131 + salt * 7 + k) mod 256, since 2048 * 131 is a multiple of 256:
+// row r = (salt * 7 + k) mod 256 of this table. Filling and checking with
+// memcpy/memcmp of whole rows keeps the sanitizer builds from instrumenting
+// every byte of the 64 MiB messages (a byte loop took most of their time).
+constexpr uint64_t kPatternBlock = 2048;
+inline const uint8_t* pattern_row(uint64_t salt, uint64_t block) {
+  static const std::vector<uint8_t> table = [] {
+    std::vector<uint8_t> t(256 * kPatternBlock);
+    for (uint64_t r = 0; r < 256; ++r)
+      for (uint64_t j = 0; j < kPatternBlock; ++j) t[r * kPatternBlock + j] = static_cast<uint8_t>((j * 131 + r) & 0xff);
+    return t;
+  }();
+  return table.data() + ((salt * 7 + block) & 0xff) * kPatternBlock;
+}
+}  // namespace detail
+
+// p[i] = pattern(i, salt) for i < n.
+inline void fill_pattern(uint8_t* p, uint64_t n, uint64_t salt) {
+  for (uint64_t at = 0, k = 0; at < n; at += detail::kPatternBlock, ++k)
+    std::memcpy(p + at, detail::pattern_row(salt, k), std::min(detail::kPatternBlock, n - at));
+}
+
+// The first i < n with p[i] != pattern(i, salt), or n when all match.
+inline uint64_t pattern_mismatch(const uint8_t* p, uint64_t n, uint64_t salt) {
+  for (uint64_t at = 0, k = 0; at < n; at += detail::kPatternBlock, ++k) {
+    const uint64_t len = std::min(detail::kPatternBlock, n - at);
+    if (std::memcmp(p + at, detail::pattern_row(salt, k), len) != 0)
+      for (uint64_t i = at; i < at + len; ++i)
+        if (p[i] != pattern(i, salt)) return i;
+  }
+  return n;
 }
 
 }  // namespace strata::test
