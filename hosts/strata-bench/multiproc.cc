@@ -880,9 +880,10 @@ int worker_body(const MultiProcOptions& o, int rank) {
     const DLTensor in = tensor_1d(send.get(), o.op == "allgather" ? &part : &full, d.dl);
     DLTensor out = tensor_1d(recv.get(), &full, d.dl);
     const std::string what = str_cat(o.op, " of ", format_size(bytes), " bytes");
+    const bool all_reduce = o.op == "allreduce", broadcast = o.op == "broadcast";  // not compared per call
     auto run_op = [&] {
-      if (o.op == "allreduce") ring.all_reduce(STRATA_REDUCE_SUM, &in, &out, what.c_str());
-      else if (o.op == "broadcast") ring.broadcast(&out, &out, what.c_str());  // in place, as MPI_Bcast
+      if (all_reduce) ring.all_reduce(STRATA_REDUCE_SUM, &in, &out, what.c_str());
+      else if (broadcast) ring.broadcast(&out, &out, what.c_str());  // in place, as MPI_Bcast
       else ring.all_gather(&in, &out, what.c_str());
     };
     std::int64_t iters = o.iters;

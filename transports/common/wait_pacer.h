@@ -114,6 +114,10 @@ class WaitPacer {
   static constexpr int64_t kYieldNs = 200'000;  // yield-poll budget while they are not
 
   WaitPacer() : start_(Clock::now()) {}
+  /// Started at `now`, a time the caller has just read (a clock read costs
+  /// about 30 ns in a VM: a latency-bound caller reads it once per round and
+  /// passes it to polling() and progressed()).
+  explicit WaitPacer(Clock::time_point now) : start_(now) {}
 
   /// True while busy-polling pays: within kSpinNs and the cores are not
   /// oversubscribed. For a caller whose progress needs another thread of
@@ -130,15 +134,16 @@ class WaitPacer {
   /// (within kSpinNs + kYieldNs of the start or of the last progressed()).
   /// For a caller that drives progress itself (tcp's waiter runs the io
   /// loop) both phases poll; once this turns false it blocks instead.
-  bool polling() const {
-    return sleeping_ == std::chrono::microseconds(0) &&
-           Clock::now() - start_ < std::chrono::nanoseconds(kSpinNs + kYieldNs);
+  bool polling() const { return polling(Clock::now()); }
+  bool polling(Clock::time_point now) const {
+    return sleeping_ == std::chrono::microseconds(0) && now - start_ < std::chrono::nanoseconds(kSpinNs + kYieldNs);
   }
 
   /// The caller saw progress (a completion): the spin budget starts again,
   /// so a wait sleeps only after kSpinNs + kYieldNs without any.
-  void progressed() {
-    start_ = Clock::now();
+  void progressed() { progressed(Clock::now()); }
+  void progressed(Clock::time_point now) {
+    start_ = now;
     sleeping_ = std::chrono::microseconds(0);
   }
 

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <type_traits>
 
 #include "host/cuda_device.h"
@@ -397,10 +398,14 @@ void api_record_collective(const strata_host_api* host, const strata_collective_
     strata_collective_fingerprint copy{};
     std::memcpy(&copy, fp, std::min<std::size_t>(sizeof(copy), fp->struct_size));
     copy.struct_size = sizeof(copy);
-    const std::string comm = fp->communicator ? fp->communicator : "";
+    const std::string_view comm = fp->communicator ? fp->communicator : "";
     copy.communicator = nullptr;  // borrowed by the caller; the map key keeps the name
     std::lock_guard<std::mutex> lock(s->fingerprint_mu);
-    s->last_fingerprint[comm] = copy;
+    // Called for every collective: a known communicator costs no allocation.
+    if (auto it = s->last_fingerprint.find(comm); it != s->last_fingerprint.end())
+      it->second = copy;
+    else
+      s->last_fingerprint.emplace(std::string(comm), copy);
   } catch (...) {
     // Bookkeeping only; never fail the collective.
   }

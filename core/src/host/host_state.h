@@ -90,7 +90,7 @@ struct HostShared {
   nlohmann::json config = nlohmann::json::object();
 
   mutable std::mutex fingerprint_mu;
-  std::map<std::string, strata_collective_fingerprint> last_fingerprint;
+  std::map<std::string, strata_collective_fingerprint, std::less<>> last_fingerprint;  // found by name without a copy
 
   // The PluginHost that create_plugin forwards to; null once it is destroyed.
   std::mutex host_mu;

@@ -759,6 +759,11 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
       comm_->barrier();
       return;
     }
+    if (nt == 1) {  // one tensor is one pack (no allocation per call)
+      one_[0] = 0;
+      run_pack(coll, op, nr, one_, inputs, outputs, outs_per_tensor);
+      return;
+    }
     std::vector<uint32_t> order;
     std::vector<bool> taken(nt, false);
     for (uint32_t t = 0; t < nt; ++t) {
@@ -843,6 +848,7 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
   std::string transport_label_;   // "'tcp' {}": the transport in use, for messages
   uint64_t swaps_ = 0;            // set_transport calls so far (strategy thread only)
   std::vector<float> half_tmp_;
+  std::vector<uint32_t> one_ = std::vector<uint32_t>(1);  // batch()'s pack of a single tensor
   GpuStaging staging_;  // GPU tensors' host copies (API thread only)
 
   std::mutex mu_;

@@ -205,20 +205,26 @@ class RingComm::Op {
     uint64_t bytes = 0;
     strata_status_t s;
     // Wait in slices so that a job-wide stop request (host abort flag) ends
-    // the wait early; the request stays live across DEADLINE_EXCEEDED.
-    const uint64_t start = c_.host_.now_ns();
-    const uint64_t deadline = start + uint64_t(c_.opt_.timeout_ms) * 1000000ull;
+    // the wait early; the request stays live across DEADLINE_EXCEEDED. The
+    // clock is read only once a first slice ran out (most waits end within
+    // it, and a clock read costs about 30 ns in a VM): the wait then dates
+    // its start one slice back.
     struct Waiting {
       Watcher* w;
       explicit Waiting(Watcher* x) : w(x) { if (w) w->waiting(true); }
       ~Waiting() { if (w) w->waiting(false); }
     } waiting(c_.watcher_.get());
+    const uint64_t timeout_ns = uint64_t(c_.opt_.timeout_ms) * 1000000ull;
+    uint64_t start = 0;
+    int64_t left_ms = c_.opt_.timeout_ms;
     for (;;) {
       strata_error_init(&err);
-      const uint64_t now = c_.host_.now_ns();
-      const int64_t left_ms = now >= deadline ? 0 : int64_t((deadline - now) / 1000000ull);
-      s = c_.vt_->wait(c_.comm_, q.req, std::min<int64_t>(left_ms, kWaitSliceMs), &bytes, &err);
+      const int64_t slice_ms = std::min<int64_t>(left_ms, kWaitSliceMs);
+      s = c_.vt_->wait(c_.comm_, q.req, slice_ms, &bytes, &err);
       if (s != STRATA_ERR_DEADLINE_EXCEEDED || left_ms <= kWaitSliceMs) break;
+      const uint64_t now = c_.host_.now_ns();
+      if (start == 0) start = now - std::min<uint64_t>(now, uint64_t(slice_ms) * 1000000ull);
+      left_ms = now - start >= timeout_ns ? 0 : int64_t((timeout_ns - (now - start)) / 1000000ull);
       if (c_.host_.abort_requested()) {
         kind_ = "host_abort";
         raise(STRATA_ERR_ABORTED, prefix(), ": the job was asked to stop (host abort) while waiting for rank ",
@@ -228,7 +234,14 @@ class RingComm::Op {
     }
     if (s != STRATA_ERR_DEADLINE_EXCEEDED) q.live = false;  // released by wait
     if (q.send) forget_send(i);
-    if (s != STRATA_OK) fail_request(q, s, err.message, int64_t((c_.host_.now_ns() - start) / 1000000ull));
+    if (s != STRATA_OK) {
+      int64_t waited_ms = 0;
+      if (start != 0)
+        waited_ms = int64_t((c_.host_.now_ns() - start) / 1000000ull);
+      else if (s == STRATA_ERR_DEADLINE_EXCEEDED)
+        waited_ms = std::min<int64_t>(left_ms, kWaitSliceMs);  // the only slice
+      fail_request(q, s, err.message, waited_ms);
+    }
     q.bytes = bytes;
     return bytes;
   }
@@ -639,15 +652,17 @@ void RingComm::direct_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop, 
   const int32_t n = opt_.world_size, r = opt_.rank;
   const size_t bytes = count * sdk::dtype_size(wire);
   const std::vector<int32_t>& peers = everyone_;
-  step0(op, peers, peers, work_.data(), bytes, 0);
+  // Out of place, this rank's values are read from the caller's source
+  // (sent from there and folded in from there: no copy into the output).
+  const void* own = src_ != nullptr ? static_cast<const void*>(src_) : work_.data();
+  step0(op, peers, peers, own, bytes, 0);
   // Every rank folds the same n buffers in rank order, so the results are
   // bit-identical everywhere.
   const size_t slot = round_up(kHdr + opt_.direct_max_bytes, 64);
   std::vector<const void*>& ptrs = reduce_ptrs_;
   ptrs.resize(static_cast<size_t>(n));
   for (int32_t k = 0; k < n; ++k)
-    ptrs[size_t(k)] = k == r ? work_.data()
-                             : static_cast<const char*>(hdr_recv_.mem.data()) + slot * size_t(k) + kHdr;
+    ptrs[size_t(k)] = k == r ? own : static_cast<const char*>(hdr_recv_.mem.data()) + slot * size_t(k) + kHdr;
   if (count != 0) sdk::kernels::reduce(rop, wire, size_t(n), ptrs.data(), work_.data(), count);
   op.finish();
 }
@@ -847,7 +862,8 @@ void RingComm::all_reduce(const CollectiveDesc& d, DLDataType wire, strata_reduc
   const size_t bytes = count * sdk::dtype_size(wire);
   const char* s = static_cast<const char*>(src);
   const char* o = static_cast<const char*>(data);
-  if (src == data || bytes == 0 || requires_mr_ || bytes <= opt_.direct_max_bytes || bytes <= doubling_max_bytes_ ||
+  const bool direct = bytes <= opt_.direct_max_bytes;
+  if (src == data || bytes == 0 || requires_mr_ || (!direct && bytes <= doubling_max_bytes_) ||
       (s < o + bytes && o < s + bytes)) {
     if (src != data && bytes != 0) std::memmove(data, src, bytes);
     all_reduce(d, wire, rop, count, data);
