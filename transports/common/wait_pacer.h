@@ -148,12 +148,18 @@ class WaitPacer {
   }
 
   /// Between two polls: pause, yield or sleep (never past `deadline`).
-  void pause(Clock::time_point deadline) {
+  void pause(Clock::time_point deadline) { pause(deadline, Clock::now()); }
+  /// The same, at `now`, a time the caller read during this poll.
+  void pause(Clock::time_point deadline, Clock::time_point now) {
     if (sleeping_ == std::chrono::microseconds(0)) {
-      const int64_t spent = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start_).count();
+      const int64_t spent = std::chrono::duration_cast<std::chrono::nanoseconds>(now - start_).count();
       if ((++polls_ & 63) == 1) yield_ = oversubscribed();
       if (!yield_ && spent < kSpinNs) {
-        for (int i = 0; i < 16; ++i) cpu_relax();
+        // A pause takes 10 to 140 cycles depending on the CPU (39 ns on
+        // this EPYC VM): 16 of them delayed noticing a message by up to
+        // 0.6 us. Two keep the poll loop off the memory bus and cost little.
+        cpu_relax();
+        cpu_relax();
         return;
       }
       if (spent < kSpinNs + kYieldNs) {
@@ -163,7 +169,7 @@ class WaitPacer {
     }
     sleeping_ = std::min<std::chrono::microseconds>(std::chrono::microseconds(1000),
                                                     sleeping_ + std::chrono::microseconds(20));
-    const auto now = Clock::now();
+    now = Clock::now();
     if (now < deadline) std::this_thread::sleep_for(std::min<Clock::duration>(sleeping_, deadline - now));
   }
 
