@@ -10,7 +10,7 @@ endfunction()
 # Sanitizers apply to everything built here (core, plugins, tests) so that a
 # plugin's memory errors show up in the host's tests too.
 # `skip`: checks to leave out (-fno-sanitize=, after the -fsanitize= that
-# enabled them; vptr only for C++, where it exists).
+# enabled them; GCC and clang take vptr for C too and ignore it there).
 macro(strata_apply_sanitizers list skip)
   if(NOT "${list}" STREQUAL "")
     if("${list}" MATCHES "thread" AND "${list}" MATCHES "address")
@@ -19,13 +19,7 @@ macro(strata_apply_sanitizers list skip)
     add_compile_options(-fsanitize=${list} -fno-omit-frame-pointer -fno-sanitize-recover=all)
     add_link_options(-fsanitize=${list})
     if(NOT "${skip}" STREQUAL "")
-      add_compile_options("$<$<COMPILE_LANGUAGE:CXX>:-fno-sanitize=${skip}>")
-      string(REPLACE "vptr" "" _strata_skip_c "${skip}")
-      string(REGEX REPLACE ",+" "," _strata_skip_c "${_strata_skip_c}")
-      string(REGEX REPLACE "^,|,$" "" _strata_skip_c "${_strata_skip_c}")
-      if(NOT "${_strata_skip_c}" STREQUAL "")
-        add_compile_options("$<$<COMPILE_LANGUAGE:C>:-fno-sanitize=${_strata_skip_c}>")
-      endif()
+      add_compile_options(-fno-sanitize=${skip})
     endif()
   endif()
 endmacro()

@@ -1605,14 +1605,13 @@ uint64_t LfComm::wait(strata_request_t h, int64_t timeout_ms) {
   // This thread drives progress itself; between polls it busy-waits, yields
   // or sleeps as the machine's load allows (wait_pacer.h). One clock read
   // per round serves the liveness check, the deadline and the pacer.
-  auto now = Clock::now();
-  const auto deadline = now + std::chrono::milliseconds(timeout_ms);
-  transport::WaitPacer pacer(now);
-  for (bool first = true;; first = false) {
+  const auto start = Clock::now();
+  const auto deadline = start + std::chrono::milliseconds(timeout_ms);
+  transport::WaitPacer pacer(start);
+  for (auto now = start;; now = Clock::now()) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       Request* r = lookup_locked(h);
-      if (!first) now = Clock::now();
       progress_locked(now);
       // While completions keep coming (a long message in segments, which
       // the provider moves only while both sides poll), keep polling:

@@ -937,16 +937,15 @@ uint64_t ShmemComm::wait(strata_request_t h, int64_t timeout_ms) {
   if (timeout_ms < 0) timeout_ms = static_cast<int64_t>(opts_.timeout_s * 1000.0);
   // One clock read per round: the progress it makes is dated at the round's
   // start.
-  auto now = Clock::now();
-  const auto deadline = now + std::chrono::milliseconds(timeout_ms);
-  WaitPacer pacer(now);
-  auto moved_at = now;
-  for (bool first = true;; first = false) {
+  const auto start = Clock::now();
+  const auto deadline = start + std::chrono::milliseconds(timeout_ms);
+  WaitPacer pacer(start);
+  auto moved_at = start;
+  for (auto now = start;; now = Clock::now()) {
     const uint32_t seen = hdr_->bell.load(std::memory_order_seq_cst);
     {
       std::lock_guard<std::mutex> lock(mu_);
       Request* r = lookup_locked(h);
-      if (!first) now = Clock::now();
       stuck_ = now - moved_at > kStuckAfter;
       if (!r->finished && progress_locked()) {
         pacer.progressed(now);
@@ -978,8 +977,7 @@ uint64_t ShmemComm::wait(strata_request_t h, int64_t timeout_ms) {
       continue;
     }
     // Sleep until a peer rings this segment's bell, the deadline, or the
-    // next liveness check.
-    now = Clock::now();
+    // next liveness check (timed from this round's clock read).
     const auto until = std::min(deadline, now + kLivenessEvery);
     const int64_t ns = std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::nanoseconds>(until - now).count());
     timespec ts{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};

@@ -759,22 +759,21 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
       comm_->barrier();
       return;
     }
-    if (nt == 1) {  // one tensor is one pack (no allocation per call)
-      one_[0] = 0;
-      run_pack(coll, op, nr, one_, inputs, outputs, outs_per_tensor);
-      return;
-    }
-    std::vector<uint32_t> order;
-    std::vector<bool> taken(nt, false);
+    // The scratch lists are members, so a warm batch allocates nothing.
+    std::vector<uint32_t>& order = order_;
+    std::vector<char>& taken = taken_;
+    std::vector<uint32_t>& pack = pack_;
+    order.clear();
+    pack.clear();
+    taken.assign(nt, 0);
     for (uint32_t t = 0; t < nt; ++t) {
       if (taken[t]) continue;
       for (uint32_t u = t; u < nt; ++u)
         if (!taken[u] && dtype_equal(inputs[u * nr]->dtype, inputs[t * nr]->dtype)) {
-          taken[u] = true;
+          taken[u] = 1;
           order.push_back(u);
         }
     }
-    std::vector<uint32_t> pack;
     uint64_t pack_bytes = 0;
     auto flush = [&] {
       if (!pack.empty()) run_pack(coll, op, nr, pack, inputs, outputs, outs_per_tensor);
@@ -848,7 +847,10 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
   std::string transport_label_;   // "'tcp' {}": the transport in use, for messages
   uint64_t swaps_ = 0;            // set_transport calls so far (strategy thread only)
   std::vector<float> half_tmp_;
-  std::vector<uint32_t> one_ = std::vector<uint32_t>(1);  // batch()'s pack of a single tensor
+  // batch()'s scratch: one batch runs at a time (run() and the worker take
+  // turns through busy_).
+  std::vector<uint32_t> order_, pack_;
+  std::vector<char> taken_;
   GpuStaging staging_;  // GPU tensors' host copies (API thread only)
 
   std::mutex mu_;
