@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -37,6 +38,14 @@ using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 std::string slurp(const std::string& path);
+
+// Writes `text` to `path` whole: the test polls for the file and reads it at
+// once, so it must never see the file created but not yet written.
+void announce(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".part";
+  std::ofstream(tmp) << text;
+  std::filesystem::rename(tmp, path);
+}
 
 // ---- the functions the workers run ----
 
@@ -86,7 +95,7 @@ STRATA_REGISTER_FUNCTION("sleepy", [](const strata::Args& a) -> strata::Value {
 // PS_TEST_HANG set, announce it in that file and hang (the test kills it).
 STRATA_REGISTER_FUNCTION("slow_add", [](const strata::Args& a) -> strata::Value {
   if (const char* hang = std::getenv("PS_TEST_HANG"); hang != nullptr && hang[0] != '\0') {
-    std::ofstream(hang) << "in closure\n";
+    announce(hang, "in closure\n");
     std::this_thread::sleep_for(std::chrono::seconds(120));
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(30));
@@ -114,7 +123,7 @@ STRATA_REGISTER_FUNCTION("take_one", [](const strata::Args& a) -> strata::Value 
   std::optional<strata::Element> e = it.get_next_as_optional();
   const std::int64_t x = e ? (*e)["x"].to_vector<std::int64_t>()[0] : -1;
   if (const char* hang = std::getenv("PS_TEST_HANG_TAKE"); hang != nullptr && hang[0] != '\0') {
-    std::ofstream(hang) << "took " << x << "\n";
+    announce(hang, "took " + std::to_string(x) + "\n");
     std::this_thread::sleep_for(std::chrono::seconds(120));
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -673,6 +682,9 @@ class PsCluster {
     for (int i = 0; i < ps; ++i) spec_["ps"].push_back(port());
   }
   ~PsCluster() {
+    // A failed test shows every process's log, whichever check failed (a
+    // fault seen once in a loaded CI run must be diagnosable from its output).
+    if (::testing::Test::HasFailure()) std::fprintf(stderr, "PsCluster logs of the failed test:\n%s", logs().c_str());
     for (auto& p : procs_) {
       if (p.status != -2) continue;
       ::kill(p.pid, SIGKILL);
