@@ -17,6 +17,8 @@
 #include "strata/sdk/local_cross_device_ops.hpp"
 #include "strata/sdk/options.hpp"
 #include "strata/sdk/tensor.hpp"
+// Header-only load sampling and cpu_relax shared with the transports.
+#include "../../transports/common/wait_pacer.h"
 
 namespace strata::sdk {
 namespace {
@@ -24,16 +26,27 @@ namespace {
 // Which strategy (if any) the current thread is running a replica of.
 thread_local const void* tls_replica_owner = nullptr;
 
-// Busy-wait budget before blocking on a condition variable. Spinning only
-// pays when every replica thread has a core of its own; with more replicas
-// than cores a spinning thread steals the core the thread it waits for needs
-// (measured on a loaded 2-core machine: mirrored:4 dispatch 334 us -> ~65 us
-// per run without the spin), so then we block at once.
-constexpr int kSpinIterations = 4000;
-int spin_budget(uint32_t threads) {
-  const unsigned cores = std::thread::hardware_concurrency();
-  return cores != 0 && threads <= cores ? kSpinIterations : 0;
-}
+using transport::cpu_relax;
+
+// Poll before sleeping. A thread of the strategy about to wait for another
+// one (a replica at the rendezvous, a pool thread between runs, run()
+// waiting for the replicas) first polls its condition for up to kPollUs: a
+// sleep on a condition variable costs a futex wake and, when the other core
+// was idle, an IPI to wake a virtual CPU, more than a small collective
+// (measured on this 2-core VM: 4 KiB all-reduce of 2 replicas 6.3-7.3 us
+// with sleeping, 1.5 us with polling; mirrored:4 dispatch 10.8-11.2 us,
+// 2.4 us). With a thread per core at most it spins with a CPU pause between
+// polls; with more replica threads than cores it yields (sched_yield)
+// between polls, so that the thread it waits for gets the core (spinning
+// there took the core from it: mirrored:4 dispatch 334 us against ~65 us
+// without on a loaded machine). The yielding kind polls only while no other
+// process wants the cores: runnable threads (/proc/loadavg) less this
+// strategy's threads that are not asleep, the smallest of 3 samples 10 ms
+// apart, must be 0 (yielding to two busy processes made mirrored:4 dispatch
+// 3 ms per run instead of 20-48 us). The pausing kind polls under load too:
+// it keeps the core its thread already has, for at most kPollUs (with two
+// busy processes, mirrored:2 dispatch 0.6-3.4 us polling, 27-44 us not).
+constexpr auto kPollUs = std::chrono::microseconds(100);
 constexpr uint64_t kVariableMagic = 0x5354524154415641ull;
 
 // Split all-reduce (LocalStrategyConfig::split_all_reduce): below this many
@@ -58,13 +71,6 @@ bool plain_host_tensor(const DLTensor* x) {
   return is_contiguous(*x) && (x->data != nullptr || element_count(*x) == 0);
 }
 
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#else
-  std::this_thread::yield();
-#endif
-}
 
 enum class Kind { kAllReduce, kAllGather, kMergeCall, kVarUpdate };
 
@@ -217,7 +223,7 @@ struct LocalStrategy::Impl {
   Host host;
   LocalStrategyConfig cfg;
   uint32_t n = 1;      // local replicas
-  int spin = 0;        // spin_budget(n), fixed at construction
+  bool poll_pause = false;  // n <= usable cores: pause between polls (else yield), fixed at construction
   uint32_t W = 1;      // workers in the collective group
   uint32_t total = 1;  // replicas in sync: W * n
   std::chrono::nanoseconds timeout{};
@@ -293,6 +299,11 @@ struct LocalStrategy::Impl {
   strata_status_t round_status = STRATA_OK;
   std::string round_msg;
   bool failed = false;
+  // Published copies of round, split_active and failed: written under
+  // rv_mu, read without it by the threads that poll before sleeping.
+  alignas(64) std::atomic<uint64_t> round_pub{0};
+  std::atomic<bool> split_pub{false};
+  std::atomic<bool> failed_pub{false};
   strata_status_t fail_code = STRATA_OK;
   std::string fail_msg;
 
@@ -363,13 +374,10 @@ struct LocalStrategy::Impl {
     }
     uint64_t seen = 0;
     for (;;) {
-      uint64_t g = gen.load(std::memory_order_acquire);
-      for (int i = 0; g == seen && i < spin; ++i) {
-        cpu_relax();
-        g = gen.load(std::memory_order_acquire);
-      }
-      if (g == seen) {
+      uint64_t g = seen;
+      if (!poll([&] { return (g = gen.load(std::memory_order_acquire)) != seen; })) {
         std::unique_lock<std::mutex> l(pool_mu);
+        Asleep z(*this);
         pool_cv.wait(l, [&] { return gen.load(std::memory_order_acquire) != seen; });
         g = gen.load(std::memory_order_acquire);
       }
@@ -415,6 +423,7 @@ struct LocalStrategy::Impl {
   void fail_locked(strata_status_t code, const std::string& msg) {
     if (!failed) {
       failed = true;
+      failed_pub.store(true, std::memory_order_release);
       fail_code = code;
       fail_msg = msg;
     }
@@ -449,16 +458,25 @@ struct LocalStrategy::Impl {
     const uint64_t my_round = round;
     if (arrived < n) {
       const auto deadline = std::chrono::steady_clock::now() + timeout;
-      bool worked = false;
+      bool worked = false, polled = false;
       while (round == my_round && !failed) {
+        if (!polled) {  // before the first sleep, and again after taking ranges
+          polled = true;
+          l.unlock();
+          poll_round(my_round, worked);
+          l.lock();
+          continue;
+        }
         if (in_progress) {  // everybody arrived; the performer is bounded by the CDO
           if (split_active && !worked) {  // take ranges of the split all-reduce
             worked = true;
+            polled = false;
             l.unlock();
             split_work(id);
             l.lock();
             continue;
           }
+          Asleep z(*this);
           rv_cv.wait(l);
           continue;
         }
@@ -477,7 +495,10 @@ struct LocalStrategy::Impl {
           throw DeadlineExceededError(msg);
         }
         // Wake at least every 100 ms to notice a job-wide abort request.
-        rv_cv.wait_until(l, std::min(deadline, now + std::chrono::milliseconds(100)));
+        {
+          Asleep z(*this);
+          rv_cv.wait_until(l, std::min(deadline, now + std::chrono::milliseconds(100)));
+        }
         if (round == my_round && !failed && host.abort_requested()) {
           const std::string msg = ::strata::detail::str_cat(cfg.strategy_name, ": ", describe_slot(slot),
                                                   " on replica ", id, " aborted: the job was asked to stop");
@@ -504,10 +525,14 @@ struct LocalStrategy::Impl {
     }
     if (split_started) {
       split_work(id);
+      poll_round(my_round, true);
       l.lock();
       // The thread that finishes the last range ends the round; the other
       // replicas' ranges are bounded in-process work.
-      while (round == my_round) rv_cv.wait(l);
+      while (round == my_round) {
+        Asleep z(*this);
+        rv_cv.wait(l);
+      }
       if (round_status != STRATA_OK) ::strata::detail::throw_status(round_status, round_msg);
       return;
     }
@@ -531,10 +556,50 @@ struct LocalStrategy::Impl {
     std::fill(arrived_flag.begin(), arrived_flag.end(), 0);
     round_status = st;
     round_msg = msg;
-    ++round;
+    round_pub.store(++round, std::memory_order_release);
     if (st != STRATA_OK) fail_locked(st, msg);
     rv_cv.notify_all();
     if (st != STRATA_OK) ::strata::detail::throw_status(st, msg);
+  }
+
+  // ------------------------------------------ poll before sleeping ---
+  // (see kPollUs) Threads of this strategy not asleep on a condition
+  // variable: the caller's thread and the pool's, less those in Asleep.
+  alignas(64) std::atomic<int> awake{0};
+  transport::ThrottledSample outsiders{/*first_fills=*/true};  // runnable threads not ours
+  struct Asleep {
+    explicit Asleep(Impl& m) : m(m) { m.awake.fetch_sub(1, std::memory_order_relaxed); }
+    ~Asleep() { m.awake.fetch_add(1, std::memory_order_relaxed); }
+    Impl& m;
+  };
+  // Poll `done` for up to kPollUs while no other process wants the cores;
+  // true as soon as it holds.
+  template <class Done>
+  bool poll(Done&& done) {
+    if (done()) return true;
+    if (!poll_pause && outsiders.get([&] {
+          return std::max(0, transport::loadavg_running() - awake.load(std::memory_order_relaxed));
+        }) > 0)
+      return false;
+    const auto until = std::chrono::steady_clock::now() + kPollUs;
+    for (uint32_t i = 1;; ++i) {
+      if (poll_pause) {
+        cpu_relax();
+        cpu_relax();
+      } else {
+        sched_yield();
+      }
+      if (done()) return true;
+      if ((i & 15) == 0 && std::chrono::steady_clock::now() >= until) return false;
+    }
+  }
+  // At the rendezvous: until the round ended, the run failed, or a split
+  // all-reduce has ranges for a thread that has not taken any yet.
+  void poll_round(uint64_t my_round, bool worked) {
+    poll([&] {
+      return round_pub.load(std::memory_order_acquire) != my_round || failed_pub.load(std::memory_order_acquire) ||
+             (!worked && split_pub.load(std::memory_order_acquire));
+    });
   }
 
   // ------------------------------------------------ split all-reduce ---
@@ -572,6 +637,7 @@ struct LocalStrategy::Impl {
     split_code = STRATA_OK;
     split_msg.clear();
     split_active = true;
+    split_pub.store(true, std::memory_order_release);
     rv_cv.notify_all();
     return true;
   }
@@ -609,7 +675,8 @@ struct LocalStrategy::Impl {
         std::fill(arrived_flag.begin(), arrived_flag.end(), 0);
         round_status = split_code;
         round_msg = split_msg;
-        ++round;
+        split_pub.store(false, std::memory_order_relaxed);
+        round_pub.store(++round, std::memory_order_release);
         if (split_code != STRATA_OK) fail_locked(split_code, split_msg);
         rv_cv.notify_all();
         return;
@@ -1131,7 +1198,8 @@ LocalStrategy::LocalStrategy(Host host, LocalStrategyConfig config) : impl_(std:
   m.streams.assign(m.n, nullptr);
   for (uint32_t r = 0; r < m.n; ++r)
     if (m.devs[r].device_type == kDLCUDA) m.streams[r] = m.host.stream_create(m.devs[r]);
-  m.spin = spin_budget(m.n);
+  m.poll_pause = static_cast<int>(m.n) <= transport::usable_cores();
+  m.awake.store(static_cast<int>(m.n), std::memory_order_relaxed);
   if (m.cfg.num_workers == 0 || m.cfg.worker_index >= m.cfg.num_workers)
     STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, m.cfg.strategy_name, ": worker_index ", m.cfg.worker_index,
                  " is not below num_workers ", m.cfg.num_workers,
@@ -1248,6 +1316,9 @@ void LocalStrategy::run(strata_replica_fn fn, void* user) {
     std::fill(m.arrived_flag.begin(), m.arrived_flag.end(), 0);
     m.in_progress = false;
     m.round = 0;
+    m.round_pub.store(0, std::memory_order_relaxed);
+    m.split_pub.store(false, std::memory_order_relaxed);
+    m.failed_pub.store(false, std::memory_order_relaxed);
     m.failed = false;
     m.fail_code = STRATA_OK;
     m.fail_msg.clear();
@@ -1266,9 +1337,11 @@ void LocalStrategy::run(strata_replica_fn fn, void* user) {
   }
   m.execute(0);
   if (m.n > 1) {
-    for (int i = 0; i < m.spin && m.remaining.load(std::memory_order_acquire) != 0; ++i) cpu_relax();
-    std::unique_lock<std::mutex> l(m.done_mu);
-    m.done_cv.wait(l, [&] { return m.remaining.load(std::memory_order_acquire) == 0; });
+    if (!m.poll([&] { return m.remaining.load(std::memory_order_acquire) == 0; })) {
+      std::unique_lock<std::mutex> l(m.done_mu);
+      Impl::Asleep z(m);
+      m.done_cv.wait(l, [&] { return m.remaining.load(std::memory_order_acquire) == 0; });
+    }
   }
   std::lock_guard<std::mutex> l(m.rv_mu);
   if (m.failed) ::strata::detail::throw_status(m.fail_code, m.fail_msg);

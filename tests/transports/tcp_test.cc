@@ -219,6 +219,32 @@ TEST(WaitPacerTest, LoadIsTheSmallestOfTheLastThreeSamples) {
   }
 }
 
+// The throttled sampler the in-process strategies use for "other processes
+// want the cores" (sdk/src/local_strategy.cc): at most one sample per 10 ms,
+// the smallest of the last 3, and with first_fills the first sample counts
+// at once (a strategy must not poll against a busy machine for its first
+// 30 ms).
+TEST(WaitPacerTest, ThrottledSampleTakesOneSamplePer10msAndCanCountTheFirstAtOnce) {
+  int calls = 0, value = 7;
+  auto sample = [&] {
+    ++calls;
+    return value;
+  };
+  transport::ThrottledSample plain, filled(/*first_fills=*/true);
+  EXPECT_EQ(plain.get(sample), 0) << "one sample of 7 is not yet lasting load";
+  EXPECT_EQ(filled.get(sample), 7) << "first_fills: the first sample counts at once";
+  EXPECT_EQ(calls, 2);
+  const auto start = std::chrono::steady_clock::now();
+  value = 1;
+  while (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(8)) filled.get(sample);
+  EXPECT_EQ(calls, 2) << "sampled again within 10 ms";
+  std::this_thread::sleep_for(std::chrono::milliseconds(12));
+  EXPECT_EQ(filled.get(sample), 1) << "a newer, lower sample ends the load";
+  EXPECT_EQ(calls, 3);
+  // The sample itself: /proc/loadavg counts at least its reader.
+  EXPECT_GE(transport::loadavg_running(), 1);
+}
+
 TEST(TcpTest, WaitingThreadsDriveProgress) {
   PluginHost host;
   EXPECT_GT(self_completed_waits(host, R"({"connections_per_peer": 1, "poll": "always"})"), 0u)

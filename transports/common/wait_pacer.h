@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // WaitPacer: how a thread that waits for a transport request spends the time
 // between two progress polls, shared by the transports that let the waiting
-// thread drive progress itself (libfabric, and tcp's polling wait).
+// thread drive progress itself (libfabric, and tcp's polling wait). The SDK's
+// in-process strategies use its load samplers and cpu_relax too
+// (sdk/src/local_strategy.cc, poll before sleeping).
 //
 // Why. A thread that sleeps in the kernel pays a wake-up (about 40 us on a
 // loaded 2-core guest, ../shared/bench/README.md) per message, which is what
@@ -76,23 +78,9 @@ class SmallestOfLast3 {
   std::atomic<unsigned> at_{0};
 };
 
-/// Runnable threads on this machine (the 4th field of /proc/loadavg, which
-/// counts the reader), sampled at most every 10 ms: the smallest of the
-/// last 3 samples, so that a thread that runs for a moment (an io thread
-/// looking at its queue, a kernel worker) does not count as load for the
-/// next 10 ms, while load that lasts (another busy process) shows within
-/// 30 ms. 0 when unknown. Measured: with the latest sample alone, a 2-rank
-/// tcp pingpong on 2 cores flipped between busy-polling and sleeping from
-/// one batch to the next (64 B median 11.8 us, batches 5.4-16 us); with the
-/// smallest of 3, every batch polls.
-inline int runnable_threads() {
-  using Clock = std::chrono::steady_clock;
-  static std::atomic<int64_t> next_ns{0};
-  static SmallestOfLast3 samples;
-  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
-  int64_t next = next_ns.load(std::memory_order_relaxed);
-  if (now < next || !next_ns.compare_exchange_strong(next, now + 10'000'000, std::memory_order_relaxed))
-    return samples.smallest();
+/// Runnable threads on this machine now: the first number of /proc/loadavg's
+/// 4th field (it counts the reader); 0 when unknown.
+inline int loadavg_running() {
   int running = 0;
   if (FILE* f = std::fopen("/proc/loadavg", "re")) {
     double a, b, c;
@@ -100,8 +88,47 @@ inline int runnable_threads() {
     if (std::fscanf(f, "%lf %lf %lf %d/%d", &a, &b, &c, &running, &total) != 5) running = 0;
     std::fclose(f);
   }
-  samples.add(running);
-  return samples.smallest();
+  return running;
+}
+
+/// A value sampled at most every 10 ms (by whichever thread asks first once
+/// 10 ms have passed), reported as the smallest of the last 3 samples (0
+/// before the first; with first_fills, the first sample fills all three, so
+/// that it counts at once instead of after 30 ms).
+class ThrottledSample {
+ public:
+  explicit ThrottledSample(bool first_fills = false) : first_fills_(first_fills) {}
+
+  template <class Sample>
+  int get(Sample&& sample) {
+    using Clock = std::chrono::steady_clock;
+    const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+    int64_t next = next_ns_.load(std::memory_order_relaxed);
+    if (now >= next && next_ns_.compare_exchange_strong(next, now + 10'000'000, std::memory_order_relaxed)) {
+      const int v = sample();
+      for (int i = next == 0 && first_fills_ ? 3 : 1; i > 0; --i) samples_.add(v);
+    }
+    return samples_.smallest();
+  }
+
+ private:
+  const bool first_fills_;
+  std::atomic<int64_t> next_ns_{0};
+  SmallestOfLast3 samples_;
+};
+
+/// Runnable threads on this machine (loadavg_running()), sampled at most
+/// every 10 ms per process: the smallest of the last 3 samples, so that a
+/// thread that runs for a moment (an io thread looking at its queue, a
+/// kernel worker) does not count as load for the next 10 ms, while load
+/// that lasts (another busy process) shows within 30 ms. 0 when unknown.
+/// Measured: with the latest sample alone, a 2-rank tcp pingpong on 2 cores
+/// flipped between busy-polling and sleeping from one batch to the next
+/// (64 B median 11.8 us, batches 5.4-16 us); with the smallest of 3, every
+/// batch polls.
+inline int runnable_threads() {
+  static ThrottledSample load;
+  return load.get(loadavg_running);
 }
 
 /// True when more threads want to run than this process has cores.
