@@ -230,17 +230,23 @@ TEST(WaitPacerTest, ThrottledSampleTakesOneSamplePer10msAndCanCountTheFirstAtOnc
     ++calls;
     return value;
   };
+  constexpr int64_t kMs = 1'000'000;  // the times below are steady-clock nanoseconds
   transport::ThrottledSample plain, filled(/*first_fills=*/true);
-  EXPECT_EQ(plain.get(sample), 0) << "one sample of 7 is not yet lasting load";
-  EXPECT_EQ(filled.get(sample), 7) << "first_fills: the first sample counts at once";
+  EXPECT_EQ(plain.get(sample, 1000 * kMs), 0) << "one sample of 7 is not yet lasting load";
+  EXPECT_EQ(filled.get(sample, 1000 * kMs), 7) << "first_fills: the first sample counts at once";
   EXPECT_EQ(calls, 2);
-  const auto start = std::chrono::steady_clock::now();
   value = 1;
-  while (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(8)) filled.get(sample);
+  for (int64_t t = 1000 * kMs; t < 1010 * kMs; t += kMs / 4) EXPECT_EQ(filled.get(sample, t), 7);
   EXPECT_EQ(calls, 2) << "sampled again within 10 ms";
-  std::this_thread::sleep_for(std::chrono::milliseconds(12));
-  EXPECT_EQ(filled.get(sample), 1) << "a newer, lower sample ends the load";
+  EXPECT_EQ(filled.get(sample, 1010 * kMs), 1) << "a newer, lower sample ends the load";
   EXPECT_EQ(calls, 3);
+  EXPECT_EQ(plain.get(sample, 1010 * kMs), 0);
+  EXPECT_EQ(plain.get(sample, 1020 * kMs), 1) << "3 samples: the smallest of 7, 1, 1";
+  EXPECT_EQ(calls, 5);
+  // Through the clock: the first call samples.
+  transport::ThrottledSample now;
+  EXPECT_EQ(now.get(sample), 0);
+  EXPECT_EQ(calls, 6);
   // The sample itself: /proc/loadavg counts at least its reader.
   EXPECT_GE(transport::loadavg_running(), 1);
 }

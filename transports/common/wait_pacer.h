@@ -102,7 +102,11 @@ class ThrottledSample {
   template <class Sample>
   int get(Sample&& sample) {
     using Clock = std::chrono::steady_clock;
-    const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+    return get(sample, std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count());
+  }
+  /// The same at `now` (nanoseconds on the steady clock, > 0).
+  template <class Sample>
+  int get(Sample&& sample, int64_t now) {
     int64_t next = next_ns_.load(std::memory_order_relaxed);
     if (now >= next && next_ns_.compare_exchange_strong(next, now + 10'000'000, std::memory_order_relaxed)) {
       const int v = sample();
