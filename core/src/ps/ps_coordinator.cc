@@ -70,9 +70,12 @@ class CoordinatorCore : public std::enable_shared_from_this<CoordinatorCore> {
     cv_.notify_all();
     for (auto& t : threads_) t.join();
     threads_.clear();
+    // Dispatch channels close (saying goodbye) before the workers are told
+    // to stop, so that no worker is still reading one when it closes.
+    for (auto& w : workers_) w->dispatch.reset();
     if (stop_servers) this->stop_servers();
     for (auto& w : workers_) {
-      w->dispatch.reset();
+      std::lock_guard<std::mutex> l(w->control_mu);
       w->control.reset();
     }
   }

@@ -51,6 +51,11 @@ enum Kind : std::uint32_t {
   // kVarUpdate / scatter (id, op, n, n row indices, rows tensor)
   kVarUpdateOnce = 9,
   kVarScatterOnce = 10,
+  // From a client about to close the channel; no reply. The server stops
+  // reading it, so the close that follows finds no receive posted (a posted
+  // receive that meets the close is a lost peer to the transport, which
+  // warns).
+  kBye = 11,
 };
 
 enum UpdateOp : std::uint32_t { kAssign = 0, kAssignAdd = 1, kAssignSub = 2 };
@@ -222,6 +227,8 @@ class Channel {
              BulkSink sink = {});
   void abort(const std::string& reason);
   bool broken() const { return broken_.load(); }
+  // Destroying a client's channel (rank 1) first sends kBye, unless the
+  // channel broke or the server stopped reading it (kStop answered).
   const std::string& peer() const { return peer_; }
 
  private:
@@ -245,6 +252,7 @@ class Channel {
   int peer_rank_ = 0;
   std::mutex call_mu_;
   std::atomic<bool> broken_{false};
+  bool server_reading_ = true;  // false once a kStop was answered
   std::uint64_t next_id_ = 1;
 };
 

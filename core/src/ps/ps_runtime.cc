@@ -304,7 +304,18 @@ Channel::Channel(const strata_transport_vtable* vt, strata_transport_t transport
 }
 
 Channel::~Channel() {
-  if (comm_ != nullptr) vt_->comm_destroy(comm_);
+  if (comm_ == nullptr) return;
+  if (peer_rank_ == 0 && server_reading_ && !broken_) {
+    try {
+      Frame bye;
+      bye.kind = kBye;
+      bye.id = next_id_++;
+      send(bye, 1000);
+    } catch (const std::exception&) {
+      // The server is gone already: nothing to say goodbye to.
+    }
+  }
+  vt_->comm_destroy(comm_);
 }
 
 void Channel::abort(const std::string& reason) {
@@ -480,6 +491,7 @@ Frame Channel::call(std::uint32_t kind, std::string payload, std::int64_t timeou
                  " (kind ", kind, "); the connection is out of step");
   }
   if (resp.status != STRATA_OK) detail::throw_status(resp.status, resp.payload);
+  if (kind == kStop) server_reading_ = false;
   return resp;
 }
 

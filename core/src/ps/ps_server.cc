@@ -190,6 +190,11 @@ class ServerCore : public std::enable_shared_from_this<ServerCore> {
       while (!stop_) {
         Frame req;
         if (!ch.recv(req, -1, &stop_, &place)) break;
+        if (req.kind == kBye) {
+          detail::logger("ps")->debug("{}: client {} ({}) closed its channel", who, id,
+                                      from_coordinator ? "coordinator" : "worker");
+          break;
+        }
         if (from_coordinator) touch();
         Frame resp;
         resp.kind = req.kind;
