@@ -251,7 +251,9 @@ struct LocalStrategy::Impl {
   uint32_t split_ranges = 0;
   alignas(64) std::atomic<uint32_t> split_next{0};
   alignas(64) std::atomic<uint32_t> split_finished{0};
-  bool split_active = false;           // guarded by rv_mu
+  // Written under rv_mu; an atomic so that a replica polling before it
+  // sleeps (poll_round) can read it without the lock, as round and failed.
+  std::atomic<bool> split_active{false};
   strata_status_t split_code = STRATA_OK;  // guarded by rv_mu
   std::string split_msg;               // guarded by rv_mu
   struct SplitScratch {                // one per replica thread
@@ -294,16 +296,11 @@ struct LocalStrategy::Impl {
   std::vector<Slot> slots;
   std::vector<char> arrived_flag;
   uint32_t arrived = 0;
-  uint64_t round = 0;
+  std::atomic<uint64_t> round{0};  // written under rv_mu; read without it by poll_round
   bool in_progress = false;
   strata_status_t round_status = STRATA_OK;
   std::string round_msg;
-  bool failed = false;
-  // Published copies of round, split_active and failed: written under
-  // rv_mu, read without it by the threads that poll before sleeping.
-  alignas(64) std::atomic<uint64_t> round_pub{0};
-  std::atomic<bool> split_pub{false};
-  std::atomic<bool> failed_pub{false};
+  std::atomic<bool> failed{false};  // written under rv_mu; read without it by poll_round
   strata_status_t fail_code = STRATA_OK;
   std::string fail_msg;
 
@@ -423,7 +420,6 @@ struct LocalStrategy::Impl {
   void fail_locked(strata_status_t code, const std::string& msg) {
     if (!failed) {
       failed = true;
-      failed_pub.store(true, std::memory_order_release);
       fail_code = code;
       fail_msg = msg;
     }
@@ -556,7 +552,7 @@ struct LocalStrategy::Impl {
     std::fill(arrived_flag.begin(), arrived_flag.end(), 0);
     round_status = st;
     round_msg = msg;
-    round_pub.store(++round, std::memory_order_release);
+    ++round;
     if (st != STRATA_OK) fail_locked(st, msg);
     rv_cv.notify_all();
     if (st != STRATA_OK) ::strata::detail::throw_status(st, msg);
@@ -597,8 +593,8 @@ struct LocalStrategy::Impl {
   // all-reduce has ranges for a thread that has not taken any yet.
   void poll_round(uint64_t my_round, bool worked) {
     poll([&] {
-      return round_pub.load(std::memory_order_acquire) != my_round || failed_pub.load(std::memory_order_acquire) ||
-             (!worked && split_pub.load(std::memory_order_acquire));
+      return round.load(std::memory_order_acquire) != my_round || failed.load(std::memory_order_acquire) ||
+             (!worked && split_active.load(std::memory_order_acquire));
     });
   }
 
@@ -637,7 +633,6 @@ struct LocalStrategy::Impl {
     split_code = STRATA_OK;
     split_msg.clear();
     split_active = true;
-    split_pub.store(true, std::memory_order_release);
     rv_cv.notify_all();
     return true;
   }
@@ -675,8 +670,7 @@ struct LocalStrategy::Impl {
         std::fill(arrived_flag.begin(), arrived_flag.end(), 0);
         round_status = split_code;
         round_msg = split_msg;
-        split_pub.store(false, std::memory_order_relaxed);
-        round_pub.store(++round, std::memory_order_release);
+        ++round;
         if (split_code != STRATA_OK) fail_locked(split_code, split_msg);
         rv_cv.notify_all();
         return;
@@ -1316,9 +1310,6 @@ void LocalStrategy::run(strata_replica_fn fn, void* user) {
     std::fill(m.arrived_flag.begin(), m.arrived_flag.end(), 0);
     m.in_progress = false;
     m.round = 0;
-    m.round_pub.store(0, std::memory_order_relaxed);
-    m.split_pub.store(false, std::memory_order_relaxed);
-    m.failed_pub.store(false, std::memory_order_relaxed);
     m.failed = false;
     m.fail_code = STRATA_OK;
     m.fail_msg.clear();

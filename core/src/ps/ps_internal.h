@@ -204,6 +204,8 @@ class Channel {
   // the other side in every error ("ps task 1").
   Channel(const strata_transport_vtable* vt, strata_transport_t transport, const std::string& name, int rank,
           std::int64_t timeout_ms, std::string peer);
+  // A client's channel (rank 1) first sends kBye, unless the channel broke
+  // or the server stopped reading it (kStop answered).
   ~Channel();
   Channel(const Channel&) = delete;
   Channel& operator=(const Channel&) = delete;
@@ -227,8 +229,6 @@ class Channel {
              BulkSink sink = {});
   void abort(const std::string& reason);
   bool broken() const { return broken_.load(); }
-  // Destroying a client's channel (rank 1) first sends kBye, unless the
-  // channel broke or the server stopped reading it (kStop answered).
   const std::string& peer() const { return peer_; }
 
  private:

@@ -760,32 +760,29 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
       return;
     }
     // The scratch lists are members, so a warm batch allocates nothing.
-    std::vector<uint32_t>& order = order_;
-    std::vector<char>& taken = taken_;
-    std::vector<uint32_t>& pack = pack_;
-    order.clear();
-    pack.clear();
-    taken.assign(nt, 0);
+    order_.clear();
+    pack_.clear();
+    taken_.assign(nt, 0);
     for (uint32_t t = 0; t < nt; ++t) {
-      if (taken[t]) continue;
+      if (taken_[t]) continue;
       for (uint32_t u = t; u < nt; ++u)
-        if (!taken[u] && dtype_equal(inputs[u * nr]->dtype, inputs[t * nr]->dtype)) {
-          taken[u] = 1;
-          order.push_back(u);
+        if (!taken_[u] && dtype_equal(inputs[u * nr]->dtype, inputs[t * nr]->dtype)) {
+          taken_[u] = 1;
+          order_.push_back(u);
         }
     }
     uint64_t pack_bytes = 0;
     auto flush = [&] {
-      if (!pack.empty()) run_pack(coll, op, nr, pack, inputs, outputs, outs_per_tensor);
-      pack.clear();
+      if (!pack_.empty()) run_pack(coll, op, nr, pack_, inputs, outputs, outs_per_tensor);
+      pack_.clear();
       pack_bytes = 0;
     };
-    for (uint32_t t : order) {
+    for (uint32_t t : order_) {
       const DLTensor& x = *inputs[t * nr];
       const uint64_t wb = uint64_t(sdk::element_count(x)) * sdk::dtype_size(wire_of(x.dtype));
-      const bool new_dtype = !pack.empty() && !dtype_equal(inputs[pack[0] * nr]->dtype, x.dtype);
-      if (new_dtype || (!pack.empty() && bytes_per_pack_ != 0 && pack_bytes > bytes_per_pack_)) flush();
-      pack.push_back(t);
+      const bool new_dtype = !pack_.empty() && !dtype_equal(inputs[pack_[0] * nr]->dtype, x.dtype);
+      if (new_dtype || (!pack_.empty() && bytes_per_pack_ != 0 && pack_bytes > bytes_per_pack_)) flush();
+      pack_.push_back(t);
       pack_bytes += wb;
     }
     flush();
