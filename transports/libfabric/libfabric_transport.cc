@@ -287,19 +287,27 @@ struct Request {
   bool live = false;
   size_t set_index = 0;  // position in LfComm::live_
 
-  // Back to a fresh request, keeping the pool bookkeeping and the storage
-  // of `ops` and `error`.
+  // Back to a fresh request, keeping the pool bookkeeping (slot, gen) and
+  // the storage of `ops` and `error`. Field by field: assigning a fresh
+  // Request freed and rebuilt both, a visible cost per small message.
   void reset() {
-    std::vector<Op*> o = std::move(ops);
-    std::string e = std::move(error);
-    o.clear();
-    e.clear();
-    const uint32_t s = slot, g = gen;
-    *this = Request();
-    ops = std::move(o);
-    error = std::move(e);
-    slot = s;
-    gen = g;
+    kind = kSend;
+    peer = -1;
+    tag = 0;
+    data = nullptr;
+    bytes = 0;
+    desc = nullptr;
+    cached = nullptr;
+    ctrl_seq = moved = expected = msg_ctrl_seq = 0;
+    matched = finished = false;
+    status = STRATA_OK;
+    error.clear();
+    failed_at = {};
+    ops.clear();
+    chunk = nchunks = first_seq = next_chunk = 0;
+    awaiting_cts = cts_sent = false;
+    live = false;
+    set_index = 0;
   }
 };
 
@@ -585,6 +593,7 @@ class LfComm : public sdk::CommBase {
   void post_starved_locked();
   void peer_closed_locked(int p, const InMsg& m);
   void post_ctrl_recv_locked(char* slot);
+  void repost_ctrl_recvs_locked();
   void send_ctrl_locked(Request* r, int p, const CtrlHeader& h, const char* payload, uint64_t n);
   bool inject_locked(int p, const char* msg, size_t len);
   SendSlot take_send_slot_locked();
@@ -626,6 +635,9 @@ class LfComm : public sdk::CommBase {
   Slab recv_slab_;
   std::vector<Slab> send_slabs_;
   std::vector<SendSlot> free_send_;
+  // Control receive slots whose message was handled, posted again at the
+  // start of the next poll (or within it, once half the slots wait).
+  std::vector<char*> repost_;
   // Drain targets for messages whose receive was too small: every drain
   // shares the newest (largest) one; older ones live until destruction.
   std::vector<Slab> drain_slabs_;
@@ -671,6 +683,7 @@ class LfComm : public sdk::CommBase {
   uint64_t cache_clock_ = 0;
   bool warned_unregistered_ = false;
   std::unordered_set<Region*> regions_;
+  Region* checked_region_ = nullptr;  // the last region found in regions_ (cleared when it is deregistered)
   Clock::time_point next_liveness_{};
   bool closing_ = false;
   bool destroying_ = false;  // the destructor runs: post no new receives
@@ -725,6 +738,7 @@ void LfComm::mem_deregister(strata_mem_region_t h) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
   auto* g = reinterpret_cast<Region*>(h);
   if (regions_.erase(g) == 0) return;
+  if (g == checked_region_) checked_region_ = nullptr;
   fi_close(&g->mr->fid);
   delete g;
 }
@@ -732,9 +746,12 @@ void LfComm::mem_deregister(strata_mem_region_t h) noexcept {
 void* LfComm::region_desc_locked(const strata_buffer& buf, const char* op) {
   if (buf.mr == nullptr) return nullptr;
   auto* g = reinterpret_cast<Region*>(buf.mr);
-  if (regions_.count(g) == 0)
-    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, who(), ": ", op, ": buffer.mr ", static_cast<void*>(buf.mr),
-                 " is not a live region of this communicator; pass a region from its mem_register, or NULL");
+  if (g != checked_region_) {
+    if (regions_.count(g) == 0)
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, who(), ": ", op, ": buffer.mr ", static_cast<void*>(buf.mr),
+                   " is not a live region of this communicator; pass a region from its mem_register, or NULL");
+    checked_region_ = g;
+  }
   const auto a = reinterpret_cast<uintptr_t>(buf.data);
   if (buf.bytes != 0 && (a < g->lo || a + buf.bytes > g->lo + g->len))
     STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, who(), ": ", op, ": buffer [", buf.data, ", +", buf.bytes,
@@ -1093,6 +1110,13 @@ void LfComm::post_failed_locked(Op* op, int ret) {
   on_completion_locked(op, ret < 0 ? -ret : ret, text);
 }
 
+void LfComm::repost_ctrl_recvs_locked() {
+  if (repost_.empty()) return;
+  if (!closing_ && !destroying_)
+    for (char* slot : repost_) post_ctrl_recv_locked(slot);
+  repost_.clear();
+}
+
 void LfComm::post_ctrl_recv_locked(char* slot) {
   auto* op = new_op_locked();
   op->kind = OpKind::kCtrlRecv;
@@ -1125,8 +1149,10 @@ void LfComm::progress_locked(Clock::time_point now) {
 
 void LfComm::poll_locked() {
   apply_abort_locked();
+  repost_ctrl_recvs_locked();
   fi_cq_tagged_entry entries[32];
   for (int round = 0; round < 64; ++round) {
+    if (repost_.size() >= kCtrlRecvSlots / 2) repost_ctrl_recvs_locked();
     const ssize_t n = fi_cq_read(cq_, entries, 32);
     if (n > 0) {
       for (ssize_t i = 0; i < n; ++i) {
@@ -1136,6 +1162,9 @@ void LfComm::poll_locked() {
         ++completions_;
         on_completion_locked(op, 0, "");
       }
+      // A short read emptied the queue: the next poll takes what comes
+      // meanwhile (one provider call less before the caller sees this).
+      if (n < 32) break;
       continue;
     }
     if (n == -FI_EAVAIL) {
@@ -1225,7 +1254,9 @@ void LfComm::on_completion_locked(Op* op, int err, const std::string& errtext) {
       } else if (err != FI_ECANCELED && !closing_) {
         host_.warn(who(), ": a control receive failed (", errtext, "); posting it again");
       }
-      if (!closing_ && err != FI_ECANCELED) post_ctrl_recv_locked(op->buf);
+      // Posted again at the next poll, not now: a reply the caller sends
+      // next then does not wait behind a provider call.
+      if (!closing_ && err != FI_ECANCELED) repost_.push_back(op->buf);
       return;
     case OpKind::kCtrlSend:
       free_send_.push_back(op->slot);
@@ -1453,7 +1484,6 @@ strata_request_t LfComm::isend(int32_t peer, uint64_t tag, const strata_buffer& 
   check_peer(peer, "isend");
   check_host(buf, "isend");
   std::lock_guard<std::mutex> lock(mu_);
-  poll_locked();  // learn of peers that left before sending to them (their goodbyes)
   Request* r = new_request_locked(Request::kSend, peer, tag, buf);
   Peer& p = peers_[peer];
   r->ctrl_seq = p.send_ctrl_seq;
@@ -1504,6 +1534,9 @@ strata_request_t LfComm::isend(int32_t peer, uint64_t tag, const strata_buffer& 
     r->moved = r->bytes;
     finish_locked(r, STRATA_OK, "");
   }
+  // Progress after sending, not before: the message leaves first. This
+  // learns of peers that left (their goodbyes) for the calls that follow.
+  poll_locked();
   return handle_of(r);
 }
 
@@ -1564,7 +1597,9 @@ strata_request_t LfComm::irecv(int32_t peer, uint64_t tag, const strata_buffer& 
   check_peer(peer, "irecv");
   check_host(buf, "irecv");
   std::lock_guard<std::mutex> lock(mu_);
-  poll_locked();
+  // No progress here: test() and wait() make it, and a receive posted now
+  // matches what they deliver. (A caller that posts a receive and then
+  // sends its reply would otherwise wait on the provider first.)
   Request* r = new_request_locked(Request::kRecv, peer, tag, buf);
   Peer& p = peers_[peer];
   auto it = p.unexpected.find(tag);
@@ -1595,21 +1630,28 @@ uint64_t LfComm::wait(strata_request_t h, int64_t timeout_ms) {
   if (timeout_ms < 0) timeout_ms = static_cast<int64_t>(opts_.timeout_s * 1000.0);
   uint64_t seen = 0;
   {
-    // One look before any clock is read (a small send is often complete).
+    // One look before any clock is read (a small send is often complete,
+    // and then needs no poll either).
     std::lock_guard<std::mutex> lock(mu_);
     Request* r = lookup_locked(h);
+    if (visible(*r)) return release_locked(r);
     poll_locked();
     if (visible(*r)) return release_locked(r);
     seen = completions_;
   }
   // This thread drives progress itself; between polls it busy-waits, yields
   // or sleeps as the machine's load allows (wait_pacer.h). One clock read
-  // per round serves the liveness check, the deadline and the pacer.
+  // per round serves the liveness check, the deadline and the pacer; while
+  // busy-polling pays, a round is kSpinPolls polls with nothing between
+  // them (a clock read and two pauses cost more than a poll of the shm
+  // provider, and delayed noticing a message by as much).
+  constexpr int kSpinPolls = 8;
   const auto start = Clock::now();
   const auto deadline = start + std::chrono::milliseconds(timeout_ms);
   transport::WaitPacer pacer(start);
   for (auto now = start;; now = Clock::now()) {
-    {
+    const int polls = pacer.busy_polling(now) ? kSpinPolls : 1;
+    for (int spin = 1;; ++spin) {
       std::lock_guard<std::mutex> lock(mu_);
       Request* r = lookup_locked(h);
       progress_locked(now);
@@ -1626,6 +1668,7 @@ uint64_t LfComm::wait(strata_request_t h, int64_t timeout_ms) {
         STRATA_THROW(STRATA_ERR_DEADLINE_EXCEEDED, who(), ": ", describe(*r), ": not complete after ", timeout_ms,
                      " ms; the peer may be stalled or has not posted the matching ",
                      r->kind == Request::kRecv ? "isend" : "irecv", " (the request is still pending)");
+      if (spin >= polls) break;
     }
     pacer.pause(deadline, now);
   }
