@@ -155,10 +155,11 @@ class WaitPacer {
   /// this process (an io thread), yielding would only compete with that
   /// thread, so it polls only while this holds and then blocks on its
   /// condition. Call pause() between polls as usual.
-  bool busy_polling() {
+  bool busy_polling() { return busy_polling(Clock::now()); }
+  /// The same at `now`, a time the caller has just read.
+  bool busy_polling(Clock::time_point now) {
     if ((polls_ & 63) == 0) yield_ = oversubscribed();
-    return !yield_ && sleeping_ == std::chrono::microseconds(0) &&
-           Clock::now() - start_ < std::chrono::nanoseconds(kSpinNs);
+    return !yield_ && sleeping_ == std::chrono::microseconds(0) && now - start_ < std::chrono::nanoseconds(kSpinNs);
   }
 
   /// True while pause() would still busy-poll or yield rather than sleep

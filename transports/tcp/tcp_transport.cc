@@ -1040,11 +1040,11 @@ uint64_t TcpComm::wait(strata_request_t h, int64_t timeout_ms) {
           if (ran != 0) waits_self_.fetch_add(1, std::memory_order_relaxed);
           break;
         }
-        if (ran != 0) pacer.progressed();
-        if (!(opts_.poll == Options::Poll::kAlways ? pacer.polling() : pacer.busy_polling()) ||
-            Clock::now() >= deadline)
+        const auto now = Clock::now();  // one clock read per poll serves the pacer and the deadline
+        if (ran != 0) pacer.progressed(now);
+        if (!(opts_.poll == Options::Poll::kAlways ? pacer.polling(now) : pacer.busy_polling(now)) || now >= deadline)
           break;
-        pacer.pause(deadline);
+        pacer.pause(deadline, now);
       }
       stop_polling(done);
       lock.lock();
