@@ -179,7 +179,11 @@ int run_ps_bench(const PsBenchOptions& o) {
         auto t0 = Clock::now();
         const Tensor got = v.read();
         pull_s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-        STRATA_ENFORCE(got.numel() == elems && got.to_vector<float>()[static_cast<std::size_t>(elems - 1)] == 1.5f,
+        // Checks the ends only: a copy of every element (to_vector) between
+        // the timed pull and push moved 16 MiB through the caches and the
+        // allocator right before each push.
+        STRATA_ENFORCE(got.numel() == elems && got.dtype() == DType::kFloat32 && got.data<float>()[0] == 1.5f &&
+                           got.data<float>()[elems - 1] == 1.5f,
                        STRATA_ERR_DATA_LOSS, "pull returned other data than was pushed");
         t0 = Clock::now();
         v.assign(value);
