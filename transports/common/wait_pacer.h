@@ -158,8 +158,8 @@ class WaitPacer {
   bool busy_polling() { return busy_polling(Clock::now()); }
   /// The same at `now`, a time the caller has just read.
   bool busy_polling(Clock::time_point now) {
-    if ((polls_ & 63) == 0) yield_ = oversubscribed();
-    return !yield_ && sleeping_ == std::chrono::microseconds(0) && now - start_ < std::chrono::nanoseconds(kSpinNs);
+    return !yield_now() && sleeping_ == std::chrono::microseconds(0) &&
+           now - start_ < std::chrono::nanoseconds(kSpinNs);
   }
 
   /// True while pause() would still busy-poll or yield rather than sleep
@@ -185,8 +185,8 @@ class WaitPacer {
   void pause(Clock::time_point deadline, Clock::time_point now) {
     if (sleeping_ == std::chrono::microseconds(0)) {
       const int64_t spent = std::chrono::duration_cast<std::chrono::nanoseconds>(now - start_).count();
-      if ((++polls_ & 63) == 1) yield_ = oversubscribed();
-      if (!yield_ && spent < kSpinNs) {
+      ++polls_;
+      if (!yield_now() && spent < kSpinNs) {
         // A pause takes 10 to 140 cycles depending on the CPU (39 ns on
         // this EPYC VM): 16 of them delayed noticing a message by up to
         // 0.6 us. Two keep the poll loop off the memory bus and cost little.
@@ -208,7 +208,18 @@ class WaitPacer {
  private:
   Clock::time_point start_;
   std::chrono::microseconds sleeping_{0};
-  uint32_t polls_ = 0;
+  // Whether to yield rather than spin, from the load looked up at most once
+  // per 64 polls (busy_polling() and pause() in the same round share it).
+  bool yield_now() {
+    if (polls_ >= yield_next_) {
+      yield_ = oversubscribed();
+      yield_next_ = polls_ + 64;
+    }
+    return yield_;
+  }
+
+  uint32_t polls_ = 0;  // pause() calls
+  uint32_t yield_next_ = 0;
   bool yield_ = false;
 };
 
