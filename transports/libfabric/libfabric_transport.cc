@@ -259,6 +259,8 @@ struct CacheEntry {
   uint64_t last_use = 0;
 };
 
+// Pooled: reset() puts back every field but slot and gen; a field added
+// here needs its line there.
 struct Request {
   enum Kind { kSend, kRecv, kWrite } kind = kSend;
   int peer = -1;
