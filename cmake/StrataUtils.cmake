@@ -16,10 +16,13 @@ macro(strata_apply_sanitizers list skip)
     if("${list}" MATCHES "thread" AND "${list}" MATCHES "address")
       message(FATAL_ERROR "STRATA_SANITIZE: thread and address sanitizers cannot be combined")
     endif()
-    add_compile_options(-fsanitize=${list} -fno-omit-frame-pointer -fno-sanitize-recover=all)
+    # Host compilers only: nvcc (the core's .cu file) takes no -fsanitize.
+    add_compile_options($<$<COMPILE_LANGUAGE:C,CXX>:-fsanitize=${list}>
+                        $<$<COMPILE_LANGUAGE:C,CXX>:-fno-omit-frame-pointer>
+                        $<$<COMPILE_LANGUAGE:C,CXX>:-fno-sanitize-recover=all>)
     add_link_options(-fsanitize=${list})
     if(NOT "${skip}" STREQUAL "")
-      add_compile_options(-fno-sanitize=${skip})
+      add_compile_options($<$<COMPILE_LANGUAGE:C,CXX>:-fno-sanitize=${skip}>)
     endif()
   endif()
 endmacro()

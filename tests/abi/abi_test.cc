@@ -50,7 +50,7 @@ static_assert(offsetof(strata_collective_fingerprint, dtype) == 40, "strata_coll
 static_assert(offsetof(strata_collective_fingerprint, count) == 48, "strata_collective_fingerprint.count moved");
 static_assert(offsetof(strata_collective_fingerprint, rank) == 56, "strata_collective_fingerprint.rank moved");
 static_assert(offsetof(strata_collective_fingerprint, peer) == 60, "strata_collective_fingerprint.peer moved");
-static_assert(sizeof(strata_host_api) == 200, "strata_host_api size changed: the ABI is frozen; append fields and bump STRATA_ABI_MINOR");
+static_assert(sizeof(strata_host_api) == 208, "strata_host_api size changed: the ABI is frozen; append fields and bump STRATA_ABI_MINOR");
 static_assert(offsetof(strata_host_api, struct_size) == 0, "strata_host_api.struct_size moved");
 static_assert(offsetof(strata_host_api, abi_minor) == 4, "strata_host_api.abi_minor moved");
 static_assert(offsetof(strata_host_api, ext) == 8, "strata_host_api.ext moved");
@@ -77,8 +77,10 @@ static_assert(offsetof(strata_host_api, stream_create) == 168, "strata_host_api.
 static_assert(offsetof(strata_host_api, stream_destroy) == 176, "strata_host_api.stream_destroy moved");
 static_assert(offsetof(strata_host_api, stream_synchronize) == 184, "strata_host_api.stream_synchronize moved");
 static_assert(offsetof(strata_host_api, memcpy_async) == 192, "strata_host_api.memcpy_async moved");
+static_assert(offsetof(strata_host_api, device_update) == 200, "strata_host_api.device_update moved");
 static_assert(STRATA_HOST_API_STRUCT_SIZE_1_2 == 128, "1.2 host table size moved");
 static_assert(STRATA_HOST_API_STRUCT_SIZE_1_3 == 152, "1.3 host table size moved");
+static_assert(STRATA_HOST_API_STRUCT_SIZE_1_4 == 200, "1.4 host table size moved");
 static_assert(sizeof(strata_plugin_component) == 48, "strata_plugin_component size changed: the ABI is frozen; append fields and bump STRATA_ABI_MINOR");
 static_assert(offsetof(strata_plugin_component, struct_size) == 0, "strata_plugin_component.struct_size moved");
 static_assert(offsetof(strata_plugin_component, abi_minor) == 4, "strata_plugin_component.abi_minor moved");
@@ -235,7 +237,8 @@ static_assert(offsetof(strata_input_generator, next) == 32, "strata_input_genera
 static_assert(offsetof(strata_input_generator, finish) == 40, "strata_input_generator.finish moved");
 
 static_assert(STRATA_ABI_MAJOR == 1, "ABI major");
-static_assert(STRATA_ABI_MINOR == 4, "ABI minor: add pinned numbers for the new fields when raising it");
+static_assert(STRATA_ABI_MINOR == 5, "ABI minor: add pinned numbers for the new fields when raising it");
+// 1.4 sizes: what a 1.4 build hands out (1.5 appended the host's device_update).
 // 1.3 sizes: what a 1.3 build hands out (1.4 appended the host device services
 // device_count .. memcpy_async and the strategy's replica_stream).
 // 1.2 sizes: what a 1.2 build hands out (1.3 appended the ps_variable_* host entries,
@@ -291,7 +294,7 @@ const Layout kLayout[] = {
     {"strata_collective_fingerprint", "count", offsetof(strata_collective_fingerprint, count), 48},
     {"strata_collective_fingerprint", "rank", offsetof(strata_collective_fingerprint, rank), 56},
     {"strata_collective_fingerprint", "peer", offsetof(strata_collective_fingerprint, peer), 60},
-    {"strata_host_api", nullptr, sizeof(strata_host_api), 200},
+    {"strata_host_api", nullptr, sizeof(strata_host_api), 208},
     {"strata_host_api", "struct_size", offsetof(strata_host_api, struct_size), 0},
     {"strata_host_api", "abi_minor", offsetof(strata_host_api, abi_minor), 4},
     {"strata_host_api", "ext", offsetof(strata_host_api, ext), 8},
@@ -318,6 +321,7 @@ const Layout kLayout[] = {
     {"strata_host_api", "stream_destroy", offsetof(strata_host_api, stream_destroy), 176},
     {"strata_host_api", "stream_synchronize", offsetof(strata_host_api, stream_synchronize), 184},
     {"strata_host_api", "memcpy_async", offsetof(strata_host_api, memcpy_async), 192},
+    {"strata_host_api", "device_update", offsetof(strata_host_api, device_update), 200},
     {"strata_plugin_component", nullptr, sizeof(strata_plugin_component), 48},
     {"strata_plugin_component", "struct_size", offsetof(strata_plugin_component, struct_size), 0},
     {"strata_plugin_component", "abi_minor", offsetof(strata_plugin_component, abi_minor), 4},
@@ -481,7 +485,7 @@ TEST(AbiTest, LayoutMatchesThePinnedNumbers) {
       EXPECT_EQ(l.actual, l.pinned) << "sizeof(" << l.type << ")";
     }
   }
-  EXPECT_EQ(rows, 204u);
+  EXPECT_EQ(rows, 205u);
 }
 
 // 1.4: the host hands out the device services in every build (a build
@@ -499,11 +503,16 @@ TEST(AbiTest, HostTableHasTheDeviceServices) {
   EXPECT_NE(api->stream_destroy, nullptr);
   EXPECT_NE(api->stream_synchronize, nullptr);
   EXPECT_NE(api->memcpy_async, nullptr);
-  // A reader of a 1.3 table must not see them.
+  EXPECT_NE(api->device_update, nullptr);  // 1.5
+  // A reader of a 1.3 table must not see them, nor a reader of a 1.4 table
+  // the 1.5 entry.
   strata_host_api old = *api;
   old.struct_size = STRATA_HOST_API_STRUCT_SIZE_1_3;
   EXPECT_FALSE(STRATA_HAS_FIELD(&old, strata_host_api, device_count));
   EXPECT_TRUE(STRATA_HAS_FIELD(&old, strata_host_api, ps_variable_update));
+  old.struct_size = STRATA_HOST_API_STRUCT_SIZE_1_4;
+  EXPECT_TRUE(STRATA_HAS_FIELD(&old, strata_host_api, memcpy_async));
+  EXPECT_FALSE(STRATA_HAS_FIELD(&old, strata_host_api, device_update));
   strata_error err;
   strata_error_init(&err);
   int32_t count = -1;

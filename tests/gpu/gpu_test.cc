@@ -14,8 +14,11 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -23,6 +26,7 @@
 
 #include "strata/plugin_host.hpp"
 #include "strata/sdk/device.hpp"
+#include "strata/sdk/kernels.hpp"
 #include "strata/sdk/local_strategy.hpp"
 #include "strata/strata.hpp"
 
@@ -250,6 +254,209 @@ TEST(GpuTest, HostServicesCopyAndSynchronize) {
   api->free_memory(api, pinned, p);
   api->stream_destroy(api, stream);
   EXPECT_EQ(api->set_device(api, DLDevice{kDLCUDA, num_gpus()}, &err), STRATA_ERR_INVALID_ARGUMENT);
+}
+
+// ---------------------------------------------- device_update (ABI 1.5) ---
+
+struct UpdateDtype {
+  const char* name;
+  DLDataType dl;
+};
+const UpdateDtype kUpdateDtypes[] = {{"float16", {kDLFloat, 16, 1}}, {"bfloat16", {kDLBfloat, 16, 1}},
+                                     {"float32", {kDLFloat, 32, 1}}, {"float64", {kDLFloat, 64, 1}},
+                                     {"int32", {kDLInt, 32, 1}},     {"int64", {kDLInt, 64, 1}}};
+
+// Whether element i of `bytes` (dtype d) is a NaN: only NaN payloads may
+// differ between the host and a GPU (a GPU returns the canonical NaN).
+bool is_nan_at(const std::vector<unsigned char>& bytes, DLDataType d, std::size_t i) {
+  if (d.code == kDLInt) return false;
+  if (d.bits == 16) {
+    std::uint16_t h;
+    std::memcpy(&h, bytes.data() + i * 2, 2);
+    return d.code == kDLBfloat ? (h & 0x7f80u) == 0x7f80u && (h & 0x7fu) != 0
+                               : (h & 0x7c00u) == 0x7c00u && (h & 0x3ffu) != 0;
+  }
+  if (d.bits == 32) {
+    float f;
+    std::memcpy(&f, bytes.data() + i * 4, 4);
+    return std::isnan(f);
+  }
+  double x;
+  std::memcpy(&x, bytes.data() + i * 8, 8);
+  return std::isnan(x);
+}
+
+// `count` elements of d: random bit patterns (every exponent, subnormals,
+// infinities, NaNs, ties of the 16-bit roundings) and, for floats, ordinary
+// values of similar magnitude whose sums round.
+std::vector<unsigned char> update_operand(DLDataType d, std::size_t count, std::uint32_t seed) {
+  std::mt19937_64 rng(seed);
+  const std::size_t es = d.bits / 8;
+  std::vector<unsigned char> out(count * es);
+  for (std::size_t i = 0; i < count; ++i) {
+    std::uint64_t bits = rng();
+    if (d.code != kDLInt && i % 2 == 1) {  // ordinary values
+      const double v = std::ldexp(static_cast<double>(rng() % 100000) - 50000.0, -static_cast<int>(rng() % 12));
+      if (d.bits == 64) {
+        std::memcpy(&bits, &v, 8);
+      } else {
+        const float f = static_cast<float>(v);
+        std::uint32_t u;
+        std::memcpy(&u, &f, 4);
+        bits = d.bits == 32 ? u : d.code == kDLBfloat ? u >> 16 : bits;
+        if (d.code == kDLFloat && d.bits == 16) bits = (rng() % 2 ? 0x3c00u : 0x4800u) | (rng() & 0x3ffu);
+      }
+    }
+    std::memcpy(out.data() + i * es, &bits, es);
+  }
+  return out;
+}
+
+TEST(GpuTest, HostDeviceUpdateGivesTheHostKernelsBits) {
+  SKIP_WITHOUT_GPU();
+  PluginHost host;
+  const strata_host_api* api = host.host_api();
+  ASSERT_TRUE(STRATA_HAS_FIELD(api, strata_host_api, device_update));
+  const DLDevice gpu{kDLCUDA, 0}, cpu{kDLCPU, 0};
+  strata_error err;
+  strata_error_init(&err);
+  void* stream = nullptr;
+  ASSERT_EQ(api->stream_create(api, gpu, &stream, &err), STRATA_OK) << err.message;
+  const std::size_t count = 100003;  // not a multiple of any block size
+  for (const UpdateDtype& dt : kUpdateDtypes) {
+    const std::size_t bytes = count * (dt.dl.bits / 8);
+    void* d_dst = api->allocate(api, gpu, bytes, 0);
+    void* d_src = api->allocate(api, gpu, bytes, 0);
+    ASSERT_NE(d_dst, nullptr);
+    ASSERT_NE(d_src, nullptr);
+    for (strata_var_update_op op : {STRATA_VAR_ASSIGN, STRATA_VAR_ASSIGN_ADD, STRATA_VAR_ASSIGN_SUB}) {
+      for (int mode = 0; mode < 3; ++mode) {  // 0: synchronous, 1: on a stream, 2: dst == src on a stream
+        SCOPED_TRACE(std::string(dt.name) + " op " + std::to_string(op) + " mode " + std::to_string(mode));
+        const std::vector<unsigned char> a = update_operand(dt.dl, count, 7u + op * 3u + mode);
+        const std::vector<unsigned char> b = mode == 2 ? a : update_operand(dt.dl, count, 1000u + op);
+        std::vector<unsigned char> expect = a;
+        sdk::kernels::apply_update(op, dt.dl, expect.data(), b.data(), count);  // in mode 2, b == a: x op x
+        ASSERT_EQ(api->memcpy_async(api, d_dst, gpu, a.data(), cpu, bytes, nullptr, &err), STRATA_OK) << err.message;
+        ASSERT_EQ(api->memcpy_async(api, d_src, gpu, b.data(), cpu, bytes, nullptr, &err), STRATA_OK) << err.message;
+        void* src = mode == 2 ? d_dst : d_src;
+        ASSERT_EQ(api->device_update(api, op, dt.dl, d_dst, src, count, gpu, mode == 0 ? nullptr : stream, &err),
+                  STRATA_OK)
+            << err.message;
+        if (mode != 0) {
+          ASSERT_EQ(api->stream_synchronize(api, stream, 60000, &err), STRATA_OK) << err.message;
+        }
+        std::vector<unsigned char> got(bytes);
+        ASSERT_EQ(api->memcpy_async(api, got.data(), cpu, d_dst, gpu, bytes, nullptr, &err), STRATA_OK)
+            << err.message;
+        const std::size_t es = dt.dl.bits / 8;
+        std::size_t wrong = 0, nans = 0;
+        for (std::size_t i = 0; i < count; ++i) {
+          const bool nan_e = is_nan_at(expect, dt.dl, i), nan_g = is_nan_at(got, dt.dl, i);
+          nans += nan_e;
+          const bool same = nan_e ? nan_g : std::memcmp(&expect[i * es], &got[i * es], es) == 0;
+          if (!same && wrong++ < 3) ADD_FAILURE() << "element " << i << " differs from the host kernel's";
+        }
+        EXPECT_EQ(wrong, 0u);
+        if (dt.dl.code != kDLInt) {
+          EXPECT_LT(nans, count / 2);  // most elements are numbers
+        }
+      }
+    }
+    api->free_memory(api, gpu, d_dst);
+    api->free_memory(api, gpu, d_src);
+  }
+  api->stream_destroy(api, stream);
+}
+
+TEST(GpuTest, HostDeviceUpdateRefusesMemoryItCannotTouch) {
+  SKIP_WITHOUT_GPU();
+  PluginHost host;
+  const strata_host_api* api = host.host_api();
+  const DLDevice gpu{kDLCUDA, 0}, cpu{kDLCPU, 0}, pinned{kDLCUDAHost, 0};
+  const DLDataType f32{kDLFloat, 32, 1};
+  strata_error err;
+  strata_error_init(&err);
+  float* d = static_cast<float*>(api->allocate(api, gpu, 1024 * 4, 0));
+  float* p = static_cast<float*>(api->allocate(api, pinned, 1024 * 4, 0));
+  ASSERT_NE(d, nullptr);
+  ASSERT_NE(p, nullptr);
+  std::vector<float> h(1024, 1.0f);
+  // Host memory, pinned or not, would fault inside a kernel: refused by name.
+  EXPECT_EQ(api->device_update(api, STRATA_VAR_ASSIGN_ADD, f32, d, h.data(), 1024, gpu, nullptr, &err),
+            STRATA_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(err.message, "source buffer")) << err.message;
+  EXPECT_EQ(api->device_update(api, STRATA_VAR_ASSIGN_ADD, f32, p, d, 1024, gpu, nullptr, &err),
+            STRATA_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(err.message, "destination buffer")) << err.message;
+  EXPECT_TRUE(contains(err.message, "pinned host memory")) << err.message;
+  // Partial overlap is refused; the same buffer is fine.
+  EXPECT_EQ(api->device_update(api, STRATA_VAR_ASSIGN_ADD, f32, d, d + 1, 512, gpu, nullptr, &err),
+            STRATA_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(err.message, "overlap")) << err.message;
+  EXPECT_EQ(api->device_update(api, STRATA_VAR_ASSIGN_ADD, f32, d, d, 0, gpu, nullptr, &err), STRATA_OK);
+  EXPECT_EQ(api->device_update(api, STRATA_VAR_ASSIGN_ADD, f32, d, nullptr, 4, gpu, nullptr, &err),
+            STRATA_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(api->device_update(api, STRATA_VAR_ASSIGN_ADD, f32, d, d, 4, DLDevice{kDLCUDA, num_gpus()}, nullptr,
+                               &err),
+            STRATA_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(err.message, "does not exist")) << err.message;
+  // Nothing ran, so the GPU still works: 1 + 1 = 2 everywhere.
+  ASSERT_EQ(api->memcpy_async(api, d, gpu, h.data(), cpu, 1024 * 4, nullptr, &err), STRATA_OK) << err.message;
+  ASSERT_EQ(api->device_update(api, STRATA_VAR_ASSIGN_ADD, f32, d, d, 1024, gpu, nullptr, &err), STRATA_OK)
+      << err.message;
+  ASSERT_EQ(api->memcpy_async(api, h.data(), cpu, d, gpu, 1024 * 4, nullptr, &err), STRATA_OK) << err.message;
+  EXPECT_EQ(h, std::vector<float>(1024, 2.0f));
+  api->free_memory(api, gpu, d);
+  api->free_memory(api, pinned, p);
+}
+
+// Variable updates of every kind on mirrored gpu:0 give the bits they give on
+// cpu:0: replica context with GPU values (all-reduced and applied on the GPU)
+// and host values, ON_READ copies, cross-replica updates, several dtypes.
+std::vector<std::vector<double>> run_variable_updates(const std::string& device, DType dtype) {
+  const bool on_gpu = device != "cpu:0";
+  Strategy s = Strategy::create("mirrored", R"({"devices": [")" + device + R"("]})");
+  Scope scope = s.scope();
+  std::vector<Variable> vars;
+  const Aggregation aggs[] = {Aggregation::SUM, Aggregation::MEAN, Aggregation::ONLY_FIRST_REPLICA};
+  const bool is_float = dtype != DType::kInt32 && dtype != DType::kInt64;
+  for (Aggregation agg : aggs) {
+    if (agg == Aggregation::MEAN && !is_float) continue;
+    VariableOptions vo;
+    vo.name = "v" + std::to_string(vars.size());
+    vo.aggregation = agg;
+    vars.emplace_back(Tensor::from_doubles({1.5, -2.25, 3.0, 1e3, 0.1}, {5}, dtype), vo);
+    vo.name += "_on_read";
+    vo.synchronization = Synchronization::ON_READ;
+    vars.emplace_back(Tensor::from_doubles({0.5, 0.25, -1.0, 7.0, 0.3}, {5}, dtype), vo);
+  }
+  for (int step = 0; step < 3; ++step) {
+    s.run([&](ReplicaContext& ctx) {
+      const double k = step + 1;
+      Tensor delta = Tensor::from_doubles({0.1 * k, 1.0, -0.7 * k, 33.0, 1e-3 * k}, {5}, dtype);
+      Tensor gpu_delta = on_gpu ? delta.to(device) : delta.clone();
+      for (Variable& v : vars) {
+        v.assign_add(gpu_delta);
+        v.assign_sub(delta);  // a host value on a GPU copy
+        v.assign_add(gpu_delta);
+        if (step == 2 && v.aggregation() != Aggregation::SUM) v.assign(gpu_delta);
+      }
+    });
+    for (Variable& v : vars)
+      if (v.synchronization() != Synchronization::ON_READ || v.aggregation() != Aggregation::SUM)
+        v.assign_add(Tensor::from_doubles({1, 2, 3, 4, 5}, {5}, dtype));
+  }
+  std::vector<std::vector<double>> out;
+  for (Variable& v : vars) out.push_back(v.value().to_doubles());
+  return out;
+}
+
+TEST(GpuTest, VariableUpdatesOnAGpuGiveTheHostsBits) {
+  SKIP_WITHOUT_GPU();
+  for (DType dt : {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kFloat64, DType::kInt32}) {
+    SCOPED_TRACE(static_cast<int>(dt));
+    EXPECT_EQ(run_variable_updates("gpu:0", dt), run_variable_updates("cpu:0", dt));
+  }
 }
 
 TEST(GpuTest, OneDeviceTrainingLoopKeepsTheVariableOnTheGpu) {

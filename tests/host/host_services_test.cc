@@ -173,6 +173,44 @@ TEST_F(HostServicesTest, AllocateHonoursAlignmentAndDevice) {
   EXPECT_EQ(api_->allocate(api_, DLDevice{kDLOpenCL, 0}, 100, 0), nullptr);  // never supported
 }
 
+// device_update (ABI 1.5) refuses what it cannot do before touching memory,
+// with or without a GPU; tests/gpu checks its arithmetic on a GPU.
+TEST_F(HostServicesTest, DeviceUpdateRefusesBadArgumentsAndNamesAMissingGpu) {
+  const DLDataType f32{kDLFloat, 32, 1};
+  float host_a[4] = {1, 2, 3, 4}, host_b[4] = {1, 1, 1, 1};
+  const DLDevice gpu0{kDLCUDA, 0};
+  // Not a GPU, an unsupported dtype, an unknown op: INVALID_ARGUMENT naming it.
+  EXPECT_EQ(api_->device_update(api_, STRATA_VAR_ASSIGN_ADD, f32, host_a, host_b, 4, DLDevice{kDLCPU, 0}, nullptr,
+                                &err_),
+            STRATA_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(err_.message, "must be a GPU")) << err_.message;
+  EXPECT_EQ(api_->device_update(api_, STRATA_VAR_ASSIGN_ADD, DLDataType{kDLUInt, 8, 1}, host_a, host_b, 4, gpu0,
+                                nullptr, &err_),
+            STRATA_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(err_.message, "not supported")) << err_.message;
+  EXPECT_EQ(api_->device_update(api_, 7, f32, host_a, host_b, 4, gpu0, nullptr, &err_), STRATA_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(err_.message, "ASSIGN_ADD")) << err_.message;
+  EXPECT_EQ(host_a[0], 1.0f);
+  int32_t gpus = 0;
+  strata_error count_err;
+  strata_error_init(&count_err);
+  const strata_status_t have = api_->device_count(api_, kDLCUDA, &gpus, &count_err);
+  const strata_status_t st = api_->device_update(api_, STRATA_VAR_ASSIGN_ADD, f32, host_a, host_b, 4, gpu0, nullptr,
+                                                 &err_);
+  if (have == STRATA_OK) {
+    // Host memory handed to a GPU kernel would ruin the CUDA context: refused.
+    EXPECT_EQ(st, STRATA_ERR_INVALID_ARGUMENT);
+    EXPECT_TRUE(contains(err_.message, "host memory, not memory of gpu:0")) << err_.message;
+  } else {
+    // No GPU (or no CUDA in this build): the same status and reason as device_count.
+    EXPECT_EQ(st, have) << err_.message;
+    EXPECT_TRUE(contains(err_.message, have == STRATA_ERR_UNIMPLEMENTED ? "needs a build with CUDA"
+                                                                         : "no CUDA device visible"))
+        << err_.message;
+  }
+  EXPECT_EQ(host_a[0], 1.0f);
+}
+
 TEST_F(HostServicesTest, GetConfigByJsonPointer) {
   host_.set_config(R"({"timeouts": {"collective_s": 300}, "strategy": {"name": "mirrored"}})");
   std::string out;

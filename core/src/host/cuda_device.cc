@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "host/cuda_device.h"
 
+#include "strata/c/strategy.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -11,9 +13,36 @@
 
 #if defined(STRATA_WITH_CUDA_RUNTIME)
 #include <cuda_runtime_api.h>
+
+#include "host/cuda_kernels.h"
 #endif
 
 namespace strata::detail::cuda {
+
+namespace {
+// device_update's checks that need no GPU, the same in every build.
+strata_status_t check_update(uint32_t op, DLDataType d, DLDevice dev, std::string* why) {
+  const bool known = d.lanes == 1 && (((d.code == kDLFloat) && (d.bits == 16 || d.bits == 32 || d.bits == 64)) ||
+                                      (d.code == kDLBfloat && d.bits == 16) ||
+                                      (d.code == kDLInt && (d.bits == 32 || d.bits == 64)));
+  if (!known) {
+    if (why)
+      *why = "device_update: dtype (code " + std::to_string(d.code) + ", " + std::to_string(d.bits) + " bits, " +
+             std::to_string(d.lanes) + " lanes) is not supported; use float16, bfloat16, float32, float64, int32 "
+             "or int64";
+    return STRATA_ERR_INVALID_ARGUMENT;
+  }
+  if (op != STRATA_VAR_ASSIGN && op != STRATA_VAR_ASSIGN_ADD && op != STRATA_VAR_ASSIGN_SUB) {
+    if (why) *why = "device_update: op " + std::to_string(op) + " is not ASSIGN(0), ASSIGN_ADD(1) or ASSIGN_SUB(2)";
+    return STRATA_ERR_INVALID_ARGUMENT;
+  }
+  if (dev.device_type != kDLCUDA) {
+    if (why) *why = "device_update: the device must be a GPU (kDLCUDA); update host memory on the host";
+    return STRATA_ERR_INVALID_ARGUMENT;
+  }
+  return STRATA_OK;
+}
+}  // namespace
 
 #if !defined(STRATA_WITH_CUDA_RUNTIME)
 
@@ -51,6 +80,11 @@ strata_status_t stream_synchronize(void*, int64_t, const std::function<bool()>&,
 }
 strata_status_t memcpy_async(void*, DLDevice, const void*, DLDevice, uint64_t, void*, std::string* why) {
   return unimplemented(why, "memcpy_async");
+}
+strata_status_t update(uint32_t op, DLDataType dtype, void*, const void*, uint64_t, DLDevice dev, void*,
+                       std::string* why) {
+  const strata_status_t st = check_update(op, dtype, dev, why);
+  return st != STRATA_OK ? st : unimplemented(why, "device_update");
 }
 void* allocate(DLDevice, uint64_t, std::string* why) {
   unimplemented(why, "allocate");
@@ -293,6 +327,74 @@ strata_status_t memcpy_async(void* dst, DLDevice dst_dev, const void* src, DLDev
                         static_cast<cudaStream_t>(stream));
   }
   if (e != cudaSuccess) return fail(why, "cudaMemcpyAsync of " + std::to_string(bytes) + " bytes", e);
+  return STRATA_OK;
+}
+
+namespace {
+// The kernels' element type of a dtype check_update accepted.
+ElemType elem_type(DLDataType d) {
+  if (d.code == kDLBfloat) return ElemType::kBF16;
+  if (d.code == kDLInt) return d.bits == 32 ? ElemType::kI32 : ElemType::kI64;
+  return d.bits == 16 ? ElemType::kF16 : d.bits == 32 ? ElemType::kF32 : ElemType::kF64;
+}
+
+// Whether [p, p + bytes) is memory that `dev`'s kernels may use: its own
+// device memory, or managed memory. A kernel that touched anything else
+// would fail with an illegal address, which ruins the whole CUDA context.
+strata_status_t check_device_memory(const void* p, uint64_t bytes, int dev, const char* role, std::string* why) {
+  cudaPointerAttributes a{};
+  const cudaError_t e = cudaPointerGetAttributes(&a, p);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return fail(why, std::string("device_update: cannot tell what memory the ") + role + " buffer is", e);
+  }
+  if (a.type == cudaMemoryTypeManaged) return STRATA_OK;
+  if (a.type != cudaMemoryTypeDevice || a.device != dev) {
+    if (why)
+      *why = std::string("device_update: the ") + role + " buffer (" + std::to_string(bytes) + " bytes) is " +
+             (a.type == cudaMemoryTypeDevice ? "memory of gpu:" + std::to_string(a.device)
+              : a.type == cudaMemoryTypeHost ? std::string("pinned host memory")
+                                             : std::string("host memory")) +
+             ", not memory of gpu:" + std::to_string(dev) + "; copy it there first (memcpy_async)";
+    return STRATA_ERR_INVALID_ARGUMENT;
+  }
+  return STRATA_OK;
+}
+}  // namespace
+
+strata_status_t update(uint32_t op, DLDataType dtype, void* dst, const void* src, uint64_t count, DLDevice dev,
+                       void* stream, std::string* why) {
+  strata_status_t st = check_update(op, dtype, dev, why);
+  if (st != STRATA_OK) return st;
+  const ElemType type = elem_type(dtype);
+  if ((st = check_device(dev, why)) != STRATA_OK || count == 0) return st;
+  if (dst == nullptr || src == nullptr) {
+    if (why) *why = "device_update: dst or src is NULL";
+    return STRATA_ERR_INVALID_ARGUMENT;
+  }
+  const uint64_t bytes = count * (dtype.bits / 8);
+  const auto* d = static_cast<const char*>(dst);
+  const auto* s = static_cast<const char*>(src);
+  if (d != s && d < s + bytes && s < d + bytes) {
+    if (why) *why = "device_update: dst and src overlap without being the same buffer; pass separate buffers";
+    return STRATA_ERR_INVALID_ARGUMENT;
+  }
+  DeviceGuard g(dev.device_id);
+  if (g.status() != cudaSuccess) return fail(why, "device_update: making gpu:" + std::to_string(dev.device_id) +
+                                                      " current", g.status());
+  if ((st = check_device_memory(dst, bytes, dev.device_id, "destination", why)) != STRATA_OK) return st;
+  if ((st = check_device_memory(src, bytes, dev.device_id, "source", why)) != STRATA_OK) return st;
+  cudaError_t e;
+  if (op == STRATA_VAR_ASSIGN) {
+    e = dst == src ? cudaSuccess
+                   : cudaMemcpyAsync(dst, src, static_cast<std::size_t>(bytes), cudaMemcpyDeviceToDevice,
+                                     static_cast<cudaStream_t>(stream));
+  } else {
+    e = static_cast<cudaError_t>(
+        launch_add(type, op == STRATA_VAR_ASSIGN_ADD ? 1 : -1, dst, src, count, stream));
+  }
+  if (e == cudaSuccess && stream == nullptr) e = cudaStreamSynchronize(nullptr);
+  if (e != cudaSuccess) return fail(why, "device_update of " + std::to_string(count) + " elements", e);
   return STRATA_OK;
 }
 

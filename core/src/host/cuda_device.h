@@ -43,6 +43,13 @@ strata_status_t stream_synchronize(void* stream, int64_t timeout_ms, const std::
 strata_status_t memcpy_async(void* dst, DLDevice dst_dev, const void* src, DLDevice src_dev, uint64_t bytes,
                              void* stream, std::string* why);
 
+/// dst = src, dst += src or dst -= src (strata_var_update_op `op`) on
+/// `count` elements of `dtype` in `dev`'s memory, ordered on `stream` (NULL:
+/// synchronous). Checks the dtype, the op, that both buffers are `dev`'s
+/// memory and that they do not partly overlap, before anything runs.
+strata_status_t update(uint32_t op, DLDataType dtype, void* dst, const void* src, uint64_t count, DLDevice dev,
+                       void* stream, std::string* why);
+
 /// kDLCUDA (stream-ordered pool, usable on return) or kDLCUDAHost (pinned).
 /// NULL on failure with `why` filled (when non-NULL).
 void* allocate(DLDevice dev, uint64_t bytes, std::string* why);

@@ -322,6 +322,17 @@ strata_status_t api_memcpy_async(const strata_host_api* host, void* dst, DLDevic
   }
 }
 
+strata_status_t api_device_update(const strata_host_api*, uint32_t op, DLDataType dtype, void* dst, const void* src,
+                                  uint64_t count, DLDevice device, void* stream, strata_error* err) {
+  try {
+    std::string why;
+    const strata_status_t st = cuda::update(op, dtype, dst, src, count, device, stream, &why);
+    return st == STRATA_OK ? st : set_error(err, st, why);
+  } catch (...) {
+    return internal_error(err, "device_update");
+  }
+}
+
 int64_t effective_timeout(HostShared* s, int64_t timeout_ms) {
   return timeout_ms < 0 ? s->default_store_timeout_ms() : timeout_ms;
 }
@@ -453,6 +464,7 @@ HostShared::HostShared() {
   a.stream_destroy = api_stream_destroy;
   a.stream_synchronize = api_stream_synchronize;
   a.memcpy_async = api_memcpy_async;
+  a.device_update = api_device_update;
   table.shared = this;
   static_assert(std::is_standard_layout_v<HostTable>, "HostTable must map back from its first member");
 }

@@ -36,8 +36,9 @@ extern "C" {
  *  1.2: appended the fields marked "since 1.2" (set_transport).
  *  1.3: appended the fields marked "since 1.3" (parameter-server variables).
  *  1.4: appended the fields marked "since 1.4" (CUDA devices: host device
- *       services, strategy replica_stream). */
-#define STRATA_ABI_MINOR 4
+ *       services, strategy replica_stream).
+ *  1.5: appended the host's device_update (arithmetic on GPU memory). */
+#define STRATA_ABI_MINOR 5
 
 #if defined(_WIN32)
 #define STRATA_EXPORT __declspec(dllexport)

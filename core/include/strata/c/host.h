@@ -223,6 +223,24 @@ typedef struct strata_host_api {
   strata_status_t (*memcpy_async)(const struct strata_host_api* host, void* dst, DLDevice dst_device,
                                   const void* src, DLDevice src_device, uint64_t bytes, void* stream,
                                   strata_error* err);
+
+  /* ---- since 1.5: arithmetic on GPU memory ---- */
+
+  /** Update `count` elements of `dtype` at `dst` with those at `src`, both
+   *  memory of `device` (kDLCUDA), as a variable update does: `op` is a
+   *  strata_var_update_op (ASSIGN: dst = src, ASSIGN_ADD: dst += src,
+   *  ASSIGN_SUB: dst -= src). The arithmetic is the host's, so the bits
+   *  equal what the same update gives in host memory: float32/float64
+   *  IEEE round to nearest; float16/bfloat16 computed in float32 and
+   *  rounded to nearest even; int32/int64 wrap. Ordered on `stream` (NULL:
+   *  synchronous, done on return; it does not wait for work on other
+   *  streams). dst == src is allowed; any other overlap, memory that is not
+   *  `device`'s, or an unsupported dtype or op is INVALID_ARGUMENT, checked
+   *  before anything runs. FAILED_PRECONDITION without a visible GPU,
+   *  UNIMPLEMENTED when the host has no CUDA. */
+  strata_status_t (*device_update)(const struct strata_host_api* host, uint32_t op, DLDataType dtype, void* dst,
+                                   const void* src, uint64_t count, DLDevice device, void* stream,
+                                   strata_error* err);
 } strata_host_api;
 
 /** Size of the host table at ABI 1.0 (the last 1.0 field is record_collective). */
@@ -234,6 +252,9 @@ typedef struct strata_host_api {
 /** Size of the host table at ABI 1.3 (the last field then was ps_variable_update). */
 #define STRATA_HOST_API_STRUCT_SIZE_1_3 \
   ((uint32_t)(offsetof(strata_host_api, ps_variable_update) + sizeof(void*)))
+/** Size of the host table at ABI 1.4 (the last field then was memcpy_async). */
+#define STRATA_HOST_API_STRUCT_SIZE_1_4 \
+  ((uint32_t)(offsetof(strata_host_api, memcpy_async) + sizeof(void*)))
 #define STRATA_HOST_API_STRUCT_SIZE ((uint32_t)sizeof(strata_host_api))
 
 #ifdef __cplusplus

@@ -185,6 +185,25 @@ class Host {
     if (stream != nullptr) stream_synchronize(stream);
   }
 
+  // ---- since 1.5: arithmetic on GPU memory ----
+  /// Whether the host can update GPU memory in place (device_update).
+  bool has_device_update() const {
+    return STRATA_HAS_FIELD(api_, strata_host_api, device_update) && api_->device_update != nullptr;
+  }
+  /// dst = src, dst += src or dst -= src (strata_var_update_op) on `count`
+  /// elements of `dtype` in `device`'s memory, ordered on `stream` (NULL:
+  /// synchronous); see strata_host_api.device_update. UNIMPLEMENTED when
+  /// the host predates ABI 1.5 (check has_device_update() first).
+  void device_update(uint32_t op, DLDataType dtype, void* dst, const void* src, uint64_t count, DLDevice device,
+                     void* stream = nullptr) const {
+    if (!has_device_update())
+      STRATA_THROW(STRATA_ERR_UNIMPLEMENTED, "device_update needs a host of ABI 1.5 or newer");
+    strata_error err;
+    strata_error_init(&err);
+    ::strata::detail::check_status(api_->device_update(api_, op, dtype, dst, src, count, device, stream, &err), err,
+                                   "device_update");
+  }
+
   uint64_t now_ns() const { require("now_ns"); return api_->now_ns(api_); }
   bool abort_requested() const { return api_ != nullptr && api_->abort_requested(api_) != 0; }
   /// Since 1.1; returns false when the host is older (nothing was done).
