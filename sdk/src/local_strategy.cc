@@ -312,6 +312,17 @@ struct LocalStrategy::Impl {
   AlignedBuffer agg_buf;
   // Used only by cross-replica calls (serialised by the host).
   AlignedBuffer cross_buf;
+  // GPU scratch for updates of a variable's GPU copy c (gpu_scratch[c]):
+  // each buffer is used by the thread performing a collective, by
+  // cross-replica calls, or by replica c's own thread (ON_READ updates),
+  // never two at once; scratch_mu guards the vector itself.
+  struct GpuScratch {
+    DLDevice dev{kDLCPU, 0};
+    void* ptr = nullptr;
+    size_t bytes = 0;
+  };
+  std::mutex scratch_mu;
+  std::vector<GpuScratch> gpu_scratch;
 
   std::mutex vars_mu;
   std::unordered_set<Variable*> vars;
@@ -325,7 +336,28 @@ struct LocalStrategy::Impl {
     pool_cv.notify_all();
     for (auto& t : workers) t.join();
     for (Variable* v : vars) delete v;
+    for (GpuScratch& g : gpu_scratch) host.free_memory(g.dev, g.ptr);
     for (void* st : streams) host.stream_destroy(st);
+  }
+
+  // `bytes` of scratch on `dev` for copy c (kept for the next update).
+  void* scratch_for(size_t c, DLDevice dev, size_t bytes) {
+    std::lock_guard<std::mutex> l(scratch_mu);
+    if (gpu_scratch.size() <= c) gpu_scratch.resize(c + 1);
+    GpuScratch& g = gpu_scratch[c];
+    if (g.ptr != nullptr && g.dev.device_type == dev.device_type && g.dev.device_id == dev.device_id &&
+        g.bytes >= bytes)
+      return g.ptr;
+    host.free_memory(g.dev, g.ptr);
+    g = GpuScratch{};
+    g.ptr = host.allocate(dev, bytes, 256);
+    if (g.ptr == nullptr)
+      STRATA_THROW(STRATA_ERR_INTERNAL, cfg.strategy_name, ": cannot allocate ", bytes,
+                   " bytes of scratch on ", device_string(dev),
+                   " for a variable update (out of device memory? the host's log has the CUDA error)");
+    g.dev = dev;
+    g.bytes = bytes;
+    return g.ptr;
   }
 
   // ---------------------------------------------------------- devices ---
@@ -353,6 +385,18 @@ struct LocalStrategy::Impl {
     for (size_t c = 0; c < v.copies.size(); ++c) apply_one(v, c, op, src);
   }
   void apply_one(Variable& v, size_t c, strata_var_update_op op, const void* src) {
+    if (v.on_gpu(c) && host.has_device_update()) {
+      // The value goes up once and the GPU applies it (no download, no
+      // pass on the host).
+      if (op == STRATA_VAR_ASSIGN) {
+        host.copy(v.device_data[c], v.devices[c], src, DLDevice{kDLCPU, 0}, v.bytes);
+        return;
+      }
+      void* up = scratch_for(c, v.devices[c], v.bytes);
+      host.copy(up, v.devices[c], src, DLDevice{kDLCPU, 0}, v.bytes);
+      host.device_update(op, v.dtype, v.device_data[c], up, v.count, v.devices[c]);
+      return;
+    }
     if (op != STRATA_VAR_ASSIGN) v.download(c);
     kernels::apply_update(op, v.dtype, v.copies[c].data(), src, v.count);
     v.upload(c);
@@ -880,6 +924,7 @@ struct LocalStrategy::Impl {
                          "per-replica value and cannot be reduced with SUM (tf.distribute refuses it too); "
                          "compute the value inside each replica, or update in cross-replica context");
         }
+        if (update_on_gpus(v, static_cast<strata_var_update_op>(s0.op))) return;
         if (v.agg == STRATA_VAR_AGG_SUM || v.agg == STRATA_VAR_AGG_MEAN) {
           agg_buf.reserve(v.bytes);
           in_ptrs.resize(n);
@@ -901,6 +946,59 @@ struct LocalStrategy::Impl {
         return;
       }
     }
+  }
+
+  // A replica-context update whose copies and values all live on the
+  // replicas' GPUs, done there: the values are all-reduced into GPU scratch
+  // on each replica's device (SUM/MEAN) and each copy updated by the host's
+  // device_update, so nothing crosses to host memory. False (nothing done)
+  // when a copy or a value is elsewhere, a reduction spans workers, or the
+  // host predates ABI 1.5: the caller then stages through host memory.
+  bool update_on_gpus(Variable& v, strata_var_update_op op) {
+    if (!host.has_device_update() || v.copies.size() != n || v.bytes == 0) return false;
+    for (uint32_t r = 0; r < n; ++r) {
+      const DLTensor& in = *slots[r].input;
+      if (!v.on_gpu(r) || !on_cuda(in) || in.device.device_id != v.devices[r].device_id || !is_contiguous(in))
+        return false;
+    }
+    const bool reduce = v.agg == STRATA_VAR_AGG_SUM || v.agg == STRATA_VAR_AGG_MEAN;
+    // Across workers the collective must be the one every worker calls,
+    // and another worker may hold its copies on the host: keep the reduce
+    // of the staged path there.
+    if (reduce && W > 1) return false;
+    std::vector<const void*> src(n);
+    if (reduce) {
+      std::vector<DLTensor> outs(n);
+      out_ptrs.resize(n);
+      in_ptrs.resize(n);
+      for (uint32_t r = 0; r < n; ++r) {
+        outs[r] = *slots[r].input;
+        outs[r].data = scratch_for(r, v.devices[r], v.bytes);
+        outs[r].strides = nullptr;
+        outs[r].byte_offset = 0;
+        out_ptrs[r] = &outs[r];
+        in_ptrs[r] = slots[r].input;
+        src[r] = outs[r].data;
+      }
+      const uint32_t rop = v.agg == STRATA_VAR_AGG_SUM ? STRATA_REDUCE_SUM : STRATA_REDUCE_MEAN;
+      cdo_all_reduce(rop, 1, n, in_ptrs.data(), out_ptrs.data(), "all_reduce (variable update)");
+    } else {
+      // ONLY_FIRST_REPLICA (or NONE with one replica in sync): the first
+      // replica's value, copied to each other replica's GPU when it differs.
+      const DLTensor& first = *slots[0].input;
+      for (uint32_t r = 0; r < n; ++r) {
+        if (first.device.device_id == v.devices[r].device_id) {
+          src[r] = data_ptr(first);
+        } else {
+          void* dst = scratch_for(r, v.devices[r], v.bytes);
+          host.copy(dst, v.devices[r], data_ptr(first), first.device, v.bytes);
+          src[r] = dst;
+        }
+      }
+    }
+    for (uint32_t r = 0; r < n; ++r)
+      host.device_update(op, v.dtype, v.device_data[r], src[r], v.count, v.devices[r]);
+    return true;
   }
 
   // ------------------------------------------------------ multi-worker ---
