@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "strata/sdk/kernels.hpp"
 
+#include "strata/sdk/float16.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
@@ -155,17 +157,6 @@ strata_reduce_op check_reduce_op(uint32_t op) {
 
 namespace kernels {
 namespace {
-
-uint32_t float_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-float bits_float(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 
 // Elements per block: the float32 staging buffers of two blocks fit in L1.
 constexpr size_t kBlock = 1024;
@@ -340,65 +331,10 @@ void update_16(strata_var_update_op op, void* dst, const void* src, size_t count
 
 }  // namespace
 
-float half_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1fu;
-  uint32_t mant = h & 0x3ffu;
-  uint32_t bits;
-  if (exp == 0) {
-    if (mant == 0) {
-      bits = sign;
-    } else {  // subnormal: normalise into a float32 normal
-      uint32_t e = 127 - 15 + 1;
-      while ((mant & 0x400u) == 0) {
-        mant <<= 1;
-        --e;
-      }
-      mant &= 0x3ffu;
-      bits = sign | (e << 23) | (mant << 13);
-    }
-  } else if (exp == 31) {
-    bits = sign | 0x7f800000u | (mant << 13);
-  } else {
-    bits = sign | ((exp + 112) << 23) | (mant << 13);
-  }
-  return bits_float(bits);
-}
-
-uint16_t float_to_half(float f) {
-  uint32_t x = float_bits(f);
-  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
-  x &= 0x7fffffffu;
-  if (x >= 0x7f800000u) {  // inf or NaN (NaN stays quiet NaN)
-    if (x == 0x7f800000u) return sign | 0x7c00u;
-    return static_cast<uint16_t>(sign | 0x7e00u | ((x >> 13) & 0x3ffu));
-  }
-  if (x >= 0x477ff000u) return sign | 0x7c00u;  // >= 65520 rounds to inf
-  if (x < 0x38800000u) {                       // below 2^-14: half subnormal or zero
-    if (x <= 0x33000000u) return sign;          // <= 2^-25 rounds (ties to even) to 0
-    const uint32_t e = x >> 23;
-    const uint32_t m = (x & 0x7fffffu) | 0x800000u;
-    const uint32_t shift = 126 - e;
-    uint32_t h = m >> shift;
-    const uint32_t rem = m & ((1u << shift) - 1);
-    const uint32_t half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (h & 1u))) ++h;
-    return static_cast<uint16_t>(sign | h);
-  }
-  uint32_t h = (x - 0x38000000u) >> 13;
-  const uint32_t rem = x & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;  // carry may reach inf: correct
-  return static_cast<uint16_t>(sign | h);
-}
-
-float bfloat16_to_float(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
-
-uint16_t float_to_bfloat16(float f) {
-  uint32_t x = float_bits(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);
-  x += 0x7fffu + ((x >> 16) & 1u);
-  return static_cast<uint16_t>(x >> 16);
-}
+float half_to_float(uint16_t h) { return float16::half_to_float(h); }
+uint16_t float_to_half(float f) { return float16::float_to_half(f); }
+float bfloat16_to_float(uint16_t h) { return float16::bfloat16_to_float(h); }
+uint16_t float_to_bfloat16(float f) { return float16::float_to_bfloat16(f); }
 
 void reduce(strata_reduce_op op, DLDataType dtype, size_t n_inputs, const void* const* inputs,
             void* output, size_t count, double divisor) {
