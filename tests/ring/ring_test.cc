@@ -1434,9 +1434,14 @@ TEST_P(RingFaultMatrix, EverySurvivorNamesTheCulprit) {
         if (first_verdict.empty()) first_verdict = verdict;
         EXPECT_EQ(verdict, first_verdict) << "rank " << r;
       }
+      // Bounds that tell detection from a timeout (60 s), not speed targets:
+      // on a 2.1 GHz 2-core VM (2026-12-05) a kill during the 64 MiB
+      // all-reduce of 8 ranks took 1.4-1.5 s alone and up to 2.6 s beside
+      // the rest of the suite, with the code that met 1 s on earlier VMs.
+      // The median above is the figure to watch.
       const double limit = c.phase == "setup" ? kFaultRendezvousS + 3.0
-                           : c.kind == "kill" ? (kSanitized ? 5.0 : 1.0)
-                                              : kFaultHeartbeatS + (kSanitized ? 6.0 : 2.0);
+                           : c.kind == "kill" ? 5.0
+                                              : kFaultHeartbeatS + 6.0;
       EXPECT_GE(secs, 0) << m;
       EXPECT_LT(secs, limit) << "rank " << r << " after " << secs << " s: " << m;
     }
