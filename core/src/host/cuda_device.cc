@@ -2,6 +2,7 @@
 #include "host/cuda_device.h"
 
 #include "strata/c/strategy.h"
+#include "strata/sdk/kernels.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -22,14 +23,10 @@ namespace strata::detail::cuda {
 namespace {
 // device_update's checks that need no GPU, the same in every build.
 strata_status_t check_update(uint32_t op, DLDataType d, DLDevice dev, std::string* why) {
-  const bool known = d.lanes == 1 && (((d.code == kDLFloat) && (d.bits == 16 || d.bits == 32 || d.bits == 64)) ||
-                                      (d.code == kDLBfloat && d.bits == 16) ||
-                                      (d.code == kDLInt && (d.bits == 32 || d.bits == 64)));
-  if (!known) {
+  if (!sdk::dtype_supported(d)) {
     if (why)
-      *why = "device_update: dtype (code " + std::to_string(d.code) + ", " + std::to_string(d.bits) + " bits, " +
-             std::to_string(d.lanes) + " lanes) is not supported; use float16, bfloat16, float32, float64, int32 "
-             "or int64";
+      *why = "device_update: dtype " + sdk::dtype_name(d) +
+             " is not supported; use float16, bfloat16, float32, float64, int32 or int64";
     return STRATA_ERR_INVALID_ARGUMENT;
   }
   if (op != STRATA_VAR_ASSIGN && op != STRATA_VAR_ASSIGN_ADD && op != STRATA_VAR_ASSIGN_SUB) {
@@ -81,8 +78,8 @@ strata_status_t stream_synchronize(void*, int64_t, const std::function<bool()>&,
 strata_status_t memcpy_async(void*, DLDevice, const void*, DLDevice, uint64_t, void*, std::string* why) {
   return unimplemented(why, "memcpy_async");
 }
-strata_status_t update(uint32_t op, DLDataType dtype, void*, const void*, uint64_t, DLDevice dev, void*,
-                       std::string* why) {
+strata_status_t update(uint32_t op, DLDataType dtype, void*, const void*, uint64_t, DLDevice dev, void*, int64_t,
+                       const std::function<bool()>&, std::string* why) {
   const strata_status_t st = check_update(op, dtype, dev, why);
   return st != STRATA_OK ? st : unimplemented(why, "device_update");
 }
@@ -363,7 +360,7 @@ strata_status_t check_device_memory(const void* p, uint64_t bytes, int dev, cons
 }  // namespace
 
 strata_status_t update(uint32_t op, DLDataType dtype, void* dst, const void* src, uint64_t count, DLDevice dev,
-                       void* stream, std::string* why) {
+                       void* stream, int64_t timeout_ms, const std::function<bool()>& aborted, std::string* why) {
   strata_status_t st = check_update(op, dtype, dev, why);
   if (st != STRATA_OK) return st;
   const ElemType type = elem_type(dtype);
@@ -393,9 +390,10 @@ strata_status_t update(uint32_t op, DLDataType dtype, void* dst, const void* src
     e = static_cast<cudaError_t>(
         launch_add(type, op == STRATA_VAR_ASSIGN_ADD ? 1 : -1, dst, src, count, stream));
   }
-  if (e == cudaSuccess && stream == nullptr) e = cudaStreamSynchronize(nullptr);
   if (e != cudaSuccess) return fail(why, "device_update of " + std::to_string(count) + " elements", e);
-  return STRATA_OK;
+  // Synchronous: wait (with the deadline) for the legacy stream of `dev`,
+  // current while the guard holds.
+  return stream == nullptr ? stream_synchronize(nullptr, timeout_ms, aborted, why) : STRATA_OK;
 }
 
 void* allocate(DLDevice dev, uint64_t bytes, std::string* why) {

@@ -45,10 +45,11 @@ strata_status_t memcpy_async(void* dst, DLDevice dst_dev, const void* src, DLDev
 
 /// dst = src, dst += src or dst -= src (strata_var_update_op `op`) on
 /// `count` elements of `dtype` in `dev`'s memory, ordered on `stream` (NULL:
-/// synchronous). Checks the dtype, the op, that both buffers are `dev`'s
-/// memory and that they do not partly overlap, before anything runs.
+/// synchronous, waiting at most `timeout_ms` or until `aborted()`). Checks
+/// the dtype, the op, that both buffers are `dev`'s memory and that they do
+/// not partly overlap, before anything runs.
 strata_status_t update(uint32_t op, DLDataType dtype, void* dst, const void* src, uint64_t count, DLDevice dev,
-                       void* stream, std::string* why);
+                       void* stream, int64_t timeout_ms, const std::function<bool()>& aborted, std::string* why);
 
 /// kDLCUDA (stream-ordered pool, usable on return) or kDLCUDAHost (pinned).
 /// NULL on failure with `why` filled (when non-NULL).

@@ -322,11 +322,13 @@ strata_status_t api_memcpy_async(const strata_host_api* host, void* dst, DLDevic
   }
 }
 
-strata_status_t api_device_update(const strata_host_api*, uint32_t op, DLDataType dtype, void* dst, const void* src,
-                                  uint64_t count, DLDevice device, void* stream, strata_error* err) {
+strata_status_t api_device_update(const strata_host_api* host, uint32_t op, DLDataType dtype, void* dst,
+                                  const void* src, uint64_t count, DLDevice device, void* stream, strata_error* err) {
   try {
+    HostShared* s = HostShared::from(host);
     std::string why;
-    const strata_status_t st = cuda::update(op, dtype, dst, src, count, device, stream, &why);
+    const strata_status_t st = cuda::update(op, dtype, dst, src, count, device, stream, collective_timeout_ms(s),
+                                            [s] { return s->abort.load(); }, &why);
     return st == STRATA_OK ? st : set_error(err, st, why);
   } catch (...) {
     return internal_error(err, "device_update");

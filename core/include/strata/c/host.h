@@ -233,8 +233,9 @@ typedef struct strata_host_api {
    *  equal what the same update gives in host memory: float32/float64
    *  IEEE round to nearest; float16/bfloat16 computed in float32 and
    *  rounded to nearest even; int32/int64 wrap. Ordered on `stream` (NULL:
-   *  synchronous, done on return; it does not wait for work on other
-   *  streams). dst == src is allowed; any other overlap, memory that is not
+   *  synchronous, done on return, waiting at most the host's collective
+   *  timeout: DEADLINE_EXCEEDED past it, ABORTED when the job is asked to
+   *  stop; it does not wait for work on other streams). dst == src is allowed; any other overlap, memory that is not
    *  `device`'s, or an unsupported dtype or op is INVALID_ARGUMENT, checked
    *  before anything runs. FAILED_PRECONDITION without a visible GPU,
    *  UNIMPLEMENTED when the host has no CUDA. */
