@@ -45,6 +45,19 @@ def parse_columns(text, what):
     return rows
 
 
+def parse_sizes(text):
+    """'4K,1M,4096' -> [4096, 1048576, 4096]; K, M, G are powers of 1024, as in strata-bench."""
+    sizes = []
+    for item in text.split(','):
+        t = item.strip().upper()
+        scale = {'K': 1 << 10, 'M': 1 << 20, 'G': 1 << 30}.get(t[-1:], 1)
+        digits = t[:-1] if scale > 1 else t
+        if not digits.isdigit() or int(digits) == 0:
+            sys.exit("--sizes: %r is not a size; give bytes, or a number with K, M or G (e.g. 4K,64K,1M,16M)" % item)
+        sizes.append(int(digits) * scale)
+    return sizes
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument('--bench', required=True, help='path of strata-bench')
@@ -55,7 +68,7 @@ def main():
                     help="path of torch_gloo_bench.py ('' or no python3-torch: no torch column)")
     ap.add_argument('--runs', type=int, default=3)
     ap.add_argument('--ranks', default='2,4')
-    ap.add_argument('--sizes', default='4096,1048576,16777216,67108864', help='bytes, comma-separated')
+    ap.add_argument('--sizes', default='4096,1048576,16777216,67108864', help='comma-separated sizes in bytes, or with K/M/G (powers of 1024), e.g. 4K,64K,1M')
     ap.add_argument('--transport', default='tcp', help="Strata's transport (tcp, auto, libfabric, ...)")
     ap.add_argument('--option', action='append', default=[], help='transport option KEY=JSON (repeatable)')
     ap.add_argument('--mpi-btl', default='tcp,self', help="Open MPI's --mca btl ('' = its own choice)")
@@ -63,7 +76,8 @@ def main():
     options = [x for o in a.option for x in ('--option', o)]
     mpi_btl = ['--mca', 'btl', a.mpi_btl] if a.mpi_btl else []
     ranks = [int(x) for x in a.ranks.split(',')]
-    sizes = [int(x) for x in a.sizes.split(',')]
+    sizes = parse_sizes(a.sizes)
+    a.sizes = ','.join(str(x) for x in sizes)  # the peers' programs take bytes only
     peers = []  # (key, column name, command for n ranks)
     if a.gloo_bench and os.path.exists(a.gloo_bench):
         peers.append(('gloo', 'gloo', lambda n: [a.gloo_bench, '-n', str(n), '-s', a.sizes]))
