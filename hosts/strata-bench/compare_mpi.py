@@ -46,15 +46,25 @@ def parse_columns(text, what):
 
 
 def parse_sizes(text):
-    """'4K,1M,4096' -> [4096, 1048576, 4096]; K, M, G are powers of 1024, as in strata-bench."""
-    sizes = []
-    for item in text.split(','):
+    """--sizes in strata-bench's forms (hosts/strata-bench/sizes.h): a comma list '4096,4K,16M' or a doubling
+    range '4K:64M'; K, M, G are powers of 1024. Returns bytes: the peers' programs take bytes only."""
+    def one(item):
         t = item.strip().upper()
         scale = {'K': 1 << 10, 'M': 1 << 20, 'G': 1 << 30}.get(t[-1:], 1)
         digits = t[:-1] if scale > 1 else t
         if not digits.isdigit() or int(digits) == 0:
-            sys.exit("--sizes: %r is not a size; give bytes, or a number with K, M or G (e.g. 4K,64K,1M,16M)" % item)
-        sizes.append(int(digits) * scale)
+            sys.exit("--sizes: %r is not a size; give bytes or a number with K, M or G, as a list or a doubling "
+                     "range (e.g. 4K,64K,1M or 4K:16M)" % item)
+        return int(digits) * scale
+    if ':' not in text:
+        return [one(x) for x in text.split(',')]
+    lo, hi = (one(x) for x in text.split(':', 1))
+    if lo > hi:
+        sys.exit("--sizes: range %r goes down; use LOW:HIGH with LOW <= HIGH (e.g. 4K:16M)" % text)
+    sizes = []
+    while lo <= hi:
+        sizes.append(lo)
+        lo *= 2
     return sizes
 
 
@@ -68,7 +78,8 @@ def main():
                     help="path of torch_gloo_bench.py ('' or no python3-torch: no torch column)")
     ap.add_argument('--runs', type=int, default=3)
     ap.add_argument('--ranks', default='2,4')
-    ap.add_argument('--sizes', default='4096,1048576,16777216,67108864', help='comma-separated sizes in bytes, or with K/M/G (powers of 1024), e.g. 4K,64K,1M')
+    ap.add_argument('--sizes', default='4K,1M,16M,64M',
+                    help='bytes, or K/M/G (powers of 1024), as a list or a doubling range: 4K,64K,1M or 4K:16M')
     ap.add_argument('--transport', default='tcp', help="Strata's transport (tcp, auto, libfabric, ...)")
     ap.add_argument('--option', action='append', default=[], help='transport option KEY=JSON (repeatable)')
     ap.add_argument('--mpi-btl', default='tcp,self', help="Open MPI's --mca btl ('' = its own choice)")
@@ -77,16 +88,16 @@ def main():
     mpi_btl = ['--mca', 'btl', a.mpi_btl] if a.mpi_btl else []
     ranks = [int(x) for x in a.ranks.split(',')]
     sizes = parse_sizes(a.sizes)
-    a.sizes = ','.join(str(x) for x in sizes)  # the peers' programs take bytes only
+    size_list = ','.join(str(x) for x in sizes)
     peers = []  # (key, column name, command for n ranks)
     if a.gloo_bench and os.path.exists(a.gloo_bench):
-        peers.append(('gloo', 'gloo', lambda n: [a.gloo_bench, '-n', str(n), '-s', a.sizes]))
+        peers.append(('gloo', 'gloo', lambda n: [a.gloo_bench, '-n', str(n), '-s', size_list]))
     else:
         print('# no Gloo column: %r is not there (build it as /work/shared/bench/README.md says)' % a.gloo_bench)
     torch_ok = a.torch_bench and os.path.exists(a.torch_bench) and subprocess.run(
         ['/usr/bin/python3', '-c', 'import torch.distributed'], capture_output=True).returncode == 0
     if torch_ok:
-        peers.append(('torch', 'torch', lambda n: ['/usr/bin/python3', a.torch_bench, '-n', str(n), '-s', a.sizes]))
+        peers.append(('torch', 'torch', lambda n: ['/usr/bin/python3', a.torch_bench, '-n', str(n), '-s', size_list]))
     else:
         print('# no torch.distributed column: needs %r and python3-torch' % a.torch_bench)
     res = {}
@@ -99,7 +110,7 @@ def main():
     for run in range(a.runs):
         for n in ranks:
             load(n)
-            out = subprocess.run([a.bench, 'allreduce', '--transport', a.transport, '-n', str(n), '--sizes', a.sizes,
+            out = subprocess.run([a.bench, 'allreduce', '--transport', a.transport, '-n', str(n), '--sizes', size_list,
                                   '--json'] + options, capture_output=True, text=True, timeout=900)
             if out.returncode != 0:
                 sys.exit('strata-bench failed:\n' + out.stderr)
@@ -109,7 +120,7 @@ def main():
                 res.setdefault(('strata', n, r['bytes']), []).append((r['time_us'], r['busbw_gbps']))
             load(n)
             out = subprocess.run(['mpirun', '--allow-run-as-root', '--oversubscribe'] + mpi_btl +
-                                 ['-np', str(n), a.mpi_bench, '-c', 'allreduce', '-s', a.sizes],
+                                 ['-np', str(n), a.mpi_bench, '-c', 'allreduce', '-s', size_list],
                                  capture_output=True, text=True, timeout=900)
             if out.returncode != 0:
                 sys.exit('mpirun failed:\n' + out.stderr)
