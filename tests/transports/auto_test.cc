@@ -240,7 +240,7 @@ TEST(AutoTest, OptionsAreValidatedAndBadSubTransportsNamed) {
   EXPECT_EQ(caps.flags & (STRATA_TRANSPORT_CAP_P2P | STRATA_TRANSPORT_CAP_MEM_HOST | STRATA_TRANSPORT_CAP_THREAD_SAFE),
             STRATA_TRANSPORT_CAP_P2P | STRATA_TRANSPORT_CAP_MEM_HOST | STRATA_TRANSPORT_CAP_THREAD_SAFE);
   EXPECT_FALSE(caps.flags & STRATA_TRANSPORT_CAP_REQUIRES_MR);
-  EXPECT_EQ(caps.preferred_chunk_bytes, 1u << 20);
+  EXPECT_EQ(caps.preferred_chunk_bytes, 4u << 20);  // both halves are tcp: its preference
 }
 
 TEST(AutoTest, AMissingRankIsNamedAtTheDeadline) {

@@ -95,7 +95,7 @@ TEST(TcpTest, OptionsAreValidatedAndCapsReported) {
   EXPECT_TRUE(caps.flags & STRATA_TRANSPORT_CAP_MEM_HOST);
   EXPECT_TRUE(caps.flags & STRATA_TRANSPORT_CAP_THREAD_SAFE);
   EXPECT_FALSE(caps.flags & STRATA_TRANSPORT_CAP_NATIVE_COLLECTIVES);
-  EXPECT_EQ(caps.preferred_chunk_bytes, 1u << 20);
+  EXPECT_EQ(caps.preferred_chunk_bytes, 4u << 20);
 }
 
 void ping_pong(const std::string& options, int iters, const char* label) {
@@ -388,6 +388,53 @@ TEST(TcpTest, StripedAndSmallMessagesInterleaveInOrder) {
   // Big (striped over both connections), small, small, ...
   stream_and_check(R"({"connections_per_peer": 2})", "interleave", 30,
                    [](int i) { return uint64_t(i % 3 == 0 ? (1u << 20) + i : 16 + i); }, std::chrono::milliseconds(0));
+}
+
+// Messages that arrive before their receive are staged in buffers that the
+// transport keeps and reuses (a ring sends each step's chunks ahead of the
+// peer's receives). Rounds of such messages, largest first, then sizes that
+// land in buffers left over from larger ones, must each deliver exactly
+// their own bytes: nothing stale from an earlier message, nothing written
+// past the message's end in the receive buffer.
+TEST(TcpTest, StagedMessagesReuseBuffersWithoutStaleBytes) {
+  PluginHost host;
+  const std::string name = unique_name("staging");
+  const std::vector<std::vector<uint64_t>> rounds = {
+      {(3u << 20) + 5, 1u << 20, 4096, 0, (2u << 20) + 1},
+      {(1u << 20) - 3, 17, (3u << 20) + 5, 1, 65536 + 3},
+      {(2u << 20) + 1, (2u << 20) + 1, 5, 1u << 20, 0},
+  };
+  run_ranks(2, [&](int rank) {
+    Rank r(host, R"({"connections_per_peer": 2})");
+    r.join(name, rank, 2);
+    uint8_t go = 0;
+    for (size_t k = 0; k < rounds.size(); ++k) {
+      const auto& sizes = rounds[k];
+      if (rank == 0) {
+        std::vector<std::vector<uint8_t>> out(sizes.size());
+        std::vector<strata_request_t> sends;
+        for (size_t i = 0; i < sizes.size(); ++i) {
+          out[i].resize(sizes[i]);
+          fill_pattern(out[i].data(), sizes[i], k * 100 + i);
+          sends.push_back(r.isend(1, 40 + i, out[i].data(), sizes[i]));
+        }
+        for (size_t i = 0; i < sends.size(); ++i) ASSERT_EQ(r.wait(sends[i], 60000), sizes[i]);
+        ASSERT_EQ(r.wait(r.irecv(1, 99, &go, 1), 60000), 1u);  // the receiver took this round
+        continue;
+      }
+      // Let the whole round arrive (and be staged) before any receive.
+      std::this_thread::sleep_for(std::chrono::milliseconds(150));
+      for (size_t i = sizes.size(); i-- > 0;) {  // in reverse: matching is per tag
+        std::vector<uint8_t> in(sizes[i] + 64, 0xEE);
+        ASSERT_EQ(r.wait(r.irecv(0, 40 + i, in.data(), in.size()), 60000), sizes[i]) << "round " << k << " message " << i;
+        ASSERT_EQ(pattern_mismatch(in.data(), sizes[i], k * 100 + i), sizes[i])
+            << "round " << k << " message " << i << " (" << sizes[i] << " bytes): the first byte that differs";
+        for (size_t b = sizes[i]; b < in.size(); ++b)
+          ASSERT_EQ(in[b], 0xEE) << "round " << k << " message " << i << " wrote byte " << b << " past its end";
+      }
+      ASSERT_EQ(r.wait(r.isend(0, 99, &go, 1), 60000), 1u);
+    }
+  });
 }
 
 // A burst of messages of every size from 0 to 20 KiB, sent before any
