@@ -762,13 +762,16 @@ void RingComm::ring_reduce_scatter(Op& op, DLDataType wire, strata_reduce_op rop
     for (size_t c = 0; c < nchunks(seg); ++c) items.push_back({s, seg, c});
   }
   const size_t w = recv_window_;
-  ensure(stage_, w * ce * esize);
+  // A staging slot holds one chunk, or a whole segment when that is
+  // smaller: a small all-reduce does not allocate w large chunks.
+  const size_t slot = std::min(ce, seg_max) * esize;
+  ensure(stage_, std::min(w, items.size()) * slot);
   auto chunk_len = [&](int32_t seg, size_t c) { return std::min(ce, seg_len(seg) - c * ce); };
   std::vector<size_t> posted(w);
   auto post_recv = [&](size_t i) {
     const Item& it = items[i];
     posted[i % w] = op.post(false, left, 1 + uint64_t(it.step), it.chunk,
-                            buffer_of(stage_, (i % w) * ce * esize, chunk_len(it.seg, it.chunk) * esize));
+                            buffer_of(stage_, (i % w) * slot, chunk_len(it.seg, it.chunk) * esize));
   };
   for (size_t i = 0; i < std::min(w, items.size()); ++i) post_recv(i);
 
@@ -785,7 +788,7 @@ void RingComm::ring_reduce_scatter(Op& op, DLDataType wire, strata_reduce_op rop
                " chunk ", it.chunk, " but ", len * esize, " were expected");
     const size_t at = (seg_off(it.seg) + it.chunk * ce) * esize;
     char* dst = base + at;
-    const void* in[2] = {own_base + at, static_cast<char*>(stage_.mem.data()) + (i % w) * ce * esize};
+    const void* in[2] = {own_base + at, static_cast<char*>(stage_.mem.data()) + (i % w) * slot};
     sdk::kernels::reduce(rop, wire, 2, in, dst, len);
     if (i + w < items.size()) post_recv(i + w);
     // The chunk just reduced is the one this rank forwards in the next step.
