@@ -1358,8 +1358,11 @@ bool names_culprit(const FaultCase& c, const std::string& m) {
   const std::string who = "rank " + std::to_string(c.victim) + " of " + std::to_string(c.world);
   if (c.phase == "setup") {
     if (c.victim == 0) return m.find("store") != std::string::npos;  // the chief serves the store: nobody can join
-    return m.find("rank " + std::to_string(c.victim) + " of " + std::to_string(c.world) + " never joined") !=
-           std::string::npos;
+    // At its own deadline a survivor says the victim "never joined"; one
+    // that started later (a slow fork) still waits when the chief gives up
+    // at the chief's deadline, and says the victim "had not joined" when
+    // the store went away. Both name the victim.
+    return m.find(who + " never joined") != std::string::npos || m.find(who + " had not joined") != std::string::npos;
   }
   if (m.rfind(who, 0) != 0) return false;
   const size_t verdict_end = m.find(" [rank ");
