@@ -836,11 +836,13 @@ Staging TcpComm::take_staging_locked(uint64_t bytes) {
 }
 
 void TcpComm::recycle_staging_locked(Staging&& s) {
-  if (s.capacity == 0 || s.capacity > kSpareStagingBytes) return;
+  // The spares stay within the user's bound on staged bytes too.
+  const uint64_t max_bytes = std::min(kSpareStagingBytes, opts_.max_unexpected_bytes);
+  if (s.capacity == 0 || s.capacity > max_bytes) return;
   // Full: drop the smallest spare if this one is larger, so the spares
   // settle on the sizes the job's messages have.
   while (!spare_staging_.empty() &&
-         (spare_staging_.size() >= kSpareStagingBuffers || spare_staging_bytes_ + s.capacity > kSpareStagingBytes)) {
+         (spare_staging_.size() >= kSpareStagingBuffers || spare_staging_bytes_ + s.capacity > max_bytes)) {
     auto smallest = std::min_element(spare_staging_.begin(), spare_staging_.end(),
                                       [](const Staging& a, const Staging& b) { return a.capacity < b.capacity; });
     if (smallest->capacity >= s.capacity) return;

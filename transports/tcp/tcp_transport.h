@@ -16,6 +16,9 @@
 //                          timeout (default /timeouts/collective_s, else 300).
 //   "max_unexpected_bytes" bound on bytes buffered for messages that arrive
 //                          before their receive is posted (default 1 GiB).
+//                          Their buffers are kept for reuse afterwards, up
+//                          to 32 buffers and this many bytes or 64 MiB,
+//                          whichever is less.
 //   "connect"              "lazy" (default): connect to a peer at the first
 //                          isend or irecv naming it; "eager": connect to every
 //                          peer inside comm_create (a full mesh, N-1 peers
