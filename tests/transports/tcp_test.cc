@@ -426,7 +426,8 @@ TEST(TcpTest, StagedMessagesReuseBuffersWithoutStaleBytes) {
       std::this_thread::sleep_for(std::chrono::milliseconds(150));
       for (size_t i = sizes.size(); i-- > 0;) {  // in reverse: matching is per tag
         std::vector<uint8_t> in(sizes[i] + 64, 0xEE);
-        ASSERT_EQ(r.wait(r.irecv(0, 40 + i, in.data(), in.size()), 60000), sizes[i]) << "round " << k << " message " << i;
+        ASSERT_EQ(r.wait(r.irecv(0, 40 + i, in.data(), in.size()), 60000), sizes[i])
+            << "round " << k << " message " << i;
         ASSERT_EQ(pattern_mismatch(in.data(), sizes[i], k * 100 + i), sizes[i])
             << "round " << k << " message " << i << " (" << sizes[i] << " bytes): the first byte that differs";
         for (size_t b = sizes[i]; b < in.size(); ++b)
