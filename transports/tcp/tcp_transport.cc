@@ -126,12 +126,12 @@ struct Request {
   std::string error;
 };
 
-// Bytes of an unexpected message. Not zero-filled: a frame writes every
-// byte before the message completes and is copied out.
+// Bytes of an unexpected message (its InMsg::total of them are in use and
+// counted in unexpected_bytes_ while `data` is set). Not zero-filled: a
+// frame writes every byte before the message completes and is copied out.
 struct Staging {
   std::unique_ptr<char[]> data;
   uint64_t capacity = 0;
-  uint64_t size = 0;  // bytes of the message (counted in unexpected_bytes_)
 };
 
 // One incoming message, from its first frame until its receive has it all.
@@ -811,14 +811,13 @@ void TcpComm::complete_msg_locked(int p, uint64_t seq, InMsg* m) {
     m->req->moved = m->total;
     finish_locked(m->req, STRATA_OK, "");
   }
-  unexpected_bytes_ -= m->staging.size;
+  if (m->staging.data) unexpected_bytes_ -= m->total;
   recycle_staging_locked(std::move(m->staging));
   peer.msgs.erase(seq);
 }
 
 Staging TcpComm::take_staging_locked(uint64_t bytes) {
   Staging s;
-  s.size = bytes;
   if (bytes == 0) return s;
   auto best = spare_staging_.end();
   for (auto it = spare_staging_.begin(); it != spare_staging_.end(); ++it)
@@ -850,7 +849,6 @@ void TcpComm::recycle_staging_locked(Staging&& s) {
     spare_staging_.erase(smallest);
   }
   spare_staging_bytes_ += s.capacity;
-  s.size = 0;
   spare_staging_.push_back(std::move(s));
 }
 
@@ -970,8 +968,8 @@ bool TcpComm::process_header(Conn* c) {
       dest = user_req->data != nullptr ? user_req->data + h.offset : nullptr;
       user_req->io_refs++;
     } else {
-      if (m->staging.size < m->total) {  // orphaned direct message: drain
-        unexpected_bytes_ += m->total - m->staging.size;
+      if (!m->staging.data && m->total > 0) {  // orphaned direct message: drain
+        unexpected_bytes_ += m->total;
         m->staging = take_staging_locked(m->total);
       }
       dest = m->staging.data.get() + h.offset;
