@@ -395,7 +395,9 @@ TEST(TcpTest, StripedAndSmallMessagesInterleaveInOrder) {
 // peer's receives). Rounds of such messages, largest first, then sizes that
 // land in buffers left over from larger ones, must each deliver exactly
 // their own bytes: nothing stale from an earlier message, nothing written
-// past the message's end in the receive buffer.
+// past the message's end in the receive buffer. max_unexpected_bytes holds
+// one round (about 6 MiB) but not two, so the staged-byte count must return
+// to zero after each; a last burst over the bound fails naming the option.
 TEST(TcpTest, StagedMessagesReuseBuffersWithoutStaleBytes) {
   PluginHost host;
   const std::string name = unique_name("staging");
@@ -405,7 +407,7 @@ TEST(TcpTest, StagedMessagesReuseBuffersWithoutStaleBytes) {
       {(2u << 20) + 1, (2u << 20) + 1, 5, 1u << 20, 0},
   };
   run_ranks(2, [&](int rank) {
-    Rank r(host, R"({"connections_per_peer": 2})");
+    Rank r(host, R"({"connections_per_peer": 2, "max_unexpected_bytes": 6815744})");  // 6.5 MiB
     r.join(name, rank, 2);
     uint8_t go = 0;
     for (size_t k = 0; k < rounds.size(); ++k) {
@@ -434,6 +436,25 @@ TEST(TcpTest, StagedMessagesReuseBuffersWithoutStaleBytes) {
           ASSERT_EQ(in[b], 0xEE) << "round " << k << " message " << i << " wrote byte " << b << " past its end";
       }
       ASSERT_EQ(r.wait(r.isend(0, 99, &go, 1), 60000), 1u);
+    }
+    // 4 MiB + 3 MiB staged at once exceed the bound: that peer fails.
+    std::vector<uint8_t> big(4u << 20, 7);
+    if (rank == 0) {
+      std::vector<strata_request_t> sends = {r.isend(1, 60, big.data(), 4u << 20), r.isend(1, 61, big.data(), 3u << 20)};
+      for (auto q : sends) {
+        try {
+          r.wait(q, 60000);
+        } catch (const Error&) {  // the receiver may close the connection first
+        }
+      }
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    try {
+      r.wait(r.irecv(0, 61, big.data(), big.size()), 60000);
+      ADD_FAILURE() << "7 MiB were staged under max_unexpected_bytes = 6.5 MiB";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("max_unexpected_bytes = 6815744"), std::string::npos) << e.what();
     }
   });
 }

@@ -921,10 +921,10 @@ bool TcpComm::process_header(Conn* c) {
           m->req = r;
           m->direct = true;
         }
-      } else {
-        peer.unexpected[h.tag].push_back(h.seq);
       }
       if (!m->direct) {
+        // Checked before the message is listed: a receive posted after the
+        // peer failed must not find a listed message that was never kept.
         if (unexpected_bytes_ + h.total > opts_.max_unexpected_bytes) {
           fail_peer_locked(p, STRATA_ERR_FAILED_PRECONDITION,
                            str_cat(peer_name(p), " sent a ", h.total, "-byte message (tag ", h.tag,
@@ -936,6 +936,7 @@ bool TcpComm::process_header(Conn* c) {
         }
         m->staging = take_staging_locked(h.total);
         unexpected_bytes_ += h.total;
+        if (!m->orphan) peer.unexpected[h.tag].push_back(h.seq);
       }
       peer.msgs.emplace(h.seq, std::move(owned));
       peer.next_announce++;
