@@ -361,16 +361,21 @@ void Watcher::run() {
     // Rank 0 serves the store: learn where it runs while the store still
     // answers, so that its death can be told from its freezing later.
     if (opt_.rank != 0 && !peer(0).known && now >= next_info) {
-      std::string v;
-      Got g = Got::kDown;
-      timed([&] {
-        g = store_get(host_, prefix_ + "hb/0", 0, &v);
-        return g != Got::kDown;
-      });
-      if (g == Got::kOk) remember(0, info_of(parse_or_null(v)));
+      learn_chief();
       next_info = now + opt_.interval_ms;
     }
   }
+}
+
+void Watcher::learn_chief() {
+  if (opt_.rank == 0 || peer(0).known) return;
+  std::string v;
+  Got g = Got::kDown;
+  timed([&] {
+    g = store_get(host_, prefix_ + "hb/0", 0, &v);
+    return g != Got::kDown;
+  });
+  if (g == Got::kOk) remember(0, info_of(parse_or_null(v)));
 }
 
 void Watcher::beat() {

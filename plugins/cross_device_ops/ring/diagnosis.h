@@ -136,6 +136,11 @@ class Watcher {
   /// Record what diagnose() read so later lookups (when the store is gone)
   /// still find it.
   void remember(int32_t rank, const PeerInfo& p);
+  /// Reads rank 0's first heartbeat (where the store's process runs) unless
+  /// it is known. The ring calls it once every rank has passed setup, which
+  /// is after every rank's first beat: a chief that dies or stops in the
+  /// first collective is then told dead or stopped, not only "silent".
+  void learn_chief();
 
  private:
   void run();
