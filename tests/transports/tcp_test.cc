@@ -437,7 +437,10 @@ TEST(TcpTest, StagedMessagesReuseBuffersWithoutStaleBytes) {
       }
       ASSERT_EQ(r.wait(r.isend(0, 99, &go, 1), 60000), 1u);
     }
-    // 4 MiB + 3 MiB staged at once exceed the bound: that peer fails.
+    // 4 MiB + 3 MiB staged at once exceed the bound: that peer fails. The
+    // receiver waits on a tag that is never sent, so both messages are
+    // staged whatever the timing; the sender stays until the receiver drops
+    // it, so that its goodbye cannot come first.
     std::vector<uint8_t> big(4u << 20, 7);
     if (rank == 0) {
       std::vector<strata_request_t> sends = {r.isend(1, 60, big.data(), 4u << 20), r.isend(1, 61, big.data(), 3u << 20)};
@@ -447,11 +450,14 @@ TEST(TcpTest, StagedMessagesReuseBuffersWithoutStaleBytes) {
         } catch (const Error&) {  // the receiver may close the connection first
         }
       }
+      try {
+        r.wait(r.irecv(1, 62, &go, 1), 60000);
+      } catch (const Error&) {  // the receiver dropped this peer
+      }
       return;
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(150));
     try {
-      r.wait(r.irecv(0, 61, big.data(), big.size()), 60000);
+      r.wait(r.irecv(0, 62, &go, 1), 60000);
       ADD_FAILURE() << "7 MiB were staged under max_unexpected_bytes = 6.5 MiB";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("max_unexpected_bytes = 6815744"), std::string::npos) << e.what();

@@ -511,7 +511,10 @@ TEST_P(TransportSuite, AMissingRankIsNamedAtTheDeadline) {
     } catch (const DeadlineExceededError& e) {
       EXPECT_NE(std::string(e.what()).find("rank 2"), std::string::npos) << e.what();
     }
-    EXPECT_LT(Clock::now() - t0, std::chrono::seconds(5));
+    // The 1 s deadline, then closing what was built: libfabric's tcp
+    // provider took 5.6 s for both under ThreadSanitizer on a loaded 2-core
+    // VM (2026-12-06). The bound tells that from a hang.
+    EXPECT_LT(Clock::now() - t0, std::chrono::seconds(10));
   });
   Rank alone(host, tc().name, opts());
   try {
