@@ -297,7 +297,11 @@ Watcher::Watcher(sdk::Host host, DiagOptions opt, const FlightRecorder& recorder
   // The first beat before any collective: a rank that dies in its first
   // collective is still found in /proc by the others.
   beat();
-  thread_ = std::thread([this] { run(); });
+}
+
+void Watcher::start() {
+  learn_chief();
+  if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
 }
 
 Watcher::~Watcher() {

@@ -137,13 +137,16 @@ class Watcher {
   /// still find it.
   void remember(int32_t rank, const PeerInfo& p);
   /// Reads rank 0's first heartbeat (where the store's process runs) unless
-  /// it is known. The ring calls it once every rank has passed setup, which
-  /// is after every rank's first beat: a chief that dies or stops in the
-  /// first collective is then told dead or stopped, not only "silent".
-  void learn_chief();
+  /// it is known, then starts the watcher thread. The constructor writes
+  /// this rank's first beat; the ring builds the watcher before its setup
+  /// gate and starts it once every rank has passed the gate, so every first
+  /// beat is in the store by then: a chief that dies or stops in the first
+  /// collective is told dead or stopped, not only "silent".
+  void start();
 
  private:
   void run();
+  void learn_chief();
   void beat();
   void scan();
   bool poll_incident();

@@ -417,7 +417,7 @@ RingComm::RingComm(sdk::Host host, const strata_transport_vtable* vt, strata_tra
   // (longer) collective one inside the transport's own handshake.
   const auto setup_start = std::chrono::steady_clock::now();
   // The watcher's first heartbeat goes out before the gate, so that once
-  // setup is done every rank's is in the store (see learn_chief below).
+  // setup is done every rank's is in the store (see Watcher::start).
   if (opt_.world_size > 1) watcher_ = std::make_unique<Watcher>(host_, diag_options(), recorder_);
   sdk::rendezvous_gate(host_, opt_.name, opt_.rank, opt_.world_size, opt_.setup_timeout_ms,
                        ::strata::detail::str_cat("ring: communicator '", opt_.name, "' rank ", opt_.rank));
@@ -428,7 +428,7 @@ RingComm::RingComm(sdk::Host host, const strata_transport_vtable* vt, strata_tra
       vt_->comm_create(transport_, opt_.name.c_str(), opt_.rank, opt_.world_size, create_ms, &comm_, &err),
       err, ::strata::detail::str_cat("ring: joining communicator '", opt_.name, "' as rank ", opt_.rank, " of ",
                                      opt_.world_size).c_str());
-  if (watcher_ != nullptr) watcher_->learn_chief();
+  if (watcher_ != nullptr) watcher_->start();
   neighbours_ = neighbours(opt_.rank, opt_.world_size);
   everyone_ = everyone(opt_.rank, opt_.world_size);
 }
