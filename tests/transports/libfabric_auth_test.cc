@@ -51,6 +51,13 @@ using Rank = test::TransportRank;
 
 // ------------------------------------------------------------ pair keys ---
 
+// Waits until another thread sets `flag`, for at most `limit` (the caller's
+// checks then fail on what did not happen).
+void wait_for_flag(const std::atomic<bool>& flag, std::chrono::seconds limit) {
+  const auto until = Clock::now() + limit;
+  while (!flag.load() && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
 std::string key_hex(const lf::AuthKey& k) {
   static const char* d = "0123456789abcdef";
   std::string s;
@@ -334,8 +341,7 @@ class LibfabricAuth : public ::testing::TestWithParam<ProviderCase> {
           uint64_t reply = 0x5555;
           r.wait(r.isend(1, 9, &reply, 8));
         } else {
-          const auto until = Clock::now() + std::chrono::seconds(30);
-          while (!ready.load() && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          wait_for_flag(ready, std::chrono::seconds(30));
           uint64_t a = 0x1111111111111111ull, c = 0x3333333333333333ull, d = 0x4444444444444444ull;
           std::vector<uint8_t> big(kBig);
           fill_pattern(big.data(), kBig, 1);
@@ -443,8 +449,7 @@ TEST_P(LibfabricAuth, AFragmentWithoutItsMessageIsDataLossNamingThePeer) {
       lf::AuthKey key{};
       if (!lf::pair_key(secret, name, 1, 0, &key)) throw std::runtime_error("pair_key failed");
       s = std::make_unique<Stranger>(GetParam().provider, unhex(addr));
-      const auto until = Clock::now() + std::chrono::seconds(20);
-      while (!connected.load() && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      wait_for_flag(connected, std::chrono::seconds(20));
       lf::CtrlHeader h = forged_header(1, lf::kFrag);  // after rank 1's one real message
       std::memcpy(h.auth, key.data(), sizeof h.auth);
       s->send_ctrl(h, "FRAGMENT");
@@ -472,8 +477,7 @@ TEST_P(LibfabricAuth, AFragmentWithoutItsMessageIsDataLossNamingThePeer) {
     } else {
       const uint64_t hello = 0x6666;
       r.wait(r.isend(0, 6, &hello, 8), 20000);
-      const auto until = Clock::now() + std::chrono::seconds(30);
-      while (!done.load() && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      wait_for_flag(done, std::chrono::seconds(30));
     }
   });
   stranger.join();

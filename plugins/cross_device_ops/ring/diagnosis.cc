@@ -364,7 +364,7 @@ void Watcher::run() {
     }
     // Rank 0 serves the store: learn where it runs while the store still
     // answers, so that its death can be told from its freezing later.
-    if (opt_.rank != 0 && !peer(0).known && now >= next_info) {
+    if (now >= next_info) {
       learn_chief();
       next_info = now + opt_.interval_ms;
     }
