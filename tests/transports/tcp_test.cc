@@ -251,6 +251,32 @@ TEST(WaitPacerTest, ThrottledSampleTakesOneSamplePer10msAndCanCountTheFirstAtOnc
   EXPECT_GE(transport::loadavg_running(), 1);
 }
 
+// The libfabric waiter's policy (yield_only_for_job): a job that fits the
+// cores busy-polls for the whole polling budget whatever other programs run
+// (yielding handed the core to a busy loop for a time slice: 1.7 ms per
+// 64 B message); a job with more ranks here than cores never busy-polls.
+// A pacer without the call keeps the load-driven budget (at most kSpinNs).
+TEST(WaitPacerTest, AJobThatFitsTheCoresSpinsThroughOtherProgramsLoad) {
+  using P = transport::WaitPacer;
+  const auto t0 = P::Clock::now();
+  const auto at = [&](int64_t ns) { return t0 + std::chrono::nanoseconds(ns); };
+  P fits(t0);
+  fits.yield_only_for_job(false);
+  EXPECT_TRUE(fits.busy_polling(at(0)));
+  EXPECT_TRUE(fits.busy_polling(at(P::kSpinNs + P::kYieldNs - 1))) << "the yield phase is spent spinning";
+  EXPECT_FALSE(fits.busy_polling(at(P::kSpinNs + P::kYieldNs))) << "the polling budget still ends";
+  fits.progressed(at(P::kSpinNs + P::kYieldNs));
+  EXPECT_TRUE(fits.busy_polling(at(P::kSpinNs + P::kYieldNs + 1))) << "progress restarts the budget";
+
+  P crowded(t0);
+  crowded.yield_only_for_job(true);
+  EXPECT_FALSE(crowded.busy_polling(at(0))) << "more ranks than cores: yield from the first poll";
+  EXPECT_TRUE(crowded.polling(at(P::kSpinNs + P::kYieldNs - 1)));
+
+  P plain(t0);
+  EXPECT_FALSE(plain.busy_polling(at(P::kSpinNs))) << "without the call, the busy budget is kSpinNs";
+}
+
 TEST(TcpTest, WaitingThreadsDriveProgress) {
   PluginHost host;
   EXPECT_GT(self_completed_waits(host, R"({"connections_per_peer": 1, "poll": "always"})"), 0u)

@@ -609,6 +609,10 @@ class LfComm : public sdk::CommBase {
   int32_t rank_, world_;
   std::vector<Peer> peers_;
   ProcId me_;
+  // More ranks of this communicator on this machine (this one, peers in
+  // this process and local ones) than this process may use cores: waits
+  // yield between polls (wait_pacer.h, yield_only_for_job).
+  bool oversubscribed_by_job_ = false;
   std::string ep_key_;  // our fi_getname, hex (local_eps)
 
   fid_fabric* fabric_ = nullptr;
@@ -1651,6 +1655,7 @@ uint64_t LfComm::wait(strata_request_t h, int64_t timeout_ms) {
   const auto start = Clock::now();
   const auto deadline = start + std::chrono::milliseconds(timeout_ms);
   transport::WaitPacer pacer(start);
+  pacer.yield_only_for_job(oversubscribed_by_job_);
   for (auto now = start;; now = Clock::now()) {
     const int polls = pacer.busy_polling(now) ? kSpinPolls : 1;
     for (int spin = 1;; ++spin) {
@@ -1899,6 +1904,9 @@ void LfComm::setup(int64_t timeout_ms) {
     peer.same_process = peer.proc.boot_id == me_.boot_id && peer.proc.pid == me_.pid;
     peer.ep_key = value;
   }
+  int here = 1;
+  for (const Peer& q : peers_) here += q.local || q.same_process ? 1 : 0;
+  oversubscribed_by_job_ = here > transport::usable_cores();
   if (!missing.empty()) {
     std::string list;
     for (int p : missing) list += str_cat(list.empty() ? "" : ", ", "rank ", p);
