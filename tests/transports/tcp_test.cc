@@ -251,30 +251,34 @@ TEST(WaitPacerTest, ThrottledSampleTakesOneSamplePer10msAndCanCountTheFirstAtOnc
   EXPECT_GE(transport::loadavg_running(), 1);
 }
 
-// The libfabric waiter's policy (yield_only_for_job): a job that fits the
-// cores busy-polls for the whole polling budget whatever other programs run
-// (yielding handed the core to a busy loop for a time slice: 1.7 ms per
-// 64 B message); a job with more ranks here than cores never busy-polls.
-// A pacer without the call keeps the load-driven budget (at most kSpinNs).
+// The policy of a waiter that knows its job's ranks here (yield_only_for_job,
+// libfabric and tcp): a job that fits the cores spins through the whole
+// polling budget whatever other programs run (yielding handed the core to a
+// busy loop for a time slice: 1.7 ms per 64 B message); a job with more
+// ranks here than cores yields from the first poll. Both sleep once the
+// budget is spent, and the busy-polling window stays kSpinNs.
 TEST(WaitPacerTest, AJobThatFitsTheCoresSpinsThroughOtherProgramsLoad) {
   using P = transport::WaitPacer;
   const auto t0 = P::Clock::now();
   const auto at = [&](int64_t ns) { return t0 + std::chrono::nanoseconds(ns); };
+  const auto no_sleep = t0;  // a deadline already passed: a sleep returns at once
   P fits(t0);
   fits.yield_only_for_job(false);
-  EXPECT_TRUE(fits.busy_polling(at(0)));
-  EXPECT_TRUE(fits.busy_polling(at(P::kSpinNs + P::kYieldNs - 1))) << "the yield phase is spent spinning";
-  EXPECT_FALSE(fits.busy_polling(at(P::kSpinNs + P::kYieldNs))) << "the polling budget still ends";
+  EXPECT_TRUE(fits.busy_polling(at(P::kSpinNs - 1)));
+  EXPECT_FALSE(fits.busy_polling(at(P::kSpinNs)));
+  EXPECT_EQ(fits.pause(no_sleep, at(0)), P::Paused::kSpun);
+  EXPECT_EQ(fits.pause(no_sleep, at(P::kSpinNs + P::kYieldNs - 1)), P::Paused::kSpun)
+      << "the yield phase is spent spinning";
+  EXPECT_EQ(fits.pause(no_sleep, at(P::kSpinNs + P::kYieldNs)), P::Paused::kSlept) << "the budget still ends";
   fits.progressed(at(P::kSpinNs + P::kYieldNs));
-  EXPECT_TRUE(fits.busy_polling(at(P::kSpinNs + P::kYieldNs + 1))) << "progress restarts the budget";
+  EXPECT_EQ(fits.pause(no_sleep, at(P::kSpinNs + P::kYieldNs + 1)), P::Paused::kSpun) << "progress restarts it";
 
   P crowded(t0);
   crowded.yield_only_for_job(true);
-  EXPECT_FALSE(crowded.busy_polling(at(0))) << "more ranks than cores: yield from the first poll";
+  EXPECT_FALSE(crowded.busy_polling(at(0)));
+  EXPECT_EQ(crowded.pause(no_sleep, at(0)), P::Paused::kYielded) << "more ranks than cores: yield at once";
   EXPECT_TRUE(crowded.polling(at(P::kSpinNs + P::kYieldNs - 1)));
-
-  P plain(t0);
-  EXPECT_FALSE(plain.busy_polling(at(P::kSpinNs))) << "without the call, the busy budget is kSpinNs";
+  EXPECT_EQ(crowded.pause(no_sleep, at(P::kSpinNs + P::kYieldNs)), P::Paused::kSlept);
 }
 
 TEST(TcpTest, WaitingThreadsDriveProgress) {

@@ -164,7 +164,7 @@ class WaitPacer {
   /// The same at `now`, a time the caller has just read.
   bool busy_polling(Clock::time_point now) {
     return !yield_now() && sleeping_ == std::chrono::microseconds(0) &&
-           now - start_ < std::chrono::nanoseconds(spin_ns());
+           now - start_ < std::chrono::nanoseconds(kSpinNs);
   }
 
   /// True while pause() would still busy-poll or yield rather than sleep
@@ -193,30 +193,35 @@ class WaitPacer {
     yield_ = job_oversubscribed;
   }
 
-  /// Between two polls: pause, yield or sleep (never past `deadline`).
-  void pause(Clock::time_point deadline) { pause(deadline, Clock::now()); }
+  enum class Paused { kSpun, kYielded, kSlept };
+  /// Between two polls: pause, yield or sleep (never past `deadline`);
+  /// returns which.
+  Paused pause(Clock::time_point deadline) { return pause(deadline, Clock::now()); }
   /// The same, at `now`, a time the caller read during this poll.
-  void pause(Clock::time_point deadline, Clock::time_point now) {
+  Paused pause(Clock::time_point deadline, Clock::time_point now) {
     if (sleeping_ == std::chrono::microseconds(0)) {
       const int64_t spent = std::chrono::duration_cast<std::chrono::nanoseconds>(now - start_).count();
       ++polls_;
-      if (!yield_now() && spent < spin_ns()) {
+      // A waiter told that its job fits the cores spins through the yield
+      // phase too: yielding would hand the core to another program.
+      if (!yield_now() && spent < (job_only_ ? kSpinNs + kYieldNs : kSpinNs)) {
         // A pause takes 10 to 140 cycles depending on the CPU (39 ns on
         // this EPYC VM): 16 of them delayed noticing a message by up to
         // 0.6 us. Two keep the poll loop off the memory bus and cost little.
         cpu_relax();
         cpu_relax();
-        return;
+        return Paused::kSpun;
       }
       if (spent < kSpinNs + kYieldNs) {
         sched_yield();
-        return;
+        return Paused::kYielded;
       }
     }
     sleeping_ = std::min<std::chrono::microseconds>(std::chrono::microseconds(1000),
                                                     sleeping_ + std::chrono::microseconds(20));
     now = Clock::now();
     if (now < deadline) std::this_thread::sleep_for(std::min<Clock::duration>(sleeping_, deadline - now));
+    return Paused::kSlept;
   }
 
  private:
@@ -231,11 +236,6 @@ class WaitPacer {
     }
     return yield_;
   }
-
-  // The busy-poll budget: a waiter told that its job fits the cores spins
-  // for the whole polling budget (yielding would hand the core to another
-  // program), others for kSpinNs and then yield for kYieldNs.
-  int64_t spin_ns() const { return job_only_ ? kSpinNs + kYieldNs : kSpinNs; }
 
   uint32_t polls_ = 0;  // pause() calls
   uint32_t yield_next_ = 0;
