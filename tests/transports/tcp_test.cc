@@ -252,7 +252,7 @@ TEST(WaitPacerTest, ThrottledSampleTakesOneSamplePer10msAndCanCountTheFirstAtOnc
 }
 
 // The policy of a waiter that knows its job's ranks here (yield_only_for_job,
-// libfabric and tcp): a job that fits the cores spins through the whole
+// libfabric's): a job that fits the cores spins through the whole
 // polling budget whatever other programs run (yielding handed the core to a
 // busy loop for a time slice: 1.7 ms per 64 B message); a job with more
 // ranks here than cores yields from the first poll. Both sleep once the
