@@ -1904,8 +1904,8 @@ void LfComm::setup(int64_t timeout_ms) {
     peer.same_process = peer.proc.boot_id == me_.boot_id && peer.proc.pid == me_.pid;
     peer.ep_key = value;
   }
-  int here = 1;
-  for (const Peer& q : peers_) here += q.local || q.same_process ? 1 : 0;
+  const auto here = 1 + std::count_if(peers_.begin(), peers_.end(),
+                                      [](const Peer& q) { return q.local || q.same_process; });
   oversubscribed_by_job_ = here > transport::usable_cores();
   if (!missing.empty()) {
     std::string list;
