@@ -19,6 +19,8 @@
 
 #if STRATA_HAVE_LIBFABRIC
 #include <rdma/fabric.h>
+
+#include "fabric_lib.h"
 #endif
 
 namespace {
@@ -105,31 +107,22 @@ ojson bits_json(uint64_t v, std::initializer_list<std::pair<uint64_t, const char
   return out;
 }
 
-// libfabric through dlopen: the command must run where it is not installed.
+// libfabric through dlopen (fabric_lib.h): the command must run where it is
+// not installed.
 ojson libfabric_json(strata::PluginHost& host, bool have_plugin) {
   ojson out{{"library", nullptr}, {"error", nullptr}, {"providers", ojson::array()}};
-  void* lib = ::dlopen("libfabric.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (lib == nullptr) {
-    out["error"] = std::string("libfabric is not installed (") + ::dlerror() + "); apt-get install libfabric1";
+  const strata::transport::libfabric::FabricLib& lf = strata::transport::libfabric::fabric_lib();
+  if (!lf.ok()) {
+    out["error"] = lf.error;
     return out;
   }
-  using GetInfo = int (*)(uint32_t, const char*, const char*, uint64_t, const fi_info*, fi_info**);
-  using FreeInfo = void (*)(fi_info*);
-  using DupInfo = fi_info* (*)(const fi_info*);
-  using Version = uint32_t (*)();
-  using StrError = const char* (*)(int);
-  auto get_info = reinterpret_cast<GetInfo>(::dlsym(lib, "fi_getinfo"));
-  auto free_info = reinterpret_cast<FreeInfo>(::dlsym(lib, "fi_freeinfo"));
-  auto dup_info = reinterpret_cast<DupInfo>(::dlsym(lib, "fi_dupinfo"));
-  auto version = reinterpret_cast<Version>(::dlsym(lib, "fi_version"));
-  auto str_error = reinterpret_cast<StrError>(::dlsym(lib, "fi_strerror"));
-  if (get_info == nullptr || free_info == nullptr || dup_info == nullptr || version == nullptr || str_error == nullptr) {
-    out["error"] = "libfabric.so.1 lacks fi_getinfo/fi_freeinfo/fi_dupinfo/fi_version/fi_strerror";
-    ::dlclose(lib);
-    return out;
-  }
+  const auto get_info = lf.getinfo;
+  const auto free_info = lf.freeinfo;
+  const auto dup_info = lf.dupinfo;
+  const auto version = lf.version;
+  const auto str_error = lf.strerror;
   const uint32_t v = version();
-  out["library"] = "libfabric.so.1 " + std::to_string(FI_MAJOR(v)) + "." + std::to_string(FI_MINOR(v));
+  out["library"] = lf.library + " " + std::to_string(FI_MAJOR(v)) + "." + std::to_string(FI_MINOR(v));
   // Reliable datagram endpoints with tagged messages: the hints the libfabric
   // transport uses (transports/libfabric/libfabric_transport.h), so this
   // lists the providers it would accept.
@@ -155,7 +148,6 @@ ojson libfabric_json(strata::PluginHost& host, bool have_plugin) {
   free_info(hints);
   if (rc != 0) {
     out["error"] = std::string("fi_getinfo found no reliable-datagram provider with tagged messages: ") + str_error(-rc);
-    ::dlclose(lib);
     return out;
   }
   std::set<std::pair<std::string, std::string>> seen;
@@ -185,7 +177,6 @@ ojson libfabric_json(strata::PluginHost& host, bool have_plugin) {
     probed_names.insert(prov);
   }
   free_info(found);
-  ::dlclose(lib);
   // Would the libfabric transport plugin itself run on each provider?
   for (auto& p : out["providers"]) {
     if (!have_plugin) {

@@ -72,6 +72,34 @@ TEST(InfoTransportsTest, JsonListsEveryTransportWithCapsOrWhy) {
   }
 }
 
+TEST(InfoTransportsTest, AMissingLibfabricIsNamedWithTheFix) {
+#if !STRATA_HAVE_LIBFABRIC
+  GTEST_SKIP() << "this build has no libfabric support";
+#else
+  // libfabric is opened when needed (transports/libfabric/fabric_lib.h), so
+  // the plugin still loads where the library is missing, and says so when
+  // a transport is asked for.
+  std::vector<std::string> argv = {STRATA_INFO_BIN, "transports", "--json"};
+  const auto r = strata::test::run_program(argv,
+                                           {{"STRATA_LOG_LEVEL", "off"},
+                                            {"STRATA_PLUGIN_PATH", std::nullopt},
+                                            {"STRATA_LIBFABRIC_LIBRARY", "/nonexistent/libfabric.so.1"}},
+                                           120);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json doc = json::parse(r.out);
+  const std::string lf_error = doc["libfabric"]["error"].get<std::string>();
+  EXPECT_NE(lf_error.find("/nonexistent/libfabric.so.1"), std::string::npos) << lf_error;
+  EXPECT_NE(lf_error.find("STRATA_LIBFABRIC_LIBRARY"), std::string::npos) << lf_error;
+  EXPECT_TRUE(doc["libfabric"]["providers"].empty());
+  const json* plugin = find_by(doc["transports"], "name", "libfabric");
+  ASSERT_NE(plugin, nullptr) << "the plugin loads without libfabric: " << doc["transports"].dump();
+  EXPECT_NE((*plugin)["status"], "usable");
+  const std::string why = (*plugin)["error"].get<std::string>();
+  EXPECT_NE(why.find("cannot open libfabric"), std::string::npos) << why;
+  EXPECT_NE(why.find("apt-get install libfabric1"), std::string::npos) << why;
+#endif
+}
+
 TEST(InfoTransportsTest, LibfabricProvidersAndTheAutoChoiceAgree) {
 #if !STRATA_HAVE_LIBFABRIC
   GTEST_SKIP() << "this build has no libfabric support";

@@ -10,8 +10,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <thread>
@@ -205,6 +208,50 @@ TEST(AutoTest, DefaultsWorkWhateverIsInstalled) {
       EXPECT_EQ(route.at("scope").get<std::string>(), "remote");
     }
   }
+}
+
+// Whether libfabric's library is mapped into this process (/proc/self/maps).
+bool libfabric_mapped() {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line))
+    if (line.find("/libfabric.so") != std::string::npos) return true;
+  return false;
+}
+
+TEST(AutoTest, WithoutAnRdmaDeviceLibfabricIsNeverLoaded) {
+  // Loading libfabric (and the psm/infinipath libraries it links) cost about
+  // 0.2 s per process; a job that cannot use it must not pay for it: not
+  // when the plugins are scanned, not when auto picks its sub-transports.
+  for (const char* dir : {"/sys/class/infiniband", "/sys/class/cxi"}) {
+    std::error_code ec;
+    if (std::filesystem::directory_iterator(dir, ec) != std::filesystem::directory_iterator())
+      GTEST_SKIP() << dir << " lists an RDMA device: auto asks libfabric for a NIC provider here";
+  }
+  ASSERT_FALSE(libfabric_mapped()) << "libfabric was loaded before the test began";
+  PluginHost host;
+  const auto plugins = host.discover();
+  const bool have_libfabric_plugin = std::any_of(plugins.begin(), plugins.end(), [](const PluginInfo& p) {
+    return p.kind == "transport" && p.name == "libfabric" && p.ok;
+  });
+  EXPECT_FALSE(libfabric_mapped()) << "scanning the plugins loaded libfabric";
+  const std::string name = unique_name("nolibfabric");
+  run_ranks(2, [&](int rank) {
+    Rank r(host, R"({"host_id": ")" + std::string(rank == 0 ? "a" : "b") + R"("})");
+    r.join(name, rank, 2);
+    std::vector<uint8_t> out(64, uint8_t(rank + 1)), in(64, 0);
+    const auto q = r.irecv(1 - rank, 5, in.data(), in.size());
+    r.wait(r.isend(1 - rank, 5, out.data(), out.size()));
+    EXPECT_EQ(r.wait(q), 64u);
+    EXPECT_EQ(in[63], uint8_t(2 - rank));
+  });
+  const json j = routes_of(host, name, 0);
+  EXPECT_EQ(j.at("routes").at(0).at("transport"), "tcp") << j.dump();
+  EXPECT_FALSE(libfabric_mapped()) << "auto loaded libfabric on a machine without an RDMA device";
+  if (!have_libfabric_plugin) return;
+  // The check above can see libfabric: creating its transport loads it.
+  PluginInstance lf = host.create(STRATA_KIND_TRANSPORT, "libfabric", R"({"provider": "shm"})");
+  EXPECT_TRUE(libfabric_mapped());
 }
 
 TEST(AutoTest, OptionsAreValidatedAndBadSubTransportsNamed) {

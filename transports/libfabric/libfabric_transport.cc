@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "strata/sdk/options.hpp"
+#include "fabric_lib.h"
 #include "wire.h"
 #include "../common/proc_identity.h"
 #include "../common/wait_pacer.h"
@@ -100,7 +101,7 @@ struct ExportedKey {
   uint64_t len;
 };
 
-std::string fi_error_text(int ret) { return str_cat(fi_strerror(ret < 0 ? -ret : ret), " (", ret, ")"); }
+std::string fi_error_text(int ret) { return str_cat(fabric_lib().strerror(ret < 0 ? -ret : ret), " (", ret, ")"); }
 
 std::string hex(const void* p, size_t n) {
   static const char* d = "0123456789abcdef";
@@ -159,7 +160,7 @@ std::string iface_address(const std::string& iface, const std::string& comp) {
 }
 
 fi_info* make_hints(const Options& o, bool rma) {
-  fi_info* h = fi_allocinfo();
+  fi_info* h = fabric_lib().dupinfo(nullptr);
   if (h == nullptr) throw std::bad_alloc();
   h->caps = FI_TAGGED | (rma ? (FI_RMA | FI_WRITE | FI_REMOTE_WRITE) : 0);
   h->mode = FI_CONTEXT | FI_CONTEXT2;
@@ -174,15 +175,15 @@ fi_info* make_hints(const Options& o, bool rma) {
 struct InfoList {
   fi_info* head = nullptr;
   ~InfoList() {
-    if (head != nullptr) fi_freeinfo(head);
+    if (head != nullptr) fabric_lib().freeinfo(head);
   }
 };
 
 int query(const Options& o, bool rma, const std::string& node, fi_info** out) {
   fi_info* hints = make_hints(o, rma);
-  const int ret = fi_getinfo(kApiVersion, node.empty() ? nullptr : node.c_str(), nullptr,
+  const int ret = fabric_lib().getinfo(kApiVersion, node.empty() ? nullptr : node.c_str(), nullptr,
                              node.empty() ? 0 : FI_SOURCE, hints, out);
-  fi_freeinfo(hints);
+  fabric_lib().freeinfo(hints);
   return ret;
 }
 
@@ -497,7 +498,7 @@ class LfComm : public sdk::CommBase {
  public:
   LfComm(sdk::Host host, const Options& opts, const fi_info* info, bool rma, bool mr_local, std::string name,
          int32_t rank, int32_t world)
-      : host_(std::move(host)), opts_(opts), info_(fi_dupinfo(info)), rma_(rma), mr_local_(mr_local),
+      : host_(std::move(host)), opts_(opts), info_(fabric_lib().dupinfo(info)), rma_(rma), mr_local_(mr_local),
         name_(std::move(name)), rank_(rank), world_(world), peers_(static_cast<size_t>(world)) {
     if (info_ == nullptr) throw std::bad_alloc();
     prov_ = info_->fabric_attr->prov_name;
@@ -1180,7 +1181,8 @@ void LfComm::poll_locked() {
         const char* prov_text = fi_cq_strerror(cq_, e.prov_errno, e.err_data, buf, sizeof buf);
         Op* op = static_cast<Op*>(e.op_context);
         if (op != nullptr)
-          on_completion_locked(op, e.err, str_cat(fi_strerror(e.err), " (provider: ", prov_text ? prov_text : "", ")"));
+          on_completion_locked(op, e.err,
+                               str_cat(fabric_lib().strerror(e.err), " (provider: ", prov_text ? prov_text : "", ")"));
       }
       continue;
     }
@@ -1801,7 +1803,7 @@ void LfComm::setup(int64_t timeout_ms) {
   prov_key_ = (mr_mode & FI_MR_PROV_KEY) != 0;
   mr_endpoint_ = (mr_mode & FI_MR_ENDPOINT) != 0;
 
-  check(fi_fabric(info_->fabric_attr, &fabric_, nullptr), "fi_fabric");
+  check(fabric_lib().fabric(info_->fabric_attr, &fabric_, nullptr), "fi_fabric");
   check(fi_domain(fabric_, info_, &domain_, nullptr), "fi_domain");
   fi_av_attr av_attr{};
   av_attr.type = info_->domain_attr->av_type;
@@ -2070,7 +2072,7 @@ LfComm::~LfComm() {
     for (fid_t f : p.fids) fi_close(f);
     for (Op* op : p.ops) delete op;
   }
-  fi_freeinfo(info_);
+  fabric_lib().freeinfo(info_);
 }
 
 // ------------------------------------------------------------ transport ---
@@ -2088,6 +2090,8 @@ LibfabricTransport::LibfabricTransport(sdk::Host host, const char* options_json)
     STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'max_message_bytes' of ", comp, " must be >= 4096, got ",
                  opts_.max_message_bytes);
 
+  // libfabric itself is opened here, not when the plugin is loaded (fabric_lib.h).
+  if (const FabricLib& lib = fabric_lib(); !lib.ok()) STRATA_THROW(STRATA_ERR_UNAVAILABLE, comp, ": ", lib.error);
   const bool shm_named = opts_.provider.find("shm") != std::string::npos;
   const std::string node = opts_.iface.empty() || shm_named ? "" : iface_address(opts_.iface, comp);
   Options pick = opts_;
@@ -2123,7 +2127,7 @@ LibfabricTransport::LibfabricTransport(sdk::Host host, const char* options_json)
                  node.empty() ? "" : str_cat(" on interface ", opts_.iface, " (", node, ")"),
                  " is not present or offers no FI_EP_RDM tagged messages (fi_getinfo: ", fi_error_text(ret),
                  "); providers present: ", present_providers(), "; set option 'provider' to one of them");
-  info_ = fi_dupinfo(l.head);
+  info_ = fabric_lib().dupinfo(l.head);
   if (info_ == nullptr) throw std::bad_alloc();
   mr_local_ = (info_->domain_attr->mr_mode & FI_MR_LOCAL) != 0;
   host_.debug(comp, ": using provider ", info_->fabric_attr->prov_name, " domain ", info_->domain_attr->name,
@@ -2131,7 +2135,7 @@ LibfabricTransport::LibfabricTransport(sdk::Host host, const char* options_json)
 }
 
 LibfabricTransport::~LibfabricTransport() {
-  if (info_ != nullptr) fi_freeinfo(info_);
+  if (info_ != nullptr) fabric_lib().freeinfo(info_);
 }
 
 strata_transport_caps LibfabricTransport::caps() {
