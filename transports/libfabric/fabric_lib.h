@@ -52,44 +52,29 @@ struct FabricLib {
 
 namespace fabric_lib_detail {
 
-// `name` at `version` ("" or null: the library's default version).
-inline void* symbol(void* handle, const char* name, const char* version) {
-  if (version != nullptr && *version != '\0') {
-    if (void* p = ::dlvsym(handle, name, version)) return p;
+#ifndef STRATA_LIBFABRIC_SYMBOL_VERSIONS
+#define STRATA_LIBFABRIC_SYMBOL_VERSIONS ""
+#endif
+
+// The version of `name` the build's headers were made for, from
+// STRATA_LIBFABRIC_SYMBOL_VERSIONS ("fi_getinfo@FABRIC_1.3 fi_fabric@FABRIC_1.1
+// ..."); "" when the build did not find it.
+inline std::string build_version(const std::string& name) {
+  const std::string all = std::string(" ") + STRATA_LIBFABRIC_SYMBOL_VERSIONS + " ";
+  const size_t at = all.find(" " + name + "@");
+  if (at == std::string::npos) return "";
+  const size_t from = at + name.size() + 2;
+  return all.substr(from, all.find(' ', from) - from);
+}
+
+// `name` at the build's version, else the library's default version.
+inline void* symbol(void* handle, const char* name) {
+  const std::string version = build_version(name);
+  if (!version.empty()) {
+    if (void* p = ::dlvsym(handle, name, version.c_str())) return p;
   }
   return ::dlsym(handle, name);
 }
-
-#ifdef STRATA_FI_GETINFO_VERSION
-constexpr const char* kGetinfoVersion = STRATA_FI_GETINFO_VERSION;
-#else
-constexpr const char* kGetinfoVersion = nullptr;
-#endif
-#ifdef STRATA_FI_FREEINFO_VERSION
-constexpr const char* kFreeinfoVersion = STRATA_FI_FREEINFO_VERSION;
-#else
-constexpr const char* kFreeinfoVersion = nullptr;
-#endif
-#ifdef STRATA_FI_DUPINFO_VERSION
-constexpr const char* kDupinfoVersion = STRATA_FI_DUPINFO_VERSION;
-#else
-constexpr const char* kDupinfoVersion = nullptr;
-#endif
-#ifdef STRATA_FI_FABRIC_VERSION
-constexpr const char* kFabricVersion = STRATA_FI_FABRIC_VERSION;
-#else
-constexpr const char* kFabricVersion = nullptr;
-#endif
-#ifdef STRATA_FI_STRERROR_VERSION
-constexpr const char* kStrerrorVersion = STRATA_FI_STRERROR_VERSION;
-#else
-constexpr const char* kStrerrorVersion = nullptr;
-#endif
-#ifdef STRATA_FI_VERSION_VERSION
-constexpr const char* kVersionVersion = STRATA_FI_VERSION_VERSION;
-#else
-constexpr const char* kVersionVersion = nullptr;
-#endif
 
 inline FabricLib open_fabric_lib() {
   FabricLib lib;
@@ -105,12 +90,12 @@ inline FabricLib open_fabric_lib() {
                 ", or use another transport (tcp, shmem, auto)";
     return lib;
   }
-  lib.getinfo = reinterpret_cast<decltype(lib.getinfo)>(symbol(h, "fi_getinfo", kGetinfoVersion));
-  lib.freeinfo = reinterpret_cast<decltype(lib.freeinfo)>(symbol(h, "fi_freeinfo", kFreeinfoVersion));
-  lib.dupinfo = reinterpret_cast<decltype(lib.dupinfo)>(symbol(h, "fi_dupinfo", kDupinfoVersion));
-  lib.fabric = reinterpret_cast<decltype(lib.fabric)>(symbol(h, "fi_fabric", kFabricVersion));
-  lib.strerror = reinterpret_cast<decltype(lib.strerror)>(symbol(h, "fi_strerror", kStrerrorVersion));
-  lib.version = reinterpret_cast<decltype(lib.version)>(symbol(h, "fi_version", kVersionVersion));
+  lib.getinfo = reinterpret_cast<decltype(lib.getinfo)>(symbol(h, "fi_getinfo"));
+  lib.freeinfo = reinterpret_cast<decltype(lib.freeinfo)>(symbol(h, "fi_freeinfo"));
+  lib.dupinfo = reinterpret_cast<decltype(lib.dupinfo)>(symbol(h, "fi_dupinfo"));
+  lib.fabric = reinterpret_cast<decltype(lib.fabric)>(symbol(h, "fi_fabric"));
+  lib.strerror = reinterpret_cast<decltype(lib.strerror)>(symbol(h, "fi_strerror"));
+  lib.version = reinterpret_cast<decltype(lib.version)>(symbol(h, "fi_version"));
   std::string missing;
   for (auto [fn, name] : {std::pair<void*, const char*>{reinterpret_cast<void*>(lib.getinfo), "fi_getinfo"},
                           {reinterpret_cast<void*>(lib.freeinfo), "fi_freeinfo"},
