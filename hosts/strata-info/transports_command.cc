@@ -16,6 +16,7 @@
 #include "strata/c/transport.h"
 #include "strata/config.h"
 #include "strata/error.hpp"
+#include "../../transports/common/rdma_devices.h"
 
 #if STRATA_HAVE_LIBFABRIC
 #include <rdma/fabric.h>
@@ -116,38 +117,34 @@ ojson libfabric_json(strata::PluginHost& host, bool have_plugin) {
     out["error"] = lf.error;
     return out;
   }
-  const auto get_info = lf.getinfo;
-  const auto free_info = lf.freeinfo;
-  const auto dup_info = lf.dupinfo;
-  const auto version = lf.version;
-  const auto str_error = lf.strerror;
-  const uint32_t v = version();
+  const uint32_t v = lf.version();
   out["library"] = lf.library + " " + std::to_string(FI_MAJOR(v)) + "." + std::to_string(FI_MINOR(v));
   // Reliable datagram endpoints with tagged messages: the hints the libfabric
   // transport uses (transports/libfabric/libfabric_transport.h), so this
   // lists the providers it would accept.
-  fi_info* hints = dup_info(nullptr);
+  fi_info* hints = lf.dupinfo(nullptr);
   hints->ep_attr->type = FI_EP_RDM;
   hints->caps = FI_TAGGED;
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
   hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
   hints->domain_attr->threading = FI_THREAD_DOMAIN;
   fi_info* found = nullptr;
-  const int rc = get_info(FI_VERSION(1, 10), nullptr, nullptr, 0, hints, &found);
+  const int rc = lf.getinfo(FI_VERSION(1, 10), nullptr, nullptr, 0, hints, &found);
   // Providers report the capabilities asked for: ask again with FI_RMA to
   // learn which of them also offer one-sided writes (the transport's iwrite).
   std::set<std::pair<std::string, std::string>> with_rma;
   hints->caps |= FI_RMA | FI_WRITE | FI_REMOTE_WRITE;
   fi_info* rma = nullptr;
-  if (get_info(FI_VERSION(1, 10), nullptr, nullptr, 0, hints, &rma) == 0) {
+  if (lf.getinfo(FI_VERSION(1, 10), nullptr, nullptr, 0, hints, &rma) == 0) {
     for (const fi_info* i = rma; i != nullptr; i = i->next)
       with_rma.insert({i->fabric_attr->prov_name ? i->fabric_attr->prov_name : "",
                        i->domain_attr->name ? i->domain_attr->name : ""});
-    free_info(rma);
+    lf.freeinfo(rma);
   }
-  free_info(hints);
+  lf.freeinfo(hints);
   if (rc != 0) {
-    out["error"] = std::string("fi_getinfo found no reliable-datagram provider with tagged messages: ") + str_error(-rc);
+    out["error"] =
+        std::string("fi_getinfo found no reliable-datagram provider with tagged messages: ") + lf.strerror(-rc);
     return out;
   }
   std::set<std::pair<std::string, std::string>> seen;
@@ -176,7 +173,7 @@ ojson libfabric_json(strata::PluginHost& host, bool have_plugin) {
     out["providers"].push_back(std::move(p));
     probed_names.insert(prov);
   }
-  free_info(found);
+  lf.freeinfo(found);
   // Would the libfabric transport plugin itself run on each provider?
   for (auto& p : out["providers"]) {
     if (!have_plugin) {
@@ -207,7 +204,7 @@ ojson auto_json(const ojson& transports, const ojson& libfabric, bool have_libfa
   std::string shm_why = have_libfabric_plugin ? "libfabric has no shm provider here" : "the libfabric transport plugin is not installed";
   for (const auto& p : libfabric["providers"]) {
     if (p["name"] == "shm") shm_why = p["plugin"] == "usable" ? "" : p["plugin"].get<std::string>();
-    if (p["class"] == "nic" && p["plugin"] == "usable" && net["reason"] == "") {
+    if (p["class"] == "nic" && p["plugin"] == "usable" && net["reason"] == "" && strata::transport::has_rdma_device()) {
       net = {{"transport", "libfabric"}, {"options", {{"provider", p["name"]}}},
              {"reason", "an RDMA provider (" + p["name"].get<std::string>() + ") is present"}};
     }
@@ -225,7 +222,9 @@ ojson auto_json(const ojson& transports, const ojson& libfabric, bool have_libfa
     same["reason"] = "loopback TCP, because no shared-memory path can run: shmem: " + shmem_why + "; libfabric/shm: " + shm_why;
   }
   if (net["reason"] == "")
-    net["reason"] = "no RDMA NIC provider (verbs, efa, psm2/psm3, opx, cxi, ...) is usable here";
+    net["reason"] = strata::transport::has_rdma_device()
+                        ? "no RDMA NIC provider (verbs, efa, psm2/psm3, opx, cxi, ...) is usable here"
+                        : strata::transport::kNoRdmaDeviceReason;
   return {{"same_host", same}, {"network", net}};
 }
 

@@ -9,6 +9,7 @@
 
 #include "strata/config.h"
 #include "subprocess.h"
+#include "../../transports/common/rdma_devices.h"
 
 namespace {
 
@@ -145,7 +146,13 @@ TEST(InfoTransportsTest, LibfabricProvidersAndTheAutoChoiceAgree) {
 #endif
   bool nic = false;
   for (const auto& p : lf["providers"]) nic = nic || (p["class"] == "nic" && p["plugin"] == "usable");
-  EXPECT_EQ(doc["auto"]["network"]["transport"], nic ? "libfabric" : "tcp");
+  // auto asks libfabric only where an RDMA device exists (rdma_devices.h);
+  // strata-info says the same, with the same reason.
+  const bool device = strata::transport::has_rdma_device();
+  EXPECT_EQ(doc["auto"]["network"]["transport"], nic && device ? "libfabric" : "tcp");
+  if (!device) {
+    EXPECT_EQ(doc["auto"]["network"]["reason"], strata::transport::kNoRdmaDeviceReason);
+  }
 #endif
 }
 

@@ -8,7 +8,6 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
-#include <filesystem>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -17,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "strata/sdk/options.hpp"
+#include "../common/rdma_devices.h"
 
 namespace strata::transport::auto_select {
 
@@ -41,19 +41,6 @@ std::string first_line(const std::string& path) {
   if (f) std::getline(f, line);
   while (!line.empty() && (line.back() == '\n' || line.back() == '\r' || line.back() == ' ')) line.pop_back();
   return line;
-}
-
-// RDMA devices this machine has: the entries of /sys/class/infiniband
-// (verbs, EFA, Omni-Path and PSM3 devices appear there) and /sys/class/cxi,
-// ", "-separated; "" when none.
-std::string rdma_devices() {
-  std::string names;
-  for (const char* dir : {"/sys/class/infiniband", "/sys/class/cxi"}) {
-    std::error_code ec;
-    for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
-      names += str_cat(names.empty() ? "" : ", ", it->path().filename().string());
-  }
-  return names;
 }
 
 // What makes two processes "the same host" (see the header): a reboot or
@@ -603,13 +590,9 @@ AutoTransport::AutoTransport(sdk::Host host, const char* options_json) : host_(s
   if (parse_spec(o, "remote", &name, &options)) {
     remote_ = explicit_sub("remote", name, options);
   } else {
-    std::string tried, full;
-    // Without an RDMA device no NIC provider can run; asking libfabric would
-    // only load it and the provider libraries it links (0.2 s per process
-    // here, in every job that uses auto).
-    if (rdma_devices().empty()) {
-      tried = "this machine has no RDMA device (/sys/class/infiniband and /sys/class/cxi list none)";
-      full = tried;
+    std::string tried, full;  // why no NIC provider; the first refusal in full
+    if (!has_rdma_device()) {
+      tried = kNoRdmaDeviceReason;  // libfabric is not even loaded (rdma_devices.h)
     } else {
       for (const char* prov : kNicProviders) {
         try {
@@ -631,8 +614,8 @@ AutoTransport::AutoTransport(sdk::Host host, const char* options_json) : host_(s
     }
     if (!remote_.ref) {
       const std::string why = "no RDMA provider: " + tried;
-      host_.info("auto: cross-host transport falls back to tcp (", why, ")", full == tried ? "" : "; first refusal: ",
-                 full == tried ? "" : full);
+      host_.info("auto: cross-host transport falls back to tcp (", why, ")", full.empty() ? "" : "; first refusal: ",
+                 full);
       remote_ = make_sub(host_, "tcp", "{}", why);
     }
   }
