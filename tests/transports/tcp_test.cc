@@ -149,7 +149,8 @@ TEST(TcpTest, PingPongIPv6) {
 // itself whatever the load, so some of its waits complete by its own
 // progress; with "never" none does. ("auto" polls only while cores are
 // free, which a test cannot count on with other tests running.)
-uint64_t self_completed_waits(PluginHost& host, const char* options) {
+// `bytes` per message (300 round trips of 8 bytes by default).
+uint64_t self_completed_waits(PluginHost& host, const char* options, size_t bytes = 8, int rounds = 300) {
   struct Capture {
     std::string level = log_level();
     Capture() {
@@ -170,15 +171,18 @@ uint64_t self_completed_waits(PluginHost& host, const char* options) {
   run_ranks(2, [&](int rank) {
     Rank r(host, options);
     r.join(name, rank, 2);
-    for (int i = 0; i < 300; ++i) {
-      uint64_t out = static_cast<uint64_t>(i), in = 0;
+    std::vector<uint8_t> out(bytes), in(bytes);
+    for (int i = 0; i < rounds; ++i) {
+      std::fill(out.begin(), out.end(), static_cast<uint8_t>(i + rank));
       if (rank == 0) {
-        r.wait(r.isend(1, 7, &out, 8));
-        ASSERT_EQ(r.wait(r.irecv(1, 7, &in, 8)), 8u);
+        r.wait(r.isend(1, 7, out.data(), bytes));
+        ASSERT_EQ(r.wait(r.irecv(1, 7, in.data(), bytes)), bytes);
       } else {
-        ASSERT_EQ(r.wait(r.irecv(0, 7, &in, 8)), 8u);
-        r.wait(r.isend(0, 7, &out, 8));
+        ASSERT_EQ(r.wait(r.irecv(0, 7, in.data(), bytes)), bytes);
+        r.wait(r.isend(0, 7, out.data(), bytes));
       }
+      ASSERT_EQ(in.front(), static_cast<uint8_t>(i + 1 - rank));
+      ASSERT_EQ(in.back(), static_cast<uint8_t>(i + 1 - rank));
     }
   });
   const std::string log = capture.take();
@@ -286,6 +290,66 @@ TEST(TcpTest, WaitingThreadsDriveProgress) {
   EXPECT_GT(self_completed_waits(host, R"({"connections_per_peer": 1, "poll": "always"})"), 0u)
       << "no wait was completed by its own thread's progress";
   EXPECT_EQ(self_completed_waits(host, R"({"connections_per_peer": 1, "poll": "never"})"), 0u);
+}
+
+// A wait that does not poll (here: a 1 MiB message, never polled) runs the
+// reactor itself, blocked in epoll_wait, instead of sleeping while the io
+// thread moves the bytes and then wakes it: with "auto", whatever the load,
+// waits complete by the waiting thread's own progress. Before, none did.
+TEST(TcpTest, AWaiterForALargeMessageMovesItsBytesItself) {
+  PluginHost host;
+  EXPECT_GT(self_completed_waits(host, R"({"connections_per_peer": 1})", 1 << 20, 20), 0u)
+      << "every 1 MiB message was moved by the io thread";
+  EXPECT_EQ(self_completed_waits(host, R"({"connections_per_peer": 1, "poll": "never"})", 1 << 20, 20), 0u);
+}
+
+// Two threads of one rank wait at once, one for large messages and one for
+// small ones: one of them runs the reactor and the other's messages still
+// arrive, in order, each within its deadline.
+TEST(TcpTest, TwoThreadsWaitingAtOnceShareTheReactor) {
+  PluginHost host;
+  const std::string name = unique_name("twowaiters");
+  constexpr int kRounds = 40;
+  constexpr size_t kLarge = 3 << 20;
+  run_ranks(2, [&](int rank) {
+    Rank r(host, R"({"connections_per_peer": 2})");
+    r.join(name, rank, 2);
+    if (rank == 1) {
+      std::vector<uint8_t> big(kLarge);
+      for (int i = 0; i < kRounds; ++i) {
+        std::fill(big.begin(), big.end(), static_cast<uint8_t>(i));
+        uint64_t small = static_cast<uint64_t>(i) * 7;
+        // Alternate which arrives first.
+        if (i % 2 == 0) {
+          auto a = r.isend(0, 1, big.data(), kLarge);
+          r.wait(r.isend(0, 2, &small, 8));
+          r.wait(a);
+        } else {
+          r.wait(r.isend(0, 2, &small, 8));
+          r.wait(r.isend(0, 1, big.data(), kLarge));
+        }
+      }
+      uint64_t done = 0;
+      ASSERT_EQ(r.wait(r.irecv(0, 3, &done, 8)), 8u);
+      return;
+    }
+    std::thread small_waiter([&] {
+      for (int i = 0; i < kRounds; ++i) {
+        uint64_t v = 0;
+        ASSERT_EQ(r.wait(r.irecv(1, 2, &v, 8), 20000), 8u);
+        ASSERT_EQ(v, static_cast<uint64_t>(i) * 7);
+      }
+    });
+    std::vector<uint8_t> big(kLarge);
+    for (int i = 0; i < kRounds; ++i) {
+      ASSERT_EQ(r.wait(r.irecv(1, 1, big.data(), kLarge), 20000), kLarge);
+      ASSERT_EQ(big.front(), static_cast<uint8_t>(i));
+      ASSERT_EQ(big.back(), static_cast<uint8_t>(i));
+    }
+    small_waiter.join();
+    uint64_t done = 1;
+    r.wait(r.isend(1, 3, &done, 8));
+  });
 }
 
 TEST(TcpTest, ManyTagsKeepPostingOrderAcrossThreeRanks) {

@@ -201,6 +201,12 @@ constexpr std::chrono::milliseconds kHigherRankConnectDelay{100};
 // polling with its request done, and how often a parked io thread looks
 // again (see io_loop).
 constexpr std::chrono::microseconds kIoLinger{250};
+// How long a waiting thread blocked in the reactor stays there without any
+// handler running before it hands the reactor back to the io thread and
+// sleeps on its condition (see progress_blocking).
+constexpr std::chrono::milliseconds kBlockIdle{2};
+// The longest a parked io thread sleeps before it looks again (see io_loop).
+constexpr std::chrono::microseconds kIoParkMax{2000};
 // Bytes a connection reads ahead into its receive buffer: a small frame's
 // header and payload arrive in one recv (two before, plus the reactor's
 // turn in between), and a large frame's payload past this prefix is read
@@ -350,6 +356,7 @@ class TcpComm : public sdk::CommBase {
   // Progress: who runs the Asio handlers (see io_loop).
   void io_loop();
   size_t poll_progress() noexcept;
+  bool progress_blocking(Request* r, Clock::time_point deadline);
   void start_polling();
   void stop_polling(bool linger);
   void resume_io();
@@ -445,14 +452,16 @@ TcpComm::~TcpComm() {
 //   park_cv_; the first poller kicks it out of epoll_wait (an empty posted
 //   handler interrupts the reactor), in parallel with the network round
 //   trip rather than on its critical path;
-// - a waiter whose small request finished leaves the io thread parked for
+// - a waiter that should not poll (a large message, or no free core) runs
+//   the reactor blocked in epoll_wait instead (progress_blocking), with
+//   the io thread parked likewise (see wait());
+// - a waiter whose request finished leaves the io thread parked for
 //   kIoLinger more (a ring waits back to back; waking the io thread between
 //   two waits would only take a core from the peer); one about to sleep on
-//   cv_ resumes it at once. A parked io thread looks again every
-//   kIoLinger, so bytes that nobody waits for (a large isend while the
-//   caller computes) still move;
-// - a wait for a large message (over kInlineSendMaxBytes) does not poll:
-//   the io thread moves its bytes (see wait()).
+//   cv_ resumes it at once. A parked io thread looks again after
+//   kIoLinger, then less often while waiters keep the reactor (up to
+//   kIoParkMax apart), so bytes that nobody waits for (a large isend while
+//   the caller computes) still move.
 // Handlers must therefore not assume the io thread runs them (no thread ids
 // or thread_locals); they do not.
 
@@ -460,11 +469,15 @@ void TcpComm::io_loop() {
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(park_mu_);
+      // While a waiter keeps the reactor (a long blocking wait), look again
+      // less and less often, up to kIoParkMax apart.
+      auto look = kIoLinger;
       for (;;) {
         if (io_.stopped()) return;
         const auto now = Clock::now();
         if (pollers_.load(std::memory_order_relaxed) == 0 && now >= resume_at_) break;
-        park_cv_.wait_until(lock, std::max(resume_at_, now + kIoLinger));
+        park_cv_.wait_until(lock, std::max(resume_at_, now + look));
+        look = std::min<std::chrono::microseconds>(look * 2, kIoParkMax);
       }
       io_running_ = true;
     }
@@ -497,6 +510,55 @@ size_t TcpComm::poll_progress() noexcept {
     } catch (...) {
     }
     return 1;
+  }
+}
+
+// A waiting thread that does not poll (its message is large, the cores are
+// taken, or its polling budget is spent) runs the reactor itself, blocked
+// in epoll_wait, rather than sleeping on cv_ while the io thread does: an
+// arriving frame then wakes one thread, the one that wants it, instead of
+// the io thread and then this one. A wake-up is the dominant cost on a
+// small VM (measured: 2-rank all-reduces of 1-16 MiB made half as many
+// context switches). The caller is counted in pollers_ (start_polling), so
+// the io thread stays parked. After kBlockIdle without any handler the
+// caller sleeps on cv_ instead (its stop_polling(false) wakes the io
+// thread), so a long wait for a slow peer costs nothing. Returns whether
+// `r` is done.
+bool TcpComm::progress_blocking(Request* r, Clock::time_point deadline) {
+  auto idle_until = Clock::now() + kBlockIdle;
+  for (;;) {
+    if (r->done.load(std::memory_order_acquire)) return true;
+    const auto now = Clock::now();
+    const auto until = std::min(deadline, idle_until);
+    if (now >= until) return false;
+    std::unique_lock<std::mutex> progress(progress_mu_, std::defer_lock);
+    if (pollers_.load(std::memory_order_relaxed) == 1) {
+      // Only the io thread can hold it, on its way out of run_one (kicked
+      // by start_polling).
+      progress.lock();
+    } else if (!progress.try_lock()) {
+      // Another waiter runs the handlers; they notify cv_ when they finish
+      // `r`. Look again now and then in case that waiter leaves first.
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_until(lock, std::min(until, now + kIoLinger), [&] { return visible(*r); });
+      continue;
+    }
+    if (io_.stopped()) return false;
+    size_t ran = 0;
+    try {
+      ran = io_.run_one_until(until);
+    } catch (const std::exception& e) {
+      ran = 1;
+      host_.error("communicator '", name_, "' io handler (run by a waiting thread): ", e.what());
+    }
+    progress.unlock();
+    if (ran != 0) {
+      idle_until = Clock::now() + kBlockIdle;
+      if (r->done.load(std::memory_order_acquire)) {
+        waits_self_.fetch_add(1, std::memory_order_relaxed);
+        return true;
+      }
+    }
   }
 }
 
@@ -1080,37 +1142,39 @@ uint64_t TcpComm::wait(strata_request_t h, int64_t timeout_ms) {
   std::unique_lock<std::mutex> lock(mu_);
   Request* r = lookup_locked(h);
   if (!visible(*r)) {
-    // A small message (up to kInlineSendMaxBytes, ~132 KiB), while the process has
-    // free cores: drive progress in this thread (see io_loop) for the
-    // pacer's budget, restarted by every poll that ran handlers (a reply
-    // then wakes no thread); then sleep on cv_ and let the io thread do it.
-    // Never with mu_ held: handlers take it. Otherwise the io thread moves
-    // the bytes, as before, and this thread only watches for the end while
-    // cores are free. Measured on the 2-core machine: a waiter moving a
-    // large message itself made 1-16 MiB all-reduces up to 2x slower, and
-    // yield-polling small ones under oversubscription (two busy loops)
-    // made 4 KiB ones 4-7x slower: a descheduled poller held the io thread
-    // parked.
+    // Who moves the bytes while this thread waits (see io_loop):
+    // - a small message (up to kInlineSendMaxBytes, ~132 KiB) while the
+    //   process has free cores: this thread polls the reactor for the
+    //   pacer's budget, restarted by every poll that ran handlers (a reply
+    //   then wakes no thread);
+    // - otherwise, and once that budget is spent, this thread runs the
+    //   reactor blocked in epoll_wait (progress_blocking): a frame wakes
+    //   the thread that wants it, not the io thread and then this one.
+    // - "poll": "never": the io thread moves every byte; this thread
+    //   watches for the end while cores are free, then sleeps on cv_.
+    // Never with mu_ held: handlers take it. Measured on the 2-core
+    // machine: a waiter that spun while moving a large message itself made
+    // 1-16 MiB all-reduces up to 2x slower, and yield-polling small ones
+    // under oversubscription (two busy loops) made 4 KiB ones 4-7x slower
+    // (a descheduled poller held the io thread parked); blocking in the
+    // reactor costs neither (see progress_blocking).
     waits_.fetch_add(1, std::memory_order_relaxed);
     const bool small = r->bytes <= kInlineSendMaxBytes;
     // The pacer judges load from every runnable thread: the io threads are
     // this job's too, so tcp does not use yield_only_for_job (tried: with
     // no other work a 2-rank 1 MiB all-reduce took 1.7x as long).
     transport::WaitPacer pacer;
-    const bool poll = small && (opts_.poll == Options::Poll::kAlways ||
-                                (opts_.poll == Options::Poll::kAuto && pacer.busy_polling()));
-    if (!poll) {
-      lock.unlock();
-      resume_io();  // the io thread moves the bytes
+    lock.unlock();
+    if (opts_.poll == Options::Poll::kNever) {
+      resume_io();
       // Watched without mu_ (Request::done): the io thread's handlers take it.
       while (!r->done.load(std::memory_order_acquire) && pacer.busy_polling() && Clock::now() < deadline)
         pacer.pause(deadline);
-      lock.lock();
     } else {
-      lock.unlock();
+      const bool poll = small && (opts_.poll == Options::Poll::kAlways || pacer.busy_polling());
       start_polling();
       bool done = false;
-      for (;;) {
+      while (poll) {
         const size_t ran = poll_progress();
         done = r->done.load(std::memory_order_acquire);
         if (done) {
@@ -1123,9 +1187,10 @@ uint64_t TcpComm::wait(strata_request_t h, int64_t timeout_ms) {
           break;
         pacer.pause(deadline, now);
       }
+      if (!done) done = progress_blocking(r, deadline);
       stop_polling(done);
-      lock.lock();
     }
+    lock.lock();
   }
   if (!cv_.wait_until(lock, deadline, [&] { return visible(*r); })) {
     const Link link = peers_[r->peer].link;
