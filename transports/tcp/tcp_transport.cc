@@ -355,7 +355,9 @@ class TcpComm : public sdk::CommBase {
 
   // Progress: who runs the Asio handlers (see io_loop).
   void io_loop();
+  size_t run_handlers_locked(Clock::time_point until) noexcept;
   size_t poll_progress() noexcept;
+  bool progress_polling(Request* r, transport::WaitPacer& pacer, bool spin_only, Clock::time_point deadline);
   bool progress_blocking(Request* r, Clock::time_point deadline);
   void start_polling();
   void stop_polling(bool linger);
@@ -497,19 +499,44 @@ void TcpComm::io_loop() {
   }
 }
 
-// Runs the handlers that are ready, unless another thread is running them.
-// Returns how many ran. After stop() it returns 0 at once.
-size_t TcpComm::poll_progress() noexcept {
-  std::unique_lock<std::mutex> progress(progress_mu_, std::try_to_lock);
-  if (!progress.owns_lock()) return 0;
+// Runs handlers in a waiting thread that holds progress_mu_: those ready
+// now when `until` is the epoch (io_.poll), else the first one to become
+// ready before `until`, blocked in epoll_wait meanwhile (io_.run_one_until).
+// Returns how many ran; after stop() 0 at once.
+size_t TcpComm::run_handlers_locked(Clock::time_point until) noexcept {
   try {
-    return io_.poll();
+    return until == Clock::time_point{} ? io_.poll() : io_.run_one_until(until);
   } catch (const std::exception& e) {
     try {
       host_.error("communicator '", name_, "' io handler (run by a waiting thread): ", e.what());
     } catch (...) {
     }
     return 1;
+  }
+}
+
+// Runs the handlers that are ready, unless another thread is running them.
+// Returns how many ran. After stop() it returns 0 at once.
+size_t TcpComm::poll_progress() noexcept {
+  std::unique_lock<std::mutex> progress(progress_mu_, std::try_to_lock);
+  return progress.owns_lock() ? run_handlers_locked(Clock::time_point{}) : 0;
+}
+
+// A waiting thread polls the reactor while `pacer` says it pays (busy
+// while cores are free; with "poll": "always" also yielding), restarted by
+// every poll that ran handlers, so a reply wakes no thread. Returns whether
+// `r` is done.
+bool TcpComm::progress_polling(Request* r, transport::WaitPacer& pacer, bool spin_only, Clock::time_point deadline) {
+  for (;;) {
+    const size_t ran = poll_progress();
+    if (r->done.load(std::memory_order_acquire)) {
+      if (ran != 0) waits_self_.fetch_add(1, std::memory_order_relaxed);
+      return true;
+    }
+    const auto now = Clock::now();  // one clock read per poll serves the pacer and the deadline
+    if (ran != 0) pacer.progressed(now);
+    if (!(spin_only ? pacer.busy_polling(now) : pacer.polling(now)) || now >= deadline) return false;
+    pacer.pause(deadline, now);
   }
 }
 
@@ -525,16 +552,19 @@ size_t TcpComm::poll_progress() noexcept {
 // thread), so a long wait for a slow peer costs nothing. Returns whether
 // `r` is done.
 bool TcpComm::progress_blocking(Request* r, Clock::time_point deadline) {
-  auto idle_until = Clock::now() + kBlockIdle;
-  for (;;) {
+  Clock::time_point idle_until{};  // set from the first clock read
+  for (bool ran = true;;) {
     if (r->done.load(std::memory_order_acquire)) return true;
     const auto now = Clock::now();
+    if (ran) idle_until = now + kBlockIdle;
+    ran = false;
     const auto until = std::min(deadline, idle_until);
     if (now >= until) return false;
     std::unique_lock<std::mutex> progress(progress_mu_, std::defer_lock);
     if (pollers_.load(std::memory_order_relaxed) == 1) {
-      // Only the io thread can hold it, on its way out of run_one (kicked
-      // by start_polling).
+      // No other waiter: only the io thread on its way out of run_one
+      // (kicked by start_polling) or a test() poll can hold it, each for
+      // one turn of the reactor without blocking.
       progress.lock();
     } else if (!progress.try_lock()) {
       // Another waiter runs the handlers; they notify cv_ when they finish
@@ -544,20 +574,11 @@ bool TcpComm::progress_blocking(Request* r, Clock::time_point deadline) {
       continue;
     }
     if (io_.stopped()) return false;
-    size_t ran = 0;
-    try {
-      ran = io_.run_one_until(until);
-    } catch (const std::exception& e) {
-      ran = 1;
-      host_.error("communicator '", name_, "' io handler (run by a waiting thread): ", e.what());
-    }
+    ran = run_handlers_locked(until) != 0;
     progress.unlock();
-    if (ran != 0) {
-      idle_until = Clock::now() + kBlockIdle;
-      if (r->done.load(std::memory_order_acquire)) {
-        waits_self_.fetch_add(1, std::memory_order_relaxed);
-        return true;
-      }
+    if (ran && r->done.load(std::memory_order_acquire)) {
+      waits_self_.fetch_add(1, std::memory_order_relaxed);
+      return true;
     }
   }
 }
@@ -1171,23 +1192,10 @@ uint64_t TcpComm::wait(strata_request_t h, int64_t timeout_ms) {
       while (!r->done.load(std::memory_order_acquire) && pacer.busy_polling() && Clock::now() < deadline)
         pacer.pause(deadline);
     } else {
-      const bool poll = small && (opts_.poll == Options::Poll::kAlways || pacer.busy_polling());
+      const bool always = opts_.poll == Options::Poll::kAlways;
+      const bool poll = small && (always || pacer.busy_polling());
       start_polling();
-      bool done = false;
-      while (poll) {
-        const size_t ran = poll_progress();
-        done = r->done.load(std::memory_order_acquire);
-        if (done) {
-          if (ran != 0) waits_self_.fetch_add(1, std::memory_order_relaxed);
-          break;
-        }
-        const auto now = Clock::now();  // one clock read per poll serves the pacer and the deadline
-        if (ran != 0) pacer.progressed(now);
-        if (!(opts_.poll == Options::Poll::kAlways ? pacer.polling(now) : pacer.busy_polling(now)) || now >= deadline)
-          break;
-        pacer.pause(deadline, now);
-      }
-      if (!done) done = progress_blocking(r, deadline);
+      const bool done = (poll && progress_polling(r, pacer, !always, deadline)) || progress_blocking(r, deadline);
       stop_polling(done);
     }
     lock.lock();
