@@ -285,6 +285,58 @@ TEST(WaitPacerTest, AJobThatFitsTheCoresSpinsThroughOtherProgramsLoad) {
   EXPECT_EQ(crowded.pause(no_sleep, at(P::kSpinNs + P::kYieldNs)), P::Paused::kSlept);
 }
 
+// The yield probe behind tcp's yield-polling under oversubscription: a
+// yield that took the core away for over kSlowNs (a busy program ran its
+// time slice) turns yield-polling off for 20 ms, doubled while slow yields
+// come back within one period of the last one ending (up to 1 s), and back
+// to 20 ms once yields were fast for longer; fast yields change nothing.
+TEST(WaitPacerTest, ASlowYieldTurnsYieldPollingOffForAGrowingWhile) {
+  using Y = transport::YieldProbe;
+  constexpr int64_t kMs = 1'000'000, t0 = 5000 * kMs;
+  Y y;
+  EXPECT_TRUE(y.pays(t0));
+  y.yielded(t0, t0 + Y::kSlowNs - 1);
+  EXPECT_TRUE(y.pays(t0 + Y::kSlowNs)) << "a fast yield";
+  int64_t end = t0 + 2 * kMs;
+  y.yielded(t0, end);  // a busy program took the core for 2 ms
+  EXPECT_FALSE(y.pays(end + 20 * kMs - 1));
+  EXPECT_TRUE(y.pays(end + 20 * kMs));
+  // Slow again right after each period: 40, 80, ... ms, at most 1 s.
+  int64_t off = 20 * kMs;
+  for (int i = 0; i < 8; ++i) {
+    const int64_t start = end + off + kMs;
+    end = start + 3 * kMs;
+    y.yielded(start, end);
+    off = std::min<int64_t>(off * 2, Y::kMaxOffNs);
+    EXPECT_FALSE(y.pays(end + off - 1)) << "period " << i;
+    EXPECT_TRUE(y.pays(end + off)) << "period " << i;
+  }
+  EXPECT_EQ(off, Y::kMaxOffNs);
+  // Fast yields for longer than the period: the next slow one starts over.
+  const int64_t later = end + 3 * off;
+  y.yielded(later, later + 2 * kMs);
+  EXPECT_FALSE(y.pays(later + 2 * kMs + 20 * kMs - 1));
+  EXPECT_TRUE(y.pays(later + 2 * kMs + 20 * kMs));
+
+  // The pacer of an oversubscribed waiter yield-polls only while the probe
+  // pays, and within its polling budget.
+  using P = transport::WaitPacer;
+  const auto p0 = P::Clock::now();
+  const auto at = [&](int64_t ns) { return p0 + std::chrono::nanoseconds(ns); };
+  const int64_t p0_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(p0.time_since_epoch()).count();
+  P crowded(p0);
+  crowded.yield_only_for_job(true);
+  Y fast, slow;
+  slow.yielded(p0_ns - 2 * kMs, p0_ns);
+  EXPECT_TRUE(crowded.yield_polling(at(0), fast));
+  EXPECT_TRUE(crowded.yield_polling(at(P::kSpinNs + P::kYieldNs - 1), fast));
+  EXPECT_FALSE(crowded.yield_polling(at(P::kSpinNs + P::kYieldNs), fast)) << "the budget ends it";
+  EXPECT_FALSE(crowded.yield_polling(at(0), slow));
+  P fits(p0);
+  fits.yield_only_for_job(false);
+  EXPECT_FALSE(fits.yield_polling(at(0), fast)) << "cores free: busy-poll, not yield";
+}
+
 TEST(TcpTest, WaitingThreadsDriveProgress) {
   PluginHost host;
   EXPECT_GT(self_completed_waits(host, R"({"connections_per_peer": 1, "poll": "always"})"), 0u)
@@ -301,6 +353,48 @@ TEST(TcpTest, AWaiterForALargeMessageMovesItsBytesItself) {
   EXPECT_GT(self_completed_waits(host, R"({"connections_per_peer": 1})", 1 << 20, 20), 0u)
       << "every 1 MiB message was moved by the io thread";
   EXPECT_EQ(self_completed_waits(host, R"({"connections_per_peer": 1, "poll": "never"})", 1 << 20, 20), 0u);
+}
+
+// A large isend is written by the posting thread when the socket takes it
+// (here 1 MiB into an idle connection's 4 MiB send buffer): done when isend
+// returns, with no io thread and no waiter involved ("poll": "never": test()
+// does not poll either). Before, frames over 132 KiB went to the io thread.
+TEST(TcpTest, ALargeSendIsWrittenByThePostingThread) {
+  PluginHost host;
+  const std::string name = unique_name("inlinesend");
+  constexpr size_t kBytes = 1 << 20;
+  constexpr int kRounds = 10;
+  run_ranks(2, [&](int rank) {
+    Rank r(host, R"({"connections_per_peer": 1, "poll": "never"})");
+    r.join(name, rank, 2);
+    std::vector<uint8_t> buf(kBytes);
+    uint64_t ack = 0;
+    if (rank == 0) {
+      r.wait(r.irecv(1, 2, &ack, 8));  // the connection is up
+      int at_once = 0;
+      for (int i = 0; i < kRounds; ++i) {
+        std::fill(buf.begin(), buf.end(), static_cast<uint8_t>(i + 1));
+        const strata_request_t s = r.isend(1, 1, buf.data(), kBytes);
+        uint64_t n = 0;
+        if (r.test(s, &n))  // a finished request is released by test()
+          ++at_once;
+        else
+          r.wait(s);
+        ASSERT_EQ(r.wait(r.irecv(1, 2, &ack, 8)), 8u);  // read: the send buffer is empty again
+        ASSERT_EQ(ack, static_cast<uint64_t>(i));
+      }
+      EXPECT_EQ(at_once, kRounds) << "a 1 MiB isend was left to the io thread";
+    } else {
+      r.wait(r.isend(0, 2, &ack, 8));
+      for (int i = 0; i < kRounds; ++i) {
+        ASSERT_EQ(r.wait(r.irecv(0, 1, buf.data(), kBytes)), kBytes);
+        ASSERT_EQ(buf.front(), static_cast<uint8_t>(i + 1));
+        ASSERT_EQ(buf.back(), static_cast<uint8_t>(i + 1));
+        ack = static_cast<uint64_t>(i);
+        r.wait(r.isend(0, 2, &ack, 8));
+      }
+    }
+  });
 }
 
 // Two threads of one rank wait at once, one for large messages and one for

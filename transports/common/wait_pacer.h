@@ -143,6 +143,50 @@ inline int runnable_threads() {
 /// True when more threads want to run than this process has cores.
 inline bool oversubscribed() { return runnable_threads() > usable_cores(); }
 
+/// Whether a yield hands this process's core back soon, judged from the
+/// yields themselves. While the threads that outnumber the cores are pollers
+/// that yield too (this job's own ranks, more of them than cores), a
+/// sched_yield returns within microseconds and yield-polling answers a
+/// message without any wake-up; while a busy program is among them, a yield
+/// gives it the core for a time slice (milliseconds), and the waiter had
+/// better block until its message wakes it. So a yield that takes longer
+/// than kSlowNs turns yield-polling off for this process for a while: 20 ms,
+/// doubled (up to 1 s) each time a yield is slow again within one such
+/// period of the last one ending, back to 20 ms otherwise. Busy programs
+/// then cost a few ms of probing per second at most.
+/// Measured on the 2-core VM (2 s of back-to-back yields): 4 processes that
+/// only yield, 2-6 yields over 1 ms per process; beside two busy loops, 411
+/// of them (3-5 ms each), and 0.5 us for all the others.
+/// Lock-free; threads of a process share one probe (yield_probe()).
+class YieldProbe {
+ public:
+  static constexpr int64_t kSlowNs = 1'000'000;
+  static constexpr int64_t kFirstOffNs = 20'000'000;
+  static constexpr int64_t kMaxOffNs = 1'000'000'000;
+
+  /// True unless a slow yield turned yield-polling off until after `now_ns`
+  /// (nanoseconds on the steady clock).
+  bool pays(int64_t now_ns) const { return now_ns >= off_until_.load(std::memory_order_relaxed); }
+  /// A yield ran from `start_ns` to `end_ns`.
+  void yielded(int64_t start_ns, int64_t end_ns) {
+    if (end_ns - start_ns < kSlowNs) return;
+    const int64_t last_end = off_until_.load(std::memory_order_relaxed);
+    int64_t off = off_ns_.load(std::memory_order_relaxed);
+    off = end_ns - last_end < off ? std::min(off * 2, kMaxOffNs) : kFirstOffNs;
+    off_ns_.store(off, std::memory_order_relaxed);
+    off_until_.store(end_ns + off, std::memory_order_relaxed);
+  }
+
+ private:
+  std::atomic<int64_t> off_until_{0};
+  std::atomic<int64_t> off_ns_{kFirstOffNs};
+};
+
+inline YieldProbe& yield_probe() {
+  static YieldProbe probe;
+  return probe;
+}
+
 class WaitPacer {
  public:
   using Clock = std::chrono::steady_clock;
@@ -165,6 +209,16 @@ class WaitPacer {
   bool busy_polling(Clock::time_point now) {
     return !yield_now() && sleeping_ == std::chrono::microseconds(0) &&
            now - start_ < std::chrono::nanoseconds(kSpinNs);
+  }
+
+  /// True while yield-polling pays: the cores are oversubscribed (busy
+  /// polling would take the core from the thread waited for), within
+  /// kSpinNs + kYieldNs of the start or of the last progressed(), and this
+  /// process's yields come back soon (yield_probe()). For a caller that
+  /// drives progress itself (tcp): it then polls, yielding between polls
+  /// (pause()), instead of blocking.
+  bool yield_polling(Clock::time_point now, const YieldProbe& probe = yield_probe()) {
+    return yield_now() && polling(now) && probe.pays(nanos(now));
   }
 
   /// True while pause() would still busy-poll or yield rather than sleep
@@ -214,6 +268,7 @@ class WaitPacer {
       }
       if (spent < kSpinNs + kYieldNs) {
         sched_yield();
+        yield_probe().yielded(nanos(now), nanos(Clock::now()));
         return Paused::kYielded;
       }
     }
@@ -225,6 +280,10 @@ class WaitPacer {
   }
 
  private:
+  static int64_t nanos(Clock::time_point t) {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+  }
+
   Clock::time_point start_;
   std::chrono::microseconds sleeping_{0};
   // Whether to yield rather than spin, from the load looked up at most once

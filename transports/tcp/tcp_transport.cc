@@ -50,17 +50,13 @@ constexpr uint64_t kPreferredChunkBytes = 4 << 20;
 // at a third of memcpy's speed here) plus the zero fill of a std::vector.
 constexpr uint64_t kSpareStagingBytes = 64ull << 20;
 constexpr size_t kSpareStagingBuffers = 32;
-// Frames up to this size are written by the posting thread when the
-// connection is idle: handing a small frame to the io thread costs a
-// wake-up and a context switch, more than the write itself. Larger frames
-// go through the io thread so that their copy into the kernel overlaps the
-// caller's work (and the lock is never held for long). The same bound
-// decides which waits poll (see wait()). 128 KiB and a few headers: the
-// ring's direct all-reduce (64 KiB and its header, posted as one receive)
-// and its 64-128 KiB ring chunks then take the fast path; with 64 KiB
-// exactly they missed it by their headers, and 2-rank all-reduces of
-// 64-256 KiB were up to 2x slower (idle 2-core machine, alternating runs).
-constexpr uint64_t kInlineSendMaxBytes = (128 << 10) + 4096;
+// Waits for messages up to this size may poll (see wait()); larger ones
+// block in the reactor. 128 KiB and a few headers: the ring's direct
+// all-reduce (64 KiB and its header, posted as one receive) and its
+// 64-128 KiB ring chunks then poll; with 64 KiB exactly they missed it by
+// their headers, and 2-rank all-reduces of 64-256 KiB were up to 2x slower
+// (idle 2-core machine, alternating runs).
+constexpr uint64_t kPollMaxBytes = (128 << 10) + 4096;
 
 // Completion condition "all of it" without asio::transfer_all()'s cap of
 // 64 KiB per system call: a 1 MiB frame would otherwise take 16 sendmsg or
@@ -357,7 +353,7 @@ class TcpComm : public sdk::CommBase {
   void io_loop();
   size_t run_handlers_locked(Clock::time_point until) noexcept;
   size_t poll_progress() noexcept;
-  bool progress_polling(Request* r, transport::WaitPacer& pacer, bool spin_only, Clock::time_point deadline);
+  bool progress_polling(Request* r, transport::WaitPacer& pacer, bool always, Clock::time_point deadline);
   bool progress_blocking(Request* r, Clock::time_point deadline);
   void start_polling();
   void stop_polling(bool linger);
@@ -523,10 +519,11 @@ size_t TcpComm::poll_progress() noexcept {
 }
 
 // A waiting thread polls the reactor while `pacer` says it pays (busy
-// while cores are free; with "poll": "always" also yielding), restarted by
-// every poll that ran handlers, so a reply wakes no thread. Returns whether
-// `r` is done.
-bool TcpComm::progress_polling(Request* r, transport::WaitPacer& pacer, bool spin_only, Clock::time_point deadline) {
+// while cores are free; yielding while they are not and yields come back
+// soon; with "poll": "always" both, whatever the load), restarted by every
+// poll that ran handlers, so a reply wakes no thread. Returns whether `r`
+// is done.
+bool TcpComm::progress_polling(Request* r, transport::WaitPacer& pacer, bool always, Clock::time_point deadline) {
   for (;;) {
     const size_t ran = poll_progress();
     if (r->done.load(std::memory_order_acquire)) {
@@ -535,7 +532,8 @@ bool TcpComm::progress_polling(Request* r, transport::WaitPacer& pacer, bool spi
     }
     const auto now = Clock::now();  // one clock read per poll serves the pacer and the deadline
     if (ran != 0) pacer.progressed(now);
-    if (!(spin_only ? pacer.busy_polling(now) : pacer.polling(now)) || now >= deadline) return false;
+    if (!(always ? pacer.polling(now) : pacer.busy_polling(now) || pacer.yield_polling(now)) || now >= deadline)
+      return false;
     pacer.pause(deadline, now);
   }
 }
@@ -774,7 +772,7 @@ void TcpComm::issue_send_locked(Peer& p, Request* r) {
     f.length = h.length;
     f.req = r;
     r->io_refs++;
-    if (!c->writing && f.length <= kInlineSendMaxBytes && try_send_inline_locked(c, f)) {
+    if (!c->writing && try_send_inline_locked(c, f)) {
       r->io_refs--;
       if (--r->pending_frames == 0) {
         r->moved = r->bytes;
@@ -789,10 +787,19 @@ void TcpComm::issue_send_locked(Peer& p, Request* r) {
 
 // Write as much of `f` as the socket takes now without blocking. Returns true
 // when all of it went; otherwise f.sent says how much did, and the io thread
-// writes the rest (and reports any socket error with the peer's name). Safe
-// without the io thread: the connection is idle (!writing, so nothing else
-// writes to it), and its socket stays open while mu_ is held and the peer
-// has not failed (sockets are closed only after fail_peer_locked).
+// (or a waiter running the reactor) writes the rest and reports any socket
+// error with the peer's name. Safe without the io thread: the connection is
+// idle (!writing, so nothing else writes to it), and its socket stays open
+// while mu_ is held and the peer has not failed (sockets are closed only
+// after fail_peer_locked).
+// Every size is tried, not only small frames: handing a frame to the io
+// thread costs a wake-up and a context switch, and a large one left for the
+// reactor is written only once this rank waits, while the peer waits for
+// it. The kernel takes what fits in the socket's send buffer (4 MiB by
+// default, socket_buffer_bytes), so mu_ is held for one copy of at most
+// that. Measured (2-core VM, alternating rounds; inline up to 132 KiB
+// before): 2-rank all-reduces of 512 KiB-2 MiB 0.6-0.85x the time, 4-rank
+// ones of 1 MiB 0.75-0.95x, larger sizes unchanged (notes of stop 37).
 bool TcpComm::try_send_inline_locked(Conn* c, SendFrame& f) {
   iovec iov[2] = {{f.header.data(), f.header.size()}, {const_cast<char*>(f.data), static_cast<size_t>(f.length)}};
   msghdr msg{};
@@ -1164,10 +1171,13 @@ uint64_t TcpComm::wait(strata_request_t h, int64_t timeout_ms) {
   Request* r = lookup_locked(h);
   if (!visible(*r)) {
     // Who moves the bytes while this thread waits (see io_loop):
-    // - a small message (up to kInlineSendMaxBytes, ~132 KiB) while the
+    // - a small message (up to kPollMaxBytes, ~132 KiB) while the
     //   process has free cores: this thread polls the reactor for the
     //   pacer's budget, restarted by every poll that ran handlers (a reply
     //   then wakes no thread);
+    // - the same while the cores are oversubscribed, yielding between
+    //   polls, as long as yields come back soon (transport::YieldProbe:
+    //   the threads in excess yield too, e.g. this job's own ranks);
     // - otherwise, and once that budget is spent, this thread runs the
     //   reactor blocked in epoll_wait (progress_blocking): a frame wakes
     //   the thread that wants it, not the io thread and then this one.
@@ -1176,11 +1186,13 @@ uint64_t TcpComm::wait(strata_request_t h, int64_t timeout_ms) {
     // Never with mu_ held: handlers take it. Measured on the 2-core
     // machine: a waiter that spun while moving a large message itself made
     // 1-16 MiB all-reduces up to 2x slower, and yield-polling small ones
-    // under oversubscription (two busy loops) made 4 KiB ones 4-7x slower
-    // (a descheduled poller held the io thread parked); blocking in the
-    // reactor costs neither (see progress_blocking).
+    // beside two busy loops made 4 KiB ones 4-10x slower (each yield gave
+    // a busy loop the core for its time slice), which the yield probe now
+    // catches; blocking in the reactor costs neither (progress_blocking).
+    // Yield-polling while 4 ranks alone crowd 2 cores: 4 KiB all-reduces
+    // 0.6-0.7x the time blocking took (notes of stop 37).
     waits_.fetch_add(1, std::memory_order_relaxed);
-    const bool small = r->bytes <= kInlineSendMaxBytes;
+    const bool small = r->bytes <= kPollMaxBytes;
     // The pacer judges load from every runnable thread: the io threads are
     // this job's too, so tcp does not use yield_only_for_job (tried: with
     // no other work a 2-rank 1 MiB all-reduce took 1.7x as long).
@@ -1193,9 +1205,12 @@ uint64_t TcpComm::wait(strata_request_t h, int64_t timeout_ms) {
         pacer.pause(deadline);
     } else {
       const bool always = opts_.poll == Options::Poll::kAlways;
-      const bool poll = small && (always || pacer.busy_polling());
+      // With the cores oversubscribed, poll only while yields come back
+      // soon (the other runnable threads yield too, e.g. this job's ranks).
+      const auto now = Clock::now();
+      const bool poll = small && (always || pacer.busy_polling(now) || pacer.yield_polling(now));
       start_polling();
-      const bool done = (poll && progress_polling(r, pacer, !always, deadline)) || progress_blocking(r, deadline);
+      const bool done = (poll && progress_polling(r, pacer, always, deadline)) || progress_blocking(r, deadline);
       stop_polling(done);
     }
     lock.lock();
