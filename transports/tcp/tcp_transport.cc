@@ -57,6 +57,18 @@ constexpr size_t kSpareStagingBuffers = 32;
 // their headers, and 2-rank all-reduces of 64-256 KiB were up to 2x slower
 // (idle 2-core machine, alternating runs).
 constexpr uint64_t kPollMaxBytes = (128 << 10) + 4096;
+// Frames up to this size are written by the posting thread when the
+// connection is idle (try_send_inline_locked); larger ones by the io thread
+// or a waiter running the reactor. Handing a frame over costs a wake-up,
+// and the frame is written only once a thread runs the reactor, while the
+// peer waits for it. Above 1 MiB the copy into the kernel is better left to
+// overlap with the caller's own receive: 2 MiB-64 MiB 2-rank all-reduces
+// (2-4 MiB frames) were 5-15% slower with every frame inline. 1 MiB and a
+// few headers holds a 1 MiB ring chunk. Measured (2-core VM, 4
+// alternating rounds, medians; inline up to 132 KiB before): 2-rank
+// all-reduces of 512 KiB-2 MiB (256 KiB-1 MiB frames) 0.6-0.76x the time.
+// mu_ is held for the copy, at most 1 MiB.
+constexpr uint64_t kInlineSendMaxBytes = (1 << 20) + 4096;
 
 // Completion condition "all of it" without asio::transfer_all()'s cap of
 // 64 KiB per system call: a 1 MiB frame would otherwise take 16 sendmsg or
@@ -772,7 +784,7 @@ void TcpComm::issue_send_locked(Peer& p, Request* r) {
     f.length = h.length;
     f.req = r;
     r->io_refs++;
-    if (!c->writing && try_send_inline_locked(c, f)) {
+    if (!c->writing && f.length <= kInlineSendMaxBytes && try_send_inline_locked(c, f)) {
       r->io_refs--;
       if (--r->pending_frames == 0) {
         r->moved = r->bytes;
@@ -792,14 +804,7 @@ void TcpComm::issue_send_locked(Peer& p, Request* r) {
 // idle (!writing, so nothing else writes to it), and its socket stays open
 // while mu_ is held and the peer has not failed (sockets are closed only
 // after fail_peer_locked).
-// Every size is tried, not only small frames: handing a frame to the io
-// thread costs a wake-up and a context switch, and a large one left for the
-// reactor is written only once this rank waits, while the peer waits for
-// it. The kernel takes what fits in the socket's send buffer (4 MiB by
-// default, socket_buffer_bytes), so mu_ is held for one copy of at most
-// that. Measured (2-core VM, alternating rounds; inline up to 132 KiB
-// before): 2-rank all-reduces of 512 KiB-2 MiB 0.6-0.85x the time, 4-rank
-// ones of 1 MiB 0.75-0.95x, larger sizes unchanged (notes of stop 37).
+// Frames up to kInlineSendMaxBytes only (see there).
 bool TcpComm::try_send_inline_locked(Conn* c, SendFrame& f) {
   iovec iov[2] = {{f.header.data(), f.header.size()}, {const_cast<char*>(f.data), static_cast<size_t>(f.length)}};
   msghdr msg{};
