@@ -150,23 +150,26 @@ TEST(TcpTest, PingPongIPv6) {
 // progress; with "never" none does. ("auto" polls only while cores are
 // free, which a test cannot count on with other tests running.)
 // `bytes` per message (300 round trips of 8 bytes by default).
+// Captures stderr at debug log level for its lifetime (or until take()).
+struct DebugLog {
+  std::string level = log_level();
+  DebugLog() {
+    set_log_level("debug");
+    ::testing::internal::CaptureStderr();
+  }
+  ~DebugLog() {
+    if (!taken) ::testing::internal::GetCapturedStderr();
+    set_log_level(level);
+  }
+  std::string take() {
+    taken = true;
+    return ::testing::internal::GetCapturedStderr();
+  }
+  bool taken = false;
+};
+
 uint64_t self_completed_waits(PluginHost& host, const char* options, size_t bytes = 8, int rounds = 300) {
-  struct Capture {
-    std::string level = log_level();
-    Capture() {
-      set_log_level("debug");
-      ::testing::internal::CaptureStderr();
-    }
-    ~Capture() {
-      if (!taken) ::testing::internal::GetCapturedStderr();
-      set_log_level(level);
-    }
-    std::string take() {
-      taken = true;
-      return ::testing::internal::GetCapturedStderr();
-    }
-    bool taken = false;
-  } capture;
+  DebugLog capture;
   const std::string name = unique_name("waiterprogress");
   run_ranks(2, [&](int rank) {
     Rank r(host, options);
@@ -287,9 +290,10 @@ TEST(WaitPacerTest, AJobThatFitsTheCoresSpinsThroughOtherProgramsLoad) {
 
 // The yield probe behind tcp's yield-polling under oversubscription: a
 // yield that took the core away for over kSlowNs (a busy program ran its
-// time slice) turns yield-polling off for 20 ms, doubled while slow yields
-// come back within one period of the last one ending (up to 1 s), and back
-// to 20 ms once yields were fast for longer; fast yields change nothing.
+// time slice) turns yield-polling off for kFirstOffNs, doubled while slow
+// yields come back within one period of the last one ending (up to
+// kMaxOffNs), and back to kFirstOffNs once yields were fast for longer;
+// fast yields change nothing.
 TEST(WaitPacerTest, ASlowYieldTurnsYieldPollingOffForAGrowingWhile) {
   using Y = transport::YieldProbe;
   constexpr int64_t kMs = 1'000'000, t0 = 5000 * kMs;
@@ -299,11 +303,11 @@ TEST(WaitPacerTest, ASlowYieldTurnsYieldPollingOffForAGrowingWhile) {
   EXPECT_TRUE(y.pays(t0 + Y::kSlowNs)) << "a fast yield";
   int64_t end = t0 + 2 * kMs;
   y.yielded(t0, end);  // a busy program took the core for 2 ms
-  EXPECT_FALSE(y.pays(end + 20 * kMs - 1));
-  EXPECT_TRUE(y.pays(end + 20 * kMs));
-  // Slow again right after each period: 40, 80, ... ms, at most 1 s.
-  int64_t off = 20 * kMs;
-  for (int i = 0; i < 8; ++i) {
+  EXPECT_FALSE(y.pays(end + Y::kFirstOffNs - 1));
+  EXPECT_TRUE(y.pays(end + Y::kFirstOffNs));
+  // Slow again right after each period: twice as long each time, at most kMaxOffNs.
+  int64_t off = Y::kFirstOffNs;
+  for (int i = 0; i < 6; ++i) {
     const int64_t start = end + off + kMs;
     end = start + 3 * kMs;
     y.yielded(start, end);
@@ -315,8 +319,8 @@ TEST(WaitPacerTest, ASlowYieldTurnsYieldPollingOffForAGrowingWhile) {
   // Fast yields for longer than the period: the next slow one starts over.
   const int64_t later = end + 3 * off;
   y.yielded(later, later + 2 * kMs);
-  EXPECT_FALSE(y.pays(later + 2 * kMs + 20 * kMs - 1));
-  EXPECT_TRUE(y.pays(later + 2 * kMs + 20 * kMs));
+  EXPECT_FALSE(y.pays(later + 2 * kMs + Y::kFirstOffNs - 1));
+  EXPECT_TRUE(y.pays(later + 2 * kMs + Y::kFirstOffNs));
 
   // The pacer of an oversubscribed waiter yield-polls only while the probe
   // pays, and within its polling budget.
@@ -353,6 +357,26 @@ TEST(TcpTest, AWaiterForALargeMessageMovesItsBytesItself) {
   EXPECT_GT(self_completed_waits(host, R"({"connections_per_peer": 1})", 1 << 20, 20), 0u)
       << "every 1 MiB message was moved by the io thread";
   EXPECT_EQ(self_completed_waits(host, R"({"connections_per_peer": 1, "poll": "never"})", 1 << 20, 20), 0u);
+}
+
+// Each rank counts the communicator's ranks on its machine (loopback or its
+// own advertised address) against its cores: more ranks than cores lets
+// small waits yield-poll. All 3 ranks here are on this machine.
+TEST(TcpTest, RanksCountTheirNeighboursOnThisMachine) {
+  PluginHost host;
+  const std::string name = unique_name("neighbours");
+  DebugLog capture;
+  run_ranks(3, [&](int rank) {
+    Rank r(host, R"({"connections_per_peer": 1})");
+    r.join(name, rank, 3);
+  });
+  const std::string log = capture.take();
+  const std::string want = detail::str_cat(": 3 of 3 ranks on this machine, ", transport::usable_cores(), " cores");
+  size_t lines = 0;
+  for (size_t pos = log.find(want); pos != std::string::npos; pos = log.find(want, pos + 1)) ++lines;
+  EXPECT_EQ(lines, 3u) << log;
+  const bool crowded = 3 > transport::usable_cores();
+  EXPECT_EQ(log.find("small waits yield-poll") != std::string::npos, crowded) << log;
 }
 
 // A large isend is written by the posting thread when the socket takes it

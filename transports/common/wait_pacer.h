@@ -150,10 +150,10 @@ inline bool oversubscribed() { return runnable_threads() > usable_cores(); }
 /// message without any wake-up; while a busy program is among them, a yield
 /// gives it the core for a time slice (milliseconds), and the waiter had
 /// better block until its message wakes it. So a yield that takes longer
-/// than kSlowNs turns yield-polling off for this process for a while: 20 ms,
-/// doubled (up to 1 s) each time a yield is slow again within one such
-/// period of the last one ending, back to 20 ms otherwise. Busy programs
-/// then cost a few ms of probing per second at most.
+/// than kSlowNs turns yield-polling off for this process for a while: 100
+/// ms, doubled (up to 2 s) each time a yield is slow again within one such
+/// period of the last one ending, back to 100 ms otherwise. Busy programs
+/// then cost one time slice of probing every 2 s, once it has settled.
 /// Measured on the 2-core VM (2 s of back-to-back yields): 4 processes that
 /// only yield, 2-6 yields over 1 ms per process; beside two busy loops, 411
 /// of them (3-5 ms each), and 0.5 us for all the others.
@@ -161,8 +161,8 @@ inline bool oversubscribed() { return runnable_threads() > usable_cores(); }
 class YieldProbe {
  public:
   static constexpr int64_t kSlowNs = 1'000'000;
-  static constexpr int64_t kFirstOffNs = 20'000'000;
-  static constexpr int64_t kMaxOffNs = 1'000'000'000;
+  static constexpr int64_t kFirstOffNs = 100'000'000;
+  static constexpr int64_t kMaxOffNs = 2'000'000'000;
 
   /// True unless a slow yield turned yield-polling off until after `now_ns`
   /// (nanoseconds on the steady clock).

@@ -412,6 +412,9 @@ class TcpComm : public sdk::CommBase {
   std::atomic<int> pollers_{0};        // threads polling in wait(); written under park_mu_
   bool io_running_ = false;            // the io thread is in (or entering) run_one; under park_mu_
   Clock::time_point resume_at_{};      // the io thread stays parked until then; under park_mu_
+  // More ranks of this communicator on this machine than this process may
+  // use cores: small waits may yield-poll (see wait()). Set at setup.
+  bool crowded_by_job_ = false;
   std::atomic<uint64_t> waits_{0};     // wait() calls that had to wait
   std::atomic<uint64_t> waits_self_{0};  // ... of which the waiting thread's own poll completed
 
@@ -544,7 +547,8 @@ bool TcpComm::progress_polling(Request* r, transport::WaitPacer& pacer, bool alw
     }
     const auto now = Clock::now();  // one clock read per poll serves the pacer and the deadline
     if (ran != 0) pacer.progressed(now);
-    if (!(always ? pacer.polling(now) : pacer.busy_polling(now) || pacer.yield_polling(now)) || now >= deadline)
+    if (!(always ? pacer.polling(now) : pacer.busy_polling(now) || (crowded_by_job_ && pacer.yield_polling(now))) ||
+        now >= deadline)
       return false;
     pacer.pause(deadline, now);
   }
@@ -1180,9 +1184,9 @@ uint64_t TcpComm::wait(strata_request_t h, int64_t timeout_ms) {
     //   process has free cores: this thread polls the reactor for the
     //   pacer's budget, restarted by every poll that ran handlers (a reply
     //   then wakes no thread);
-    // - the same while the cores are oversubscribed, yielding between
-    //   polls, as long as yields come back soon (transport::YieldProbe:
-    //   the threads in excess yield too, e.g. this job's own ranks);
+    // - the same, yielding between polls, while this job's ranks on this
+    //   machine outnumber its cores (crowded_by_job_) and yields come back
+    //   soon (transport::YieldProbe: no busy program takes the core);
     // - otherwise, and once that budget is spent, this thread runs the
     //   reactor blocked in epoll_wait (progress_blocking): a frame wakes
     //   the thread that wants it, not the io thread and then this one.
@@ -1195,7 +1199,10 @@ uint64_t TcpComm::wait(strata_request_t h, int64_t timeout_ms) {
     // a busy loop the core for its time slice), which the yield probe now
     // catches; blocking in the reactor costs neither (progress_blocking).
     // Yield-polling while 4 ranks alone crowd 2 cores: 4 KiB all-reduces
-    // 0.6-0.7x the time blocking took (notes of stop 37).
+    // 0.6-0.7x the time blocking took (notes of stop 37). A job that fits
+    // the cores blocks when other programs crowd them: there the probe's
+    // slow yields (a time slice each) made 2-rank all-reduces up to 1.5x
+    // slower beside two busy loops.
     waits_.fetch_add(1, std::memory_order_relaxed);
     const bool small = r->bytes <= kPollMaxBytes;
     // The pacer judges load from every runnable thread: the io threads are
@@ -1213,7 +1220,7 @@ uint64_t TcpComm::wait(strata_request_t h, int64_t timeout_ms) {
       // With the cores oversubscribed, poll only while yields come back
       // soon (the other runnable threads yield too, e.g. this job's ranks).
       const auto now = Clock::now();
-      const bool poll = small && (always || pacer.busy_polling(now) || pacer.yield_polling(now));
+      const bool poll = small && (always || pacer.busy_polling(now) || (crowded_by_job_ && pacer.yield_polling(now)));
       start_polling();
       const bool done = (poll && progress_polling(r, pacer, always, deadline)) || progress_blocking(r, deadline);
       stop_polling(done);
@@ -1420,6 +1427,18 @@ void TcpComm::setup(int64_t timeout_ms) {
       STRATA_THROW(STRATA_ERR_DATA_LOSS, who, ": rank ", p, " published '", peer.address, "', not an IP address");
     peer.endpoint = tcp::endpoint(addr, port);
   }
+  // Ranks on this machine: those that advertise this rank's address or a
+  // loopback one (ranks in other network namespaces of one machine count
+  // as remote, which only keeps their waits from yield-polling).
+  const auto mine = asio::ip::make_address(advertise, ec);
+  int here = 1;
+  for (int p = 0; p < world_; ++p) {
+    const auto a = peers_[p].endpoint.address();
+    if (p != rank_ && (a.is_loopback() || (!ec && a == mine))) ++here;
+  }
+  crowded_by_job_ = here > transport::usable_cores();
+  host_.debug(who, ": ", here, " of ", world_, " ranks on this machine, ", transport::usable_cores(), " cores",
+              crowded_by_job_ ? ": small waits yield-poll while yields come back soon" : "");
   // Any rank may connect (lazily, any time); eagerly only the lower ones, all
   // at once. Either way a real peer's connections always fit in the quota.
   max_pending_ = kMaxPendingHandshakes + static_cast<size_t>(nconn_) *
