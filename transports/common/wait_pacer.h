@@ -96,6 +96,12 @@ inline int loadavg_running() {
   return running;
 }
 
+/// Nanoseconds of a steady-clock time since the clock's epoch (the form the
+/// lock-free samplers and the yield probe keep in atomics).
+inline int64_t steady_ns(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
 /// A value sampled at most every 10 ms (by whichever thread asks first once
 /// 10 ms have passed), reported as the smallest of the last 3 samples (0
 /// before the first; with first_fills, the first sample fills all three, so
@@ -107,7 +113,7 @@ class ThrottledSample {
   template <class Sample>
   int get(Sample&& sample) {
     using Clock = std::chrono::steady_clock;
-    return get(sample, std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count());
+    return get(sample, steady_ns(Clock::now()));
   }
   /// The same at `now` (nanoseconds on the steady clock, > 0).
   template <class Sample>
@@ -218,7 +224,7 @@ class WaitPacer {
   /// drives progress itself (tcp): it then polls, yielding between polls
   /// (pause()), instead of blocking.
   bool yield_polling(Clock::time_point now, const YieldProbe& probe = yield_probe()) {
-    return yield_now() && polling(now) && probe.pays(nanos(now));
+    return yield_now() && polling(now) && probe.pays(steady_ns(now));
   }
 
   /// True while pause() would still busy-poll or yield rather than sleep
@@ -268,7 +274,7 @@ class WaitPacer {
       }
       if (spent < kSpinNs + kYieldNs) {
         sched_yield();
-        yield_probe().yielded(nanos(now), nanos(Clock::now()));
+        yield_probe().yielded(steady_ns(now), steady_ns(Clock::now()));
         return Paused::kYielded;
       }
     }
@@ -280,10 +286,6 @@ class WaitPacer {
   }
 
  private:
-  static int64_t nanos(Clock::time_point t) {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
-  }
-
   Clock::time_point start_;
   std::chrono::microseconds sleeping_{0};
   // Whether to yield rather than spin, from the load looked up at most once

@@ -537,21 +537,25 @@ size_t TcpComm::poll_progress() noexcept {
 // while cores are free; yielding while they are not and yields come back
 // soon; with "poll": "always" both, whatever the load), restarted by every
 // poll that ran handlers, so a reply wakes no thread. Returns whether `r`
-// is done.
+// is done; false without polling when polling does not pay now (the one
+// place that decides, for wait()).
 bool TcpComm::progress_polling(Request* r, transport::WaitPacer& pacer, bool always, Clock::time_point deadline) {
-  for (;;) {
+  const auto polls = [&](Clock::time_point now) {
+    return always ? pacer.polling(now) : pacer.busy_polling(now) || (crowded_by_job_ && pacer.yield_polling(now));
+  };
+  // The first poll runs even at a passed deadline (a wait with timeout 0).
+  for (auto now = Clock::now(); polls(now);) {
     const size_t ran = poll_progress();
     if (r->done.load(std::memory_order_acquire)) {
       if (ran != 0) waits_self_.fetch_add(1, std::memory_order_relaxed);
       return true;
     }
-    const auto now = Clock::now();  // one clock read per poll serves the pacer and the deadline
+    now = Clock::now();  // one clock read per poll serves the pacer and the deadline
     if (ran != 0) pacer.progressed(now);
-    if (!(always ? pacer.polling(now) : pacer.busy_polling(now) || (crowded_by_job_ && pacer.yield_polling(now))) ||
-        now >= deadline)
-      return false;
+    if (now >= deadline || !polls(now)) break;
     pacer.pause(deadline, now);
   }
+  return false;
 }
 
 // A waiting thread that does not poll (its message is large, the cores are
@@ -788,7 +792,7 @@ void TcpComm::issue_send_locked(Peer& p, Request* r) {
     f.length = h.length;
     f.req = r;
     r->io_refs++;
-    if (!c->writing && f.length <= kInlineSendMaxBytes && try_send_inline_locked(c, f)) {
+    if (!c->writing && try_send_inline_locked(c, f)) {
       r->io_refs--;
       if (--r->pending_frames == 0) {
         r->moved = r->bytes;
@@ -807,9 +811,10 @@ void TcpComm::issue_send_locked(Peer& p, Request* r) {
 // error with the peer's name. Safe without the io thread: the connection is
 // idle (!writing, so nothing else writes to it), and its socket stays open
 // while mu_ is held and the peer has not failed (sockets are closed only
-// after fail_peer_locked).
-// Frames up to kInlineSendMaxBytes only (see there).
+// after fail_peer_locked). Frames over kInlineSendMaxBytes are left whole
+// to the io thread (see there): returns false at once.
 bool TcpComm::try_send_inline_locked(Conn* c, SendFrame& f) {
+  if (f.length > kInlineSendMaxBytes) return false;
   iovec iov[2] = {{f.header.data(), f.header.size()}, {const_cast<char*>(f.data), static_cast<size_t>(f.length)}};
   msghdr msg{};
   msg.msg_iov = iov;
@@ -1216,13 +1221,9 @@ uint64_t TcpComm::wait(strata_request_t h, int64_t timeout_ms) {
       while (!r->done.load(std::memory_order_acquire) && pacer.busy_polling() && Clock::now() < deadline)
         pacer.pause(deadline);
     } else {
-      const bool always = opts_.poll == Options::Poll::kAlways;
-      // With the cores oversubscribed, poll only while yields come back
-      // soon (the other runnable threads yield too, e.g. this job's ranks).
-      const auto now = Clock::now();
-      const bool poll = small && (always || pacer.busy_polling(now) || (crowded_by_job_ && pacer.yield_polling(now)));
       start_polling();
-      const bool done = (poll && progress_polling(r, pacer, always, deadline)) || progress_blocking(r, deadline);
+      const bool done = (small && progress_polling(r, pacer, opts_.poll == Options::Poll::kAlways, deadline)) ||
+                        progress_blocking(r, deadline);
       stop_polling(done);
     }
     lock.lock();
