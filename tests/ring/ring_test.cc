@@ -566,37 +566,49 @@ TEST_P(RingTest, AboveDirectMaxRanksSmallPayloadsAndBarriersUseBoundedPeers) {
   }
 }
 
-// Above direct_max_ranks, small all-reduces use recursive doubling: with
-// random floats (where the order of additions shows in the bits) every rank
-// must still end with the same bits, including the ranks folded in and out
-// (7 ranks: 3 fold into a power of two of 4).
+// Recursive doubling (above direct_max_ranks for small all-reduces, and by
+// default with 4 or more ranks up to doubling_max_bytes): with random floats
+// (where the order of additions shows in the bits) every rank must still end
+// with the same bits, including the ranks folded in and out (7 ranks: 3 fold
+// into a power of two of 4; 6 ranks: 2).
 TEST_P(RingTest, RecursiveDoublingIsBitIdenticalOnEveryRank) {
-  const size_t size = 1000;  // 4000 bytes: below direct_max_bytes
-  const int n = kSanitized ? 5 : 7;
-  std::vector<std::vector<float>> data(n);
-  uint32_t seed = 777;
-  for (auto& v : data) {
-    v.resize(size);
-    for (float& x : v) {
-      seed = seed * 1664525u + 1013904223u;
-      x = float(seed >> 8) / float(1 << 24) * 2.0f - 1.0f;
+  struct Case {
+    int n;
+    json extra;
+    size_t size;
+  };
+  const std::vector<Case> cases = {{kSanitized ? 5 : 7, {{"direct_max_ranks", 2}}, 1000},  // 4000 bytes
+                                   {4, json::object(), kSanitized ? 20000 : 60000},     // 240 KB: still doubling
+                                   {6, json::object(), 1000}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::to_string(c.n) + " ranks, " + c.extra.dump() + ", " + std::to_string(c.size) + " floats");
+    const int n = c.n;
+    const size_t size = c.size;
+    std::vector<std::vector<float>> data(n);
+    uint32_t seed = 777;
+    for (auto& v : data) {
+      v.resize(size);
+      for (float& x : v) {
+        seed = seed * 1664525u + 1013904223u;
+        x = float(seed >> 8) / float(1 << 24) * 2.0f - 1.0f;
+      }
     }
-  }
-  Outputs outs(n);
-  run_world(transport(), n, {{"direct_max_ranks", 2}}, [&](int rank, Cdo& cdo) {
-    Tensor in(kFloat32, {int64_t(size)}), out(kFloat32, {int64_t(size)});
-    copy_bytes(in.bytes.data(), data[size_t(rank)].data(), size * 4);
-    for (strata_reduce_op op : {STRATA_REDUCE_SUM, STRATA_REDUCE_MEAN}) {
-      Status s = cdo.all_reduce(op, {&in}, {&out}, 1);
-      EXPECT_EQ(s.code, STRATA_OK) << s.message;
+    Outputs outs(n);
+    run_world(transport(), n, c.extra, [&](int rank, Cdo& cdo) {
+      Tensor in(kFloat32, {int64_t(size)}), out(kFloat32, {int64_t(size)});
+      copy_bytes(in.bytes.data(), data[size_t(rank)].data(), size * 4);
+      for (strata_reduce_op op : {STRATA_REDUCE_SUM, STRATA_REDUCE_MEAN}) {
+        Status s = cdo.all_reduce(op, {&in}, {&out}, 1);
+        EXPECT_EQ(s.code, STRATA_OK) << s.message;
+      }
+      outs[size_t(rank)] = out.data_bytes();  // the MEAN
+    });
+    for (int k = 1; k < n; ++k) ASSERT_EQ(outs[size_t(k)], outs[0]) << "rank " << k << " differs from rank 0";
+    for (size_t i = 0; i < size; ++i) {
+      double want = 0;
+      for (int k = 0; k < n; ++k) want += double(data[size_t(k)][i]);
+      ASSERT_NEAR(load(kFloat32, outs[0].data(), i), want / n, 1e-5) << i;
     }
-    outs[size_t(rank)] = out.data_bytes();  // the MEAN
-  });
-  for (int k = 1; k < n; ++k) ASSERT_EQ(outs[size_t(k)], outs[0]) << "rank " << k << " differs from rank 0";
-  for (size_t i = 0; i < size; ++i) {
-    double want = 0;
-    for (int k = 0; k < n; ++k) want += double(data[size_t(k)][i]);
-    ASSERT_NEAR(load(kFloat32, outs[0].data(), i), want / n, 1e-5) << i;
   }
 }
 
@@ -808,7 +820,9 @@ TEST_P(RingTest, MismatchedCollectivesFailOnBothSides) {
       {"direct_vs_ring", [](Cdo& c) { return ar_float(c, kFloat32, 100000); },
        "rank 1 called all_reduce(SUM, float32 x 100000)"},
   };
-  for (int n : {2, 3}) {
+  // 4 ranks: the others' all-reduce is recursive doubling, whose messages
+  // carry the fingerprint (no step 0 of their own).
+  for (int n : {2, 3, 4}) {
     for (const Mismatch& m : cases) {
       SCOPED_TRACE(m.name + " with " + std::to_string(n) + " ranks");
       std::vector<Status> st(static_cast<size_t>(n)), after(static_cast<size_t>(n));
@@ -828,6 +842,24 @@ TEST_P(RingTest, MismatchedCollectivesFailOnBothSides) {
         EXPECT_NE(st[size_t(k)].message.find(m.rank1_text), std::string::npos) << st[size_t(k)].message;
       }
     }
+  }
+}
+
+// Options that pick another all-reduce algorithm on one rank (here rank 1
+// never uses recursive doubling, so it sends step 0 with its value where the
+// others send the first round) are reported as such, not as a hang or as
+// wrong sums.
+TEST_P(RingTest, AnotherAlgorithmOnOneRankIsReported) {
+  const int n = 4;
+  std::vector<Status> st(static_cast<size_t>(n));
+  run_world(
+      transport(), n, {{"timeout_s", 20}},
+      [&](int rank, Cdo& cdo) { st[size_t(rank)] = ar_float(cdo, kFloat32, 1000); },
+      [](int rank) { return rank == 1 ? json{{"doubling_max_bytes", 0}} : json::object(); });
+  for (int k = 0; k < n; ++k) {
+    EXPECT_EQ(st[size_t(k)].code, STRATA_ERR_INVALID_ARGUMENT) << "rank " << k << ": " << st[size_t(k)].message;
+    EXPECT_NE(st[size_t(k)].message.find("with another algorithm"), std::string::npos) << st[size_t(k)].message;
+    EXPECT_NE(st[size_t(k)].message.find("'doubling_max_bytes'"), std::string::npos) << st[size_t(k)].message;
   }
 }
 

@@ -24,6 +24,10 @@
 //                  take the ring and the barrier is a log2(n)-round
 //                  dissemination, so a lazily connecting transport (tcp's
 //                  default) keeps O(log n) peers per rank
+//   "doubling_max_bytes": with 4 or more ranks, all-reduces up to this size
+//                  use recursive doubling (log2 n rounds of one message
+//                  each) instead of the direct exchange or the ring (default
+//                  256 KiB; 0 = never; at most 1 GiB)
 //   "timeout_s":   deadline of every wait (default /timeouts/collective_s, 300)
 //   "setup_timeout_s": deadline for every rank to join and the transport
 //                  communicator to be built (default /timeouts/rendezvous_s,
@@ -152,7 +156,7 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
     const nlohmann::json o = sdk::parse_options(options_json, kComponent);
     sdk::check_known_keys(o,
                           {"transport", "rank", "world_size", "communicator", "bytes_per_pack", "chunk_bytes",
-                           "direct_max_bytes", "direct_max_ranks", "timeout_s", "setup_timeout_s", "heartbeat_timeout_s",
+                           "direct_max_bytes", "direct_max_ranks", "doubling_max_bytes", "timeout_s", "setup_timeout_s", "heartbeat_timeout_s",
                            "heartbeat_interval_s", "diagnosis_timeout_s"},
                           kComponent);
     RingCommOptions co;
@@ -175,6 +179,11 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
     if (co.direct_max_ranks < 2)
       STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'direct_max_ranks' of ", kComponent,
                    " must be >= 2, got ", co.direct_max_ranks);
+    co.doubling_max_bytes = sdk::get_option<uint64_t>(o, "doubling_max_bytes", 256 * 1024, kComponent);
+    if (co.doubling_max_bytes > (uint64_t(1) << 30))
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'doubling_max_bytes' of ", kComponent, " is ",
+                   co.doubling_max_bytes, " but must be at most 1 GiB (each rank keeps a receive buffer that "
+                   "large); the default is 262144");
     const double timeout_s = sdk::collective_timeout_s(host_, o, kComponent);
     co.timeout_ms = static_cast<int64_t>(timeout_s * 1000.0);
     co.setup_timeout_ms = static_cast<int64_t>(sdk::rendezvous_timeout_s(host_, o, kComponent) * 1000.0);

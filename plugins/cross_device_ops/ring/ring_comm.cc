@@ -45,6 +45,8 @@ struct WireHeader {
 };
 static_assert(std::is_trivially_copyable_v<WireHeader> && sizeof(WireHeader) == 80);
 constexpr size_t kHdr = sizeof(WireHeader);
+// aux of recursive doubling's messages (plus their number in the collective).
+constexpr uint64_t kDoublingAux = 0x444231ull << 32;  // "DB1"
 
 uint32_t pack_dtype(DLDataType d) {
   return uint32_t(d.code) | (uint32_t(d.bits) << 8) | (uint32_t(d.lanes) << 16);
@@ -395,16 +397,21 @@ RingComm::RingComm(sdk::Host host, const strata_transport_vtable* vt, strata_tra
   chunk_bytes_ = opt_.chunk_bytes != 0 ? opt_.chunk_bytes
                  : caps.preferred_chunk_bytes != 0 ? caps.preferred_chunk_bytes
                                                    : kDefaultChunkBytes;
+  // The choice depends on the options and world_size only, so every rank
+  // makes the same one (the fingerprints catch options that differ).
   if (opt_.world_size > opt_.direct_max_ranks) {
-    doubling_max_bytes_ = opt_.direct_max_bytes;
+    doubling_max_bytes_ = std::max(opt_.doubling_max_bytes, opt_.direct_max_bytes);
     opt_.direct_max_bytes = 0;
+  } else if (opt_.world_size >= 4) {
+    doubling_max_bytes_ = opt_.doubling_max_bytes;
   }
   if (caps.max_message_bytes != 0) {
     chunk_bytes_ = std::min<uint64_t>(chunk_bytes_, caps.max_message_bytes);
-    doubling_max_bytes_ = std::min<uint64_t>(doubling_max_bytes_, caps.max_message_bytes);
-    if (opt_.direct_max_bytes + kHdr > caps.max_message_bytes)
-      opt_.direct_max_bytes = caps.max_message_bytes > kHdr ? caps.max_message_bytes - kHdr : 0;
+    const uint64_t most = caps.max_message_bytes > kHdr ? caps.max_message_bytes - kHdr : 0;
+    doubling_max_bytes_ = std::min<uint64_t>(doubling_max_bytes_, most);
+    opt_.direct_max_bytes = std::min<uint64_t>(opt_.direct_max_bytes, most);
   }
+  direct_reduce_max_ = opt_.direct_max_bytes;
   if (caps.max_inflight != 0) {
     recv_window_ = std::max<uint32_t>(1, std::min<uint32_t>(4, caps.max_inflight / 2));
     send_window_ = std::max<uint32_t>(1, caps.max_inflight - recv_window_);
@@ -546,16 +553,8 @@ void* RingComm::work(size_t bytes) {
   return work_.mem.data();
 }
 
-// Step 0: send this rank's fingerprint (and an optional payload) to
-// `send_to`, receive the peers' from `recv_from` into one slot per rank and
-// compare them with ours. Receives are checked in the order given (ring
-// neighbours first). A mismatch is reported in preference to a transport
-// error seen while looking for it.
-void RingComm::step0(Op& op, const std::vector<int32_t>& send_to, const std::vector<int32_t>& recv_from,
-                     const void* payload, size_t payload_bytes, uint64_t aux, bool wait_sends) {
+void RingComm::write_fingerprint(Op& op, size_t payload_bytes, uint64_t aux) {
   const CollectiveDesc& d = op.desc();
-  const size_t slot = round_up(kHdr + opt_.direct_max_bytes, 64);
-  ensure(hdr_recv_, slot * size_t(opt_.world_size));
   ensure(hdr_send_, kHdr + payload_bytes);
   WireHeader mine{};
   mine.magic = kMagic;
@@ -572,6 +571,70 @@ void RingComm::step0(Op& op, const std::vector<int32_t>& send_to, const std::vec
   mine.rank = opt_.rank;
   mine.world_size = opt_.world_size;
   std::memcpy(hdr_send_.mem.data(), &mine, kHdr);
+}
+
+void RingComm::check_fingerprint(Op& op, int32_t p, const char* got, uint64_t bytes, const std::vector<size_t>& sends,
+                                 int64_t expect_aux) {
+  const CollectiveDesc& d = op.desc();
+  WireHeader mine{};
+  std::memcpy(&mine, hdr_send_.mem.data(), kHdr);
+  WireHeader h{};
+  if (bytes >= kHdr) std::memcpy(&h, got, kHdr);
+  if (bytes < kHdr || h.magic != kMagic || h.rank != p)
+    op.raise(STRATA_ERR_DATA_LOSS, op.prefix(), ": rank ", p, " sent a malformed fingerprint (", bytes,
+             " bytes); every process must use the same version of the ring cross_device_ops");
+  const bool same_op = h.op == mine.op && h.dtype == mine.dtype &&
+                       (!uses_reduce_op(h.op) || h.reduce_op == mine.reduce_op) &&
+                       (h.op == STRATA_COLL_ALL_GATHER ? (h.outer == mine.outer && h.inner == mine.inner)
+                                                       : h.count == mine.count);
+  if (!same_op || h.sequence != mine.sequence) {
+    // Wait briefly for our own fingerprint to leave, so that the peer can
+    // report the mismatch too instead of seeing a dropped connection.
+    for (size_t s : sends) {
+      try {
+        op.wait(s);
+      } catch (const Error&) {
+      }
+    }
+    const CollectiveDesc theirs = desc_of(h);
+    const bool me_first = opt_.rank < p;
+    const std::string a = "rank " + std::to_string(opt_.rank) + " called " + describe(d) +
+                          (h.sequence != mine.sequence ? " as #" + std::to_string(mine.sequence) : "");
+    const std::string b = "rank " + std::to_string(p) + " called " + describe(theirs) +
+                          (h.sequence != mine.sequence ? " as #" + std::to_string(h.sequence) : "");
+    op.set_cause("mismatch", p);
+    op.raise(STRATA_ERR_INVALID_ARGUMENT, "collective mismatch at #", std::min(mine.sequence, h.sequence),
+             " of communicator '", opt_.name, "': ", me_first ? a : b, ", ", me_first ? b : a,
+             "; every process must issue the same collectives in the same order");
+  }
+  if (h.chunk_bytes != mine.chunk_bytes || h.world_size != mine.world_size) {
+    op.set_cause("mismatch", p);
+    op.raise(STRATA_ERR_INVALID_ARGUMENT, op.prefix(), ": rank ", p, " uses chunk_bytes ", h.chunk_bytes,
+             " and world_size ", h.world_size, " but rank ", opt_.rank, " uses ", mine.chunk_bytes, " and ",
+             mine.world_size, "; give every process the same ring cross_device_ops options");
+  }
+  if (expect_aux >= 0 && h.aux != uint64_t(expect_aux)) {
+    op.set_cause("mismatch", p);
+    op.raise(STRATA_ERR_INVALID_ARGUMENT, op.prefix(), ": rank ", p, " runs this collective with another "
+             "algorithm (message ", h.aux, " where rank ", opt_.rank, " expects ", expect_aux, "): its options "
+             "'doubling_max_bytes', 'direct_max_bytes' or 'direct_max_ranks' differ; give every process the same "
+             "ring cross_device_ops options");
+  }
+  if (h.payload_bytes != bytes - kHdr)
+    op.raise(STRATA_ERR_DATA_LOSS, op.prefix(), ": rank ", p, " announced ", h.payload_bytes,
+             " payload bytes but sent ", bytes - kHdr);
+}
+
+// Step 0: send this rank's fingerprint (and an optional payload) to
+// `send_to`, receive the peers' from `recv_from` into one slot per rank and
+// compare them with ours. Receives are checked in the order given (ring
+// neighbours first). A mismatch is reported in preference to a transport
+// error seen while looking for it.
+void RingComm::step0(Op& op, const std::vector<int32_t>& send_to, const std::vector<int32_t>& recv_from,
+                     const void* payload, size_t payload_bytes, uint64_t aux, bool wait_sends) {
+  const size_t slot = round_up(kHdr + opt_.direct_max_bytes, 64);
+  ensure(hdr_recv_, slot * size_t(opt_.world_size));
+  write_fingerprint(op, payload_bytes, aux);
   if (payload_bytes != 0) std::memcpy(static_cast<char*>(hdr_send_.mem.data()) + kHdr, payload, payload_bytes);
 
   std::vector<size_t>& recvs = step0_recvs_;
@@ -581,45 +644,12 @@ void RingComm::step0(Op& op, const std::vector<int32_t>& send_to, const std::vec
   sends.clear();
   for (int32_t p : send_to) sends.push_back(op.post(true, p, 0, 0, buffer_of(hdr_send_, 0, kHdr + payload_bytes)));
 
+  // An all-reduce's aux names its algorithm (0 here, kDoublingAux + k in
+  // recursive doubling); an all-gather's is the rank's own length.
+  const int64_t expect_aux = op.desc().op == STRATA_COLL_ALL_REDUCE ? int64_t(aux) : -1;
   auto check = [&](int32_t p, uint64_t bytes) {
-    WireHeader h{};
-    if (bytes >= kHdr) std::memcpy(&h, static_cast<char*>(hdr_recv_.mem.data()) + slot * size_t(p), kHdr);
-    if (bytes < kHdr || h.magic != kMagic || h.rank != p)
-      op.raise(STRATA_ERR_DATA_LOSS, op.prefix(), ": rank ", p, " sent a malformed fingerprint (", bytes,
-               " bytes); every process must use the same version of the ring cross_device_ops");
-    const bool same_op = h.op == mine.op && h.dtype == mine.dtype &&
-                         (!uses_reduce_op(h.op) || h.reduce_op == mine.reduce_op) &&
-                         (h.op == STRATA_COLL_ALL_GATHER ? (h.outer == mine.outer && h.inner == mine.inner)
-                                                         : h.count == mine.count);
-    if (!same_op || h.sequence != mine.sequence) {
-      // Wait briefly for our own fingerprint to leave, so that the peer can
-      // report the mismatch too instead of seeing a dropped connection.
-      for (size_t s : sends) {
-        try {
-          op.wait(s);
-        } catch (const Error&) {
-        }
-      }
-      const CollectiveDesc theirs = desc_of(h);
-      const bool me_first = opt_.rank < p;
-      const std::string a = "rank " + std::to_string(opt_.rank) + " called " + describe(d) +
-                            (h.sequence != mine.sequence ? " as #" + std::to_string(mine.sequence) : "");
-      const std::string b = "rank " + std::to_string(p) + " called " + describe(theirs) +
-                            (h.sequence != mine.sequence ? " as #" + std::to_string(h.sequence) : "");
-      op.set_cause("mismatch", p);
-      op.raise(STRATA_ERR_INVALID_ARGUMENT, "collective mismatch at #", std::min(mine.sequence, h.sequence),
-               " of communicator '", opt_.name, "': ", me_first ? a : b, ", ", me_first ? b : a,
-               "; every process must issue the same collectives in the same order");
-    }
-    if (h.chunk_bytes != mine.chunk_bytes || h.world_size != mine.world_size) {
-      op.set_cause("mismatch", p);
-      op.raise(STRATA_ERR_INVALID_ARGUMENT, op.prefix(), ": rank ", p, " uses chunk_bytes ", h.chunk_bytes,
-               " and world_size ", h.world_size, " but rank ", opt_.rank, " uses ", mine.chunk_bytes, " and ",
-               mine.world_size, "; give every process the same ring cross_device_ops options");
-    }
-    if (h.payload_bytes != bytes - kHdr)
-      op.raise(STRATA_ERR_DATA_LOSS, op.prefix(), ": rank ", p, " announced ", h.payload_bytes,
-               " payload bytes but sent ", bytes - kHdr);
+    check_fingerprint(op, p, static_cast<const char*>(hdr_recv_.mem.data()) + slot * size_t(p), bytes, sends,
+                      expect_aux);
   };
 
   for (size_t i = 0; i < recvs.size(); ++i) {
@@ -668,48 +698,67 @@ void RingComm::direct_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop, 
   op.finish();
 }
 
-// Recursive doubling (for small payloads above direct_max_ranks): with p the
-// largest power of two <= n and rem = n - p, each even rank below 2*rem first
-// hands its value to the odd rank above it and sits out; the p remaining
-// ranks (virtual rank v) then swap values with v ^ 1, v ^ 2, v ^ 4, ... and
-// combine them, and the odd ranks finally hand the result back. Each pair
-// combines its two values lower virtual rank first, so both partners hold
-// the same bits after every round and all ranks end bit-identical. 2 + log2
-// p messages per rank, each with one partner.
+// Recursive doubling (all-reduces up to doubling_max_bytes with 4 or more
+// ranks): with p the largest power of two <= n and rem = n - p, each even
+// rank below 2*rem first hands its value to the odd rank above it and sits
+// out; the p remaining ranks (virtual rank v, hypercube label g) then swap
+// values with g ^ 1, g ^ 2, g ^ 4, ... and combine them, and the odd ranks
+// finally hand the result back. Each pair combines its two values lower
+// label first, so both partners hold the same bits after every round and
+// all ranks end bit-identical. 2 + log2 p messages per rank, each with one
+// partner.
+//
+// There is no step 0: every message carries the fingerprint ahead of the
+// value and travels with tag 0, as step 0's do, so a peer in another
+// collective (or another sequence) is reported as a mismatch, and one round
+// costs one message. Its aux field numbers the message within the
+// collective (kDoublingAux + 0 the hand-over, + 1 + k round k, + 1 + log2 p
+// the hand-back), which catches ranks whose options pick another algorithm.
 void RingComm::doubling_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop, size_t count) {
   const int32_t n = opt_.world_size, r = opt_.rank;
   const size_t bytes = count * sdk::dtype_size(wire);
-  const std::vector<int32_t>& nb = neighbours_;
-  step0(op, nb, nb, nullptr, 0, 0);
   int32_t p = 1, rounds = 0;
   while (p * 2 <= n) {
     p *= 2;
     ++rounds;
   }
   const int32_t rem = n - p;
-  ensure(stage_, bytes);
-  auto exchange = [&](int32_t peer, uint64_t step, bool send, bool recv) {
-    size_t rq = 0, sq = 0;
-    if (recv) rq = op.post(false, peer, step, 0, buffer_of(stage_, 0, bytes));
-    if (send) sq = op.post(true, peer, step, 0, buffer_of(work_, 0, bytes));
-    if (send) op.wait(sq);  // the combine below rewrites work_
+  // Room for this message or any step 0 (a peer in another collective
+  // is then named by its fingerprint), but no more: a transport may wait
+  // for a small receive differently from a large one (tcp polls).
+  const size_t cap = kHdr + std::max<uint64_t>(bytes, opt_.direct_max_bytes);
+  ensure(stage_, cap);
+  // Ours is checked against the peers' from the first receive on (a rank
+  // may receive before it sends); the sizing here keeps hdr_send_ in place.
+  write_fingerprint(op, bytes, kDoublingAux);
+  std::vector<size_t>& sends = step0_sends_;
+  auto exchange = [&](int32_t peer, uint64_t msg, bool send, bool recv) {
+    sends.clear();
+    size_t rq = 0;
+    if (recv) rq = op.post(false, peer, 0, 0, buffer_of(stage_, 0, cap));
+    if (send) {
+      write_fingerprint(op, bytes, kDoublingAux + msg);
+      if (bytes != 0) std::memcpy(hdr_send_.data() + kHdr, work_.data(), bytes);
+      sends.push_back(op.post(true, peer, 0, 0, buffer_of(hdr_send_, 0, kHdr + bytes)));
+    }
     if (recv) {
       const uint64_t got = op.wait(rq);
-      if (got != bytes)
-        op.raise(STRATA_ERR_DATA_LOSS, op.prefix(), ": rank ", peer, " sent ", got, " bytes, expected ", bytes);
+      check_fingerprint(op, peer, stage_.data(), got, sends, int64_t(kDoublingAux + msg));
     }
+    if (send) op.wait(sends[0]);  // the next message rewrites hdr_send_
   };
   auto combine = [&](bool mine_first) {
     if (count == 0) return;
-    const void* ptrs[2] = {mine_first ? work_.data() : stage_.data(), mine_first ? stage_.data() : work_.data()};
+    const char* theirs = stage_.data() + kHdr;
+    const void* ptrs[2] = {mine_first ? work_.data() : theirs, mine_first ? theirs : work_.data()};
     sdk::kernels::reduce(rop, wire, 2, ptrs, work_.data(), count);
   };
   int32_t v = -1;  // virtual rank; -1 while sitting out
   if (r < 2 * rem) {
     if (r % 2 == 0) {
-      exchange(r + 1, 1, true, false);
+      exchange(r + 1, 0, true, false);
     } else {
-      exchange(r - 1, 1, false, true);
+      exchange(r - 1, 0, false, true);
       combine(false);  // rank r - 1's value first
       v = r / 2;
     }
@@ -717,20 +766,26 @@ void RingComm::doubling_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop
     v = r - rem;
   }
   if (v >= 0) {
+    // Virtual ranks sit on the hypercube in Gray-code order (label v ^ v/2):
+    // with 4 ranks both partners are ring neighbours, the ranks whose
+    // connections the ring uses anyway.
+    const int32_t me = v ^ (v >> 1);
     for (int32_t k = 0; k < rounds; ++k) {
-      const int32_t pv = v ^ (1 << k);
+      const int32_t pl = me ^ (1 << k);
+      int32_t pv = 0;
+      for (int32_t g = pl; g != 0; g >>= 1) pv ^= g;  // the inverse Gray code
       const int32_t peer = pv < rem ? 2 * pv + 1 : pv + rem;
-      exchange(peer, 2 + uint64_t(k), true, true);
-      combine(v < pv);
+      exchange(peer, 1 + uint64_t(k), true, true);
+      combine(me < pl);
     }
   }
   if (r < 2 * rem) {
-    const uint64_t last = 2 + uint64_t(rounds);
+    const uint64_t last = 1 + uint64_t(rounds);
     if (r % 2 == 1) {
       exchange(r - 1, last, true, false);
     } else {
       exchange(r + 1, last, false, true);
-      if (bytes != 0) std::memcpy(work_.data(), stage_.data(), bytes);
+      if (bytes != 0) std::memcpy(work_.data(), stage_.data() + kHdr, bytes);
     }
   }
   op.finish();
@@ -866,8 +921,8 @@ void RingComm::all_reduce(const CollectiveDesc& d, DLDataType wire, strata_reduc
   const size_t bytes = count * sdk::dtype_size(wire);
   const char* s = static_cast<const char*>(src);
   const char* o = static_cast<const char*>(data);
-  const bool direct = bytes <= opt_.direct_max_bytes;
-  if (src == data || bytes == 0 || requires_mr_ || (!direct && bytes <= doubling_max_bytes_) ||
+  // Recursive doubling works in place (it sends this rank's value as it goes).
+  if (src == data || bytes == 0 || requires_mr_ || bytes <= doubling_max_bytes_ ||
       (s < o + bytes && o < s + bytes)) {
     if (src != data && bytes != 0) std::memmove(data, src, bytes);
     all_reduce(d, wire, rop, count, data);
@@ -889,12 +944,12 @@ void RingComm::all_reduce_impl(const CollectiveDesc& d, DLDataType wire, strata_
   Op op(*this, d);
   const size_t bytes = count * sdk::dtype_size(wire);
   if (work_.borrowed == nullptr) ensure(work_, bytes);
-  if (bytes <= opt_.direct_max_bytes) {
-    direct_all_reduce(op, wire, rop, count);
-    return;
-  }
   if (bytes <= doubling_max_bytes_) {
     doubling_all_reduce(op, wire, rop, count);
+    return;
+  }
+  if (bytes <= direct_reduce_max_) {
+    direct_all_reduce(op, wire, rop, count);
     return;
   }
   const std::vector<int32_t>& nb = neighbours_;

@@ -77,6 +77,10 @@ struct RingCommOptions {
   // ceil(log2 n) rounds with one peer each, so that a lazily connecting
   // transport holds O(log n) connections per rank instead of n - 1.
   int32_t direct_max_ranks = 16;
+  // With 4 or more ranks, all-reduces up to this size use recursive doubling
+  // (log2 n rounds of one message each, instead of n - 1 messages at once or
+  // 2 (n - 1) ring steps); 0 = never.
+  uint64_t doubling_max_bytes = 256 * 1024;
   int64_t heartbeat_interval_ms = 1000;   // heartbeat period
   int64_t heartbeat_timeout_ms = 30000;   // no heartbeat this long while others wait: frozen
   int64_t diagnosis_timeout_ms = 5000;    // how long a failed rank gathers the others' evidence
@@ -170,6 +174,14 @@ class RingComm {
   // The pieces of one collective; `Op` carries the sequence and cleanup.
   void step0(Op& op, const std::vector<int32_t>& send_to, const std::vector<int32_t>& recv_from,
              const void* payload, size_t payload_bytes, uint64_t aux, bool wait_sends = false);
+  // This rank's fingerprint of the collective, into the start of hdr_send_.
+  void write_fingerprint(Op& op, size_t payload_bytes, uint64_t aux);
+  // Compares rank p's fingerprint (the first `bytes` bytes at `got`) with
+  // ours (hdr_send_) and raises a mismatch naming both collectives; with
+  // expect_aux >= 0 its aux must equal that too. `sends` (ours) are waited
+  // for first, so that the peer can report the mismatch too.
+  void check_fingerprint(Op& op, int32_t p, const char* got, uint64_t bytes, const std::vector<size_t>& sends,
+                         int64_t expect_aux = -1);
   void ring_reduce_scatter(Op& op, DLDataType wire, strata_reduce_op rop, size_t count, int shift);
   void ring_all_gather(Op& op, size_t esize, size_t count, int shift);
   void direct_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop, size_t count);
@@ -182,7 +194,8 @@ class RingComm {
   strata_comm_t comm_ = nullptr;
   bool requires_mr_ = false;
   uint64_t chunk_bytes_ = 0;
-  uint64_t doubling_max_bytes_ = 0;  // above direct_max_ranks: recursive doubling up to this size
+  uint64_t doubling_max_bytes_ = 0;  // all-reduces up to this size: recursive doubling
+  uint64_t direct_reduce_max_ = 0;   // then up to this size: the direct all-reduce
   uint32_t recv_window_ = 4;   // staged receives in flight per ring step
   uint32_t send_window_ = 64;  // sends in flight before the oldest is waited for
   uint64_t sequence_ = 0;
