@@ -28,6 +28,10 @@
 //                  use recursive doubling (log2 n rounds of one message
 //                  each) instead of the direct exchange or the ring (default
 //                  256 KiB; 0 = never; at most 1 GiB)
+//   "halving_max_bytes": with 4, 8, 16, ... ranks, larger all-reduces up to
+//                  this size use recursive halving then doubling (2 log2 n
+//                  steps, the ring's bytes) instead of the ring (default 4
+//                  MiB; 0 = never)
 //   "timeout_s":   deadline of every wait (default /timeouts/collective_s, 300)
 //   "setup_timeout_s": deadline for every rank to join and the transport
 //                  communicator to be built (default /timeouts/rendezvous_s,
@@ -156,7 +160,8 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
     const nlohmann::json o = sdk::parse_options(options_json, kComponent);
     sdk::check_known_keys(o,
                           {"transport", "rank", "world_size", "communicator", "bytes_per_pack", "chunk_bytes",
-                           "direct_max_bytes", "direct_max_ranks", "doubling_max_bytes", "timeout_s", "setup_timeout_s", "heartbeat_timeout_s",
+                           "direct_max_bytes", "direct_max_ranks", "doubling_max_bytes", "halving_max_bytes",
+                           "timeout_s", "setup_timeout_s", "heartbeat_timeout_s",
                            "heartbeat_interval_s", "diagnosis_timeout_s"},
                           kComponent);
     RingCommOptions co;
@@ -180,6 +185,7 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
       STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'direct_max_ranks' of ", kComponent,
                    " must be >= 2, got ", co.direct_max_ranks);
     co.doubling_max_bytes = sdk::get_option<uint64_t>(o, "doubling_max_bytes", 256 * 1024, kComponent);
+    co.halving_max_bytes = sdk::get_option<uint64_t>(o, "halving_max_bytes", uint64_t(4) << 20, kComponent);
     if (co.doubling_max_bytes > (uint64_t(1) << 30))
       STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'doubling_max_bytes' of ", kComponent, " is ",
                    co.doubling_max_bytes, " but must be at most 1 GiB (each rank keeps a receive buffer that "

@@ -45,8 +45,21 @@ struct WireHeader {
 };
 static_assert(std::is_trivially_copyable_v<WireHeader> && sizeof(WireHeader) == 80);
 constexpr size_t kHdr = sizeof(WireHeader);
-// aux of recursive doubling's messages (plus their number in the collective).
+// An all-reduce's fingerprint names its algorithm in aux: 0 the direct
+// exchange, these the others (recursive doubling's plus the message's
+// number in the collective).
+constexpr uint64_t kRingAux = 0x524e47ull << 32;      // "RNG"
+constexpr uint64_t kHalvingAux = 0x484c56ull << 32;   // "HLV"
 constexpr uint64_t kDoublingAux = 0x444231ull << 32;  // "DB1"
+
+std::string algorithm_of(uint64_t aux) {
+  if (aux == 0) return "the direct exchange";
+  if (aux == kRingAux) return "the ring";
+  if (aux == kHalvingAux) return "recursive halving";
+  if ((aux >> 32) == (kDoublingAux >> 32))
+    return "recursive doubling (message " + std::to_string(aux & 0xffffffffu) + ")";
+  return "an unknown algorithm (" + std::to_string(aux) + ")";
+}
 
 uint32_t pack_dtype(DLDataType d) {
   return uint32_t(d.code) | (uint32_t(d.bits) << 8) | (uint32_t(d.lanes) << 16);
@@ -412,6 +425,9 @@ RingComm::RingComm(sdk::Host host, const strata_transport_vtable* vt, strata_tra
     opt_.direct_max_bytes = std::min<uint64_t>(opt_.direct_max_bytes, most);
   }
   direct_reduce_max_ = opt_.direct_max_bytes;
+  const int32_t n = opt_.world_size;
+  if (n >= 4 && (n & (n - 1)) == 0) halving_max_bytes_ = opt_.halving_max_bytes;
+  if (caps.max_message_bytes != 0) halving_max_bytes_ = std::min<uint64_t>(halving_max_bytes_, caps.max_message_bytes);
   if (caps.max_inflight != 0) {
     recv_window_ = std::max<uint32_t>(1, std::min<uint32_t>(4, caps.max_inflight / 2));
     send_window_ = std::max<uint32_t>(1, caps.max_inflight - recv_window_);
@@ -616,8 +632,9 @@ void RingComm::check_fingerprint(Op& op, int32_t p, const char* got, uint64_t by
   if (expect_aux >= 0 && h.aux != uint64_t(expect_aux)) {
     op.set_cause("mismatch", p);
     op.raise(STRATA_ERR_INVALID_ARGUMENT, op.prefix(), ": rank ", p, " runs this collective with another "
-             "algorithm (message ", h.aux, " where rank ", opt_.rank, " expects ", expect_aux, "): its options "
-             "'doubling_max_bytes', 'direct_max_bytes' or 'direct_max_ranks' differ; give every process the same "
+             "algorithm: it sent ", algorithm_of(h.aux), " where rank ", opt_.rank, " expects ",
+             algorithm_of(uint64_t(expect_aux)), "; the options 'direct_max_bytes', 'direct_max_ranks', "
+             "'doubling_max_bytes' or 'halving_max_bytes' differ between them: give every process the same "
              "ring cross_device_ops options");
   }
   if (h.payload_bytes != bytes - kHdr)
@@ -791,6 +808,68 @@ void RingComm::doubling_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop
   op.finish();
 }
 
+// Recursive halving, then doubling (Rabenseifner's all-reduce; n a power
+// of two): the elements are cut into n blocks. In the reduce-scatter, rank r
+// and rank r ^ d (d = n/2, n/4, ..., 1) split the range of blocks they share:
+// each sends the half it gives up and combines the half it keeps with the
+// partner's copy (lower rank's value first), so r ends owning block r reduced
+// over all ranks, each element reduced by one rank only. The all-gather then
+// swaps owned ranges with r ^ 1, r ^ 2, ..., doubling them. 2 log2 n steps of
+// n/2, n/4, ... blocks: the ring's bytes in fewer steps.
+void RingComm::halving_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop, size_t count) {
+  const int32_t n = opt_.world_size, r = opt_.rank;
+  const size_t esize = sdk::dtype_size(wire);
+  auto off = [&](int32_t b) { return size_t(b) * (count / n) + std::min<size_t>(size_t(b), count % n); };
+  const std::vector<int32_t>& nb = neighbours_;
+  step0(op, nb, nb, nullptr, 0, kHalvingAux);
+  // This rank's own values: the caller's source when out of place (read by
+  // the first step only; the all-gather fills what it sent away).
+  Buffer own_view;
+  own_view.borrowed = src_ != nullptr ? const_cast<char*>(src_) : nullptr;
+  const Buffer& own = src_ != nullptr ? own_view : work_;
+  ensure(stage_, (off(n / 2) + 1) * esize);
+  int32_t lo = 0, hi = n;  // the blocks this rank is responsible for
+  uint64_t step = 1;
+  for (int32_t d = n / 2; d >= 1; d /= 2, ++step) {
+    const int32_t peer = r ^ d, mid = lo + (hi - lo) / 2;
+    const bool low = (r & d) == 0;
+    const int32_t keep_lo = low ? lo : mid, keep_hi = low ? mid : hi;
+    const int32_t give_lo = low ? mid : lo, give_hi = low ? hi : mid;
+    const Buffer& from = step == 1 ? own : work_;
+    const size_t keep = off(keep_hi) - off(keep_lo);
+    const size_t rq = op.post(false, peer, step, 0, buffer_of(stage_, 0, keep * esize));
+    const size_t sq = op.post(true, peer, step, 0,
+                              buffer_of(from, off(give_lo) * esize, (off(give_hi) - off(give_lo)) * esize));
+    const uint64_t got = op.wait(rq);
+    if (got != keep * esize)
+      op.raise(STRATA_ERR_DATA_LOSS, op.prefix(), ": rank ", peer, " sent ", got, " bytes for step ", step,
+               " but ", keep * esize, " were expected");
+    if (keep != 0) {
+      const char* mine = from.data() + off(keep_lo) * esize;
+      const void* in[2] = {r < peer ? mine : stage_.data(), r < peer ? stage_.data() : mine};
+      sdk::kernels::reduce(rop, wire, 2, in, work_.data() + off(keep_lo) * esize, keep);
+    }
+    op.wait(sq);  // the all-gather writes where it read (and stage_ is reused)
+    lo = keep_lo;
+    hi = keep_hi;
+  }
+  for (int32_t d = 1; d < n; d *= 2, ++step) {
+    const int32_t peer = r ^ d, width = hi - lo;
+    const int32_t their_lo = (r & d) == 0 ? hi : lo - width;
+    const size_t want = (off(their_lo + width) - off(their_lo)) * esize;
+    const size_t rq = op.post(false, peer, step, 0, buffer_of(work_, off(their_lo) * esize, want));
+    const size_t sq = op.post(true, peer, step, 0, buffer_of(work_, off(lo) * esize, (off(hi) - off(lo)) * esize));
+    const uint64_t got = op.wait(rq);
+    if (got != want)
+      op.raise(STRATA_ERR_DATA_LOSS, op.prefix(), ": rank ", peer, " sent ", got, " bytes for step ", step,
+               " but ", want, " were expected");
+    op.wait(sq);
+    lo = std::min(lo, their_lo);
+    hi = lo + 2 * width;
+  }
+  op.finish();
+}
+
 void RingComm::ring_reduce_scatter(Op& op, DLDataType wire, strata_reduce_op rop, size_t count, int shift) {
   const int32_t n = opt_.world_size, r = opt_.rank, right = (r + 1) % n, left = (r + n - 1) % n;
   const size_t esize = sdk::dtype_size(wire);
@@ -952,8 +1031,12 @@ void RingComm::all_reduce_impl(const CollectiveDesc& d, DLDataType wire, strata_
     direct_all_reduce(op, wire, rop, count);
     return;
   }
+  if (bytes <= halving_max_bytes_) {
+    halving_all_reduce(op, wire, rop, count);
+    return;
+  }
   const std::vector<int32_t>& nb = neighbours_;
-  step0(op, nb, nb, nullptr, 0, 0);
+  step0(op, nb, nb, nullptr, 0, kRingAux);
   ring_reduce_scatter(op, wire, rop, count, 0);
   ring_all_gather(op, sdk::dtype_size(wire), count, 0);
   op.finish();

@@ -81,6 +81,10 @@ struct RingCommOptions {
   // (log2 n rounds of one message each, instead of n - 1 messages at once or
   // 2 (n - 1) ring steps); 0 = never.
   uint64_t doubling_max_bytes = 256 * 1024;
+  // With a power of two of 4 or more ranks, larger all-reduces up to this
+  // size use recursive halving then doubling (2 log2 n steps instead of the
+  // ring's 2 (n - 1), the same bytes); 0 = never.
+  uint64_t halving_max_bytes = 4ull << 20;
   int64_t heartbeat_interval_ms = 1000;   // heartbeat period
   int64_t heartbeat_timeout_ms = 30000;   // no heartbeat this long while others wait: frozen
   int64_t diagnosis_timeout_ms = 5000;    // how long a failed rank gathers the others' evidence
@@ -186,6 +190,7 @@ class RingComm {
   void ring_all_gather(Op& op, size_t esize, size_t count, int shift);
   void direct_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop, size_t count);
   void doubling_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop, size_t count);
+  void halving_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop, size_t count);
 
   sdk::Host host_;
   const strata_transport_vtable* vt_;
@@ -196,6 +201,7 @@ class RingComm {
   uint64_t chunk_bytes_ = 0;
   uint64_t doubling_max_bytes_ = 0;  // all-reduces up to this size: recursive doubling
   uint64_t direct_reduce_max_ = 0;   // then up to this size: the direct all-reduce
+  uint64_t halving_max_bytes_ = 0;   // then up to this size: recursive halving and doubling
   uint32_t recv_window_ = 4;   // staged receives in flight per ring step
   uint32_t send_window_ = 64;  // sends in flight before the oldest is waited for
   uint64_t sequence_ = 0;
