@@ -566,8 +566,8 @@ TEST_P(RingTest, AboveDirectMaxRanksSmallPayloadsAndBarriersUseBoundedPeers) {
   }
 }
 
-// Recursive doubling (above direct_max_ranks for small all-reduces, and by
-// default with 4 or more ranks up to doubling_max_bytes): with random floats
+// Recursive doubling (above direct_max_ranks for small all-reduces, and
+// with 4 or more ranks up to doubling_max_bytes): with random floats
 // (where the order of additions shows in the bits) every rank must still end
 // with the same bits, including the ranks folded in and out (7 ranks: 3 fold
 // into a power of two of 4; 6 ranks: 2).
@@ -577,9 +577,10 @@ TEST_P(RingTest, RecursiveDoublingIsBitIdenticalOnEveryRank) {
     json extra;
     size_t size;
   };
+  const json doubling = {{"doubling_max_bytes", 262144}};  // tcp's default; the others' is 0
   const std::vector<Case> cases = {{kSanitized ? 5 : 7, {{"direct_max_ranks", 2}}, 1000},  // 4000 bytes
-                                   {4, json::object(), kSanitized ? 20000 : 60000},     // 240 KB: still doubling
-                                   {6, json::object(), 1000}};
+                                   {4, doubling, kSanitized ? 20000 : 60000},           // 240 KB: still doubling
+                                   {6, doubling, 1000}};
   for (const Case& c : cases) {
     SCOPED_TRACE(std::to_string(c.n) + " ranks, " + c.extra.dump() + ", " + std::to_string(c.size) + " floats");
     const int n = c.n;
@@ -823,12 +824,14 @@ TEST_P(RingTest, MismatchedCollectivesFailOnBothSides) {
        "rank 1 called all_reduce(SUM, float32 x 200000)"},
   };
   // 4 ranks: the others' all-reduce is recursive doubling, whose messages
-  // carry the fingerprint (no step 0 of their own).
+  // carry the fingerprint (no step 0 of their own), and rank 1's in the
+  // last case recursive halving.
   for (int n : {2, 3, 4}) {
     for (const Mismatch& m : cases) {
       SCOPED_TRACE(m.name + " with " + std::to_string(n) + " ranks");
       std::vector<Status> st(static_cast<size_t>(n)), after(static_cast<size_t>(n));
-      run_world(transport(), n, {{"timeout_s", 20}}, [&](int rank, Cdo& cdo) {
+      const json extra = {{"timeout_s", 20}, {"doubling_max_bytes", 262144}, {"halving_max_bytes", 4194304}};
+      run_world(transport(), n, extra, [&](int rank, Cdo& cdo) {
         st[size_t(rank)] = rank == 1 ? m.rank1(cdo) : ar_float(cdo, kFloat32, 1000);
         after[size_t(rank)] = ar_float(cdo, kFloat32, 4);
       });
@@ -860,13 +863,13 @@ TEST_P(RingTest, AnotherAlgorithmOnOneRankIsReported) {
   };
   // 1000 floats: recursive doubling (rank 1: the direct exchange); 100,000
   // floats (400 KB): recursive halving (rank 1: the ring).
+  const json on = {{"timeout_s", 20}, {"doubling_max_bytes", 262144}, {"halving_max_bytes", 4194304}};
   for (const Case& c : {Case{"doubling_max_bytes", 1000, "it sent the direct exchange where"},
                         Case{"halving_max_bytes", 100000, "it sent the ring where"}}) {
     SCOPED_TRACE(c.option);
     std::vector<Status> st(static_cast<size_t>(n));
     run_world(
-        transport(), n, {{"timeout_s", 20}},
-        [&](int rank, Cdo& cdo) { st[size_t(rank)] = ar_float(cdo, kFloat32, c.count); },
+        transport(), n, on, [&](int rank, Cdo& cdo) { st[size_t(rank)] = ar_float(cdo, kFloat32, c.count); },
         [&](int rank) { return rank == 1 ? json{{c.option, 0}} : json::object(); });
     for (int k = 0; k < n; ++k) {
       const std::string& m = st[size_t(k)].message;
@@ -879,6 +882,20 @@ TEST_P(RingTest, AnotherAlgorithmOnOneRankIsReported) {
     bool named = false;
     for (int k = 0; k < n; ++k) named = named || st[size_t(k)].message.find(c.theirs) != std::string::npos;
     EXPECT_TRUE(named) << st[0].message;
+  }
+  // The defaults: on over tcp (every message costs system calls and
+  // wake-ups), off over the others (shared memory: cheap messages), so
+  // rank 1's explicit 0 disagrees with the others' default over tcp only.
+  std::vector<Status> st(static_cast<size_t>(n));
+  run_world(
+      transport(), n, {{"timeout_s", 20}},
+      [&](int rank, Cdo& cdo) { st[size_t(rank)] = ar_float(cdo, kFloat32, 1000); },
+      [&](int rank) { return rank == 1 ? json{{"doubling_max_bytes", 0}} : json::object(); });
+  for (int k = 0; k < n; ++k) {
+    if (transport() == "tcp")
+      EXPECT_EQ(st[size_t(k)].code, STRATA_ERR_INVALID_ARGUMENT) << "rank " << k << ": " << st[size_t(k)].message;
+    else
+      EXPECT_EQ(st[size_t(k)].code, STRATA_OK) << "rank " << k << ": " << st[size_t(k)].message;
   }
 }
 
@@ -901,7 +918,7 @@ TEST_P(RingTest, HalvingAndDoublingIsBitIdenticalOnEveryRank) {
       }
     }
     Outputs in_place(n), out_of_place(n);
-    run_world(transport(), n, json::object(), [&](int rank, Cdo& cdo) {
+    run_world(transport(), n, {{"halving_max_bytes", 4194304}}, [&](int rank, Cdo& cdo) {  // tcp's default
       Tensor in(kFloat32, {int64_t(size)}), out(kFloat32, {int64_t(size)});
       copy_bytes(in.bytes.data(), data[size_t(rank)].data(), size * 4);
       Status s = cdo.all_reduce(STRATA_REDUCE_SUM, {&in}, {&out}, 1);

@@ -79,12 +79,13 @@ struct RingCommOptions {
   int32_t direct_max_ranks = 16;
   // With 4 or more ranks, all-reduces up to this size use recursive doubling
   // (log2 n rounds of one message each, instead of n - 1 messages at once or
-  // 2 (n - 1) ring steps); 0 = never.
-  uint64_t doubling_max_bytes = 256 * 1024;
+  // 2 (n - 1) ring steps); 0 = never. The plugin's default depends on the
+  // transport (ring.cc: kDoublingMaxBytesTcp over tcp, else 0).
+  uint64_t doubling_max_bytes = 0;
   // With a power of two of 4 or more ranks, larger all-reduces up to this
   // size use recursive halving then doubling (2 log2 n steps instead of the
-  // ring's 2 (n - 1), the same bytes); 0 = never.
-  uint64_t halving_max_bytes = 4ull << 20;
+  // ring's 2 (n - 1), the same bytes); 0 = never (default as above).
+  uint64_t halving_max_bytes = 0;
   int64_t heartbeat_interval_ms = 1000;   // heartbeat period
   int64_t heartbeat_timeout_ms = 30000;   // no heartbeat this long while others wait: frozen
   int64_t diagnosis_timeout_ms = 5000;    // how long a failed rank gathers the others' evidence
