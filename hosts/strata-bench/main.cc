@@ -359,7 +359,9 @@ int main(int argc, char** argv) {
         ->capture_default_str();
     if (sub != pingpong)
       sub->add_option("--ring-options", mp.ring_options,
-                      "Extra options of the ring cross_device_ops, JSON (e.g. '{\"chunk_bytes\": 524288}')")
+                      "Extra options of the ring cross_device_ops, JSON (e.g. '{\"chunk_bytes\": 524288}', or "
+                      "'{\"doubling_max_bytes\": 0, \"halving_max_bytes\": 0}': 4+ ranks over tcp take the direct "
+                      "exchange and the ring, as over the other transports)")
           ->capture_default_str();
     sub->add_option("--transport-options", mp.transport_options,
                     "Options of the transport, JSON (e.g. '{\"connections_per_peer\": 1}')")

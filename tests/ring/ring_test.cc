@@ -823,14 +823,15 @@ TEST_P(RingTest, MismatchedCollectivesFailOnBothSides) {
       {"halving_or_ring", [](Cdo& c) { return ar_float(c, kFloat32, 200000); },
        "rank 1 called all_reduce(SUM, float32 x 200000)"},
   };
-  // 4 ranks: the others' all-reduce is recursive doubling, whose messages
-  // carry the fingerprint (no step 0 of their own), and rank 1's in the
-  // last case recursive halving.
-  for (int n : {2, 3, 4}) {
+  // 4 ranks: the others' all-reduce is the direct exchange in rounds, or
+  // recursive doubling, whose messages carry the fingerprint (no step 0 of
+  // their own), and rank 1's in the last case recursive halving.
+  const json doubling = {{"timeout_s", 20}, {"doubling_max_bytes", 262144}, {"halving_max_bytes", 4194304}};
+  const json rounds = {{"timeout_s", 20}, {"direct_doubling", true}};
+  for (const auto& [n, extra] : {std::pair<int, json>{2, rounds}, {3, rounds}, {4, rounds}, {4, doubling}}) {
     for (const Mismatch& m : cases) {
-      SCOPED_TRACE(m.name + " with " + std::to_string(n) + " ranks");
+      SCOPED_TRACE(m.name + " with " + std::to_string(n) + " ranks, " + extra.dump());
       std::vector<Status> st(static_cast<size_t>(n)), after(static_cast<size_t>(n));
-      const json extra = {{"timeout_s", 20}, {"doubling_max_bytes", 262144}, {"halving_max_bytes", 4194304}};
       run_world(transport(), n, extra, [&](int rank, Cdo& cdo) {
         st[size_t(rank)] = rank == 1 ? m.rank1(cdo) : ar_float(cdo, kFloat32, 1000);
         after[size_t(rank)] = ar_float(cdo, kFloat32, 4);
@@ -863,7 +864,8 @@ TEST_P(RingTest, AnotherAlgorithmOnOneRankIsReported) {
   };
   // 1000 floats: recursive doubling (rank 1: the direct exchange); 100,000
   // floats (400 KB): recursive halving (rank 1: the ring).
-  const json on = {{"timeout_s", 20}, {"doubling_max_bytes", 262144}, {"halving_max_bytes", 4194304}};
+  const json on = {{"timeout_s", 20}, {"doubling_max_bytes", 262144}, {"halving_max_bytes", 4194304},
+                   {"direct_doubling", false}};
   for (const Case& c : {Case{"doubling_max_bytes", 1000, "it sent the direct exchange where"},
                         Case{"halving_max_bytes", 100000, "it sent the ring where"}}) {
     SCOPED_TRACE(c.option);
@@ -883,19 +885,88 @@ TEST_P(RingTest, AnotherAlgorithmOnOneRankIsReported) {
     for (int k = 0; k < n; ++k) named = named || st[size_t(k)].message.find(c.theirs) != std::string::npos;
     EXPECT_TRUE(named) << st[0].message;
   }
-  // The defaults: on over tcp (every message costs system calls and
-  // wake-ups), off over the others (shared memory: cheap messages), so
-  // rank 1's explicit 0 disagrees with the others' default over tcp only.
+  // direct_doubling's default: on over tcp (every message costs system
+  // calls and wake-ups), off over the others (shared memory: cheap
+  // messages), so rank 1's explicit false disagrees with the others'
+  // default over tcp only.
   std::vector<Status> st(static_cast<size_t>(n));
   run_world(
       transport(), n, {{"timeout_s", 20}},
       [&](int rank, Cdo& cdo) { st[size_t(rank)] = ar_float(cdo, kFloat32, 1000); },
-      [&](int rank) { return rank == 1 ? json{{"doubling_max_bytes", 0}} : json::object(); });
+      [&](int rank) { return rank == 1 ? json{{"direct_doubling", false}} : json::object(); });
   for (int k = 0; k < n; ++k) {
-    if (transport() == "tcp")
-      EXPECT_EQ(st[size_t(k)].code, STRATA_ERR_INVALID_ARGUMENT) << "rank " << k << ": " << st[size_t(k)].message;
-    else
-      EXPECT_EQ(st[size_t(k)].code, STRATA_OK) << "rank " << k << ": " << st[size_t(k)].message;
+    const std::string& m = st[size_t(k)].message;
+    if (transport() == "tcp") {
+      EXPECT_EQ(st[size_t(k)].code, STRATA_ERR_INVALID_ARGUMENT) << "rank " << k << ": " << m;
+      EXPECT_NE(m.find("with another algorithm"), std::string::npos) << m;
+    } else {
+      EXPECT_EQ(st[size_t(k)].code, STRATA_OK) << "rank " << k << ": " << m;
+    }
+  }
+}
+
+// direct_doubling gathers the values in log2 n rounds and reduces them in
+// rank order like the direct exchange: the same bits, so a job's results do
+// not depend on the transport (tcp turns it on by default). Random floats,
+// in place and out of place, up to direct_max_bytes (64 KiB).
+TEST_P(RingTest, DirectExchangeInRoundsGivesTheDirectExchangesBits) {
+  for (int n : {4, 8}) {
+    if (n == 8 && (kSanitized || transport() != "ring_test_inproc")) continue;
+    for (size_t size : {size_t(1), size_t(1001), size_t(16384)}) {
+      SCOPED_TRACE(std::to_string(n) + " ranks, " + std::to_string(size) + " floats");
+      std::vector<std::vector<float>> data(n);
+      uint32_t seed = 99;
+      for (auto& v : data) {
+        v.resize(size);
+        for (float& x : v) {
+          seed = seed * 1664525u + 1013904223u;
+          x = float(seed >> 8) / float(1 << 24) * 2.0f - 1.0f;
+        }
+      }
+      std::vector<Outputs> outs;  // direct, then in rounds: out of place, in place
+      for (bool rounds : {false, true}) {
+        Outputs oop(n), ip(n);
+        run_world(transport(), n, {{"direct_doubling", rounds}}, [&](int rank, Cdo& cdo) {
+          Tensor in(kFloat32, {int64_t(size)}), out(kFloat32, {int64_t(size)});
+          copy_bytes(in.bytes.data(), data[size_t(rank)].data(), size * 4);
+          Status s = cdo.all_reduce(STRATA_REDUCE_SUM, {&in}, {&out}, 1);
+          EXPECT_EQ(s.code, STRATA_OK) << s.message;
+          oop[size_t(rank)] = out.data_bytes();
+          s = cdo.all_reduce(STRATA_REDUCE_SUM, {&in}, {&in}, 1);
+          EXPECT_EQ(s.code, STRATA_OK) << s.message;
+          ip[size_t(rank)] = in.data_bytes();
+        });
+        outs.push_back(oop);
+        outs.push_back(ip);
+      }
+      for (const Outputs& o : outs)
+        for (int k = 0; k < n; ++k) ASSERT_EQ(o[size_t(k)], outs[0][0]) << "rank " << k << " differs";
+      for (size_t i = 0; i < size; ++i) {
+        double want = 0;
+        for (int k = 0; k < n; ++k) want += double(data[size_t(k)][i]);
+        ASSERT_NEAR(load(kFloat32, outs[0][0].data(), i), want, 1e-4) << i;
+      }
+    }
+  }
+}
+
+// Bad values of the algorithm options are refused when the instance is
+// created, naming the option and what it must be.
+TEST(RingOptions, BadAlgorithmOptionsAreRefused) {
+  load_plugins();
+  const std::vector<std::pair<json, std::string>> cases = {
+      {{{"doubling_max_bytes", 2000000000}}, "option 'doubling_max_bytes' of ring cross_device_ops is 2000000000 but "
+                                              "must be at most 1 GiB"},
+      {{{"doubling_max_bytes", -1}}, "doubling_max_bytes"},
+      {{{"halving_max_bytes", "4M"}}, "halving_max_bytes"},
+  };
+  for (const auto& [extra, want] : cases) {
+    try {
+      Cdo cdo(options_for("tcp", 0, 1, "ringtest-badopt", extra));
+      ADD_FAILURE() << extra.dump() << " was accepted";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << extra.dump() << ": " << e.what();
+    }
   }
 }
 

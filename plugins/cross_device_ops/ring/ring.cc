@@ -24,14 +24,21 @@
 //                  take the ring and the barrier is a log2(n)-round
 //                  dissemination, so a lazily connecting transport (tcp's
 //                  default) keeps O(log n) peers per rank
+//   "direct_doubling": with 4, 8 or 16 ranks, the direct exchange gathers
+//                  the values in log2 n rounds of one message each instead
+//                  of n - 1 messages at once; every rank still reduces them
+//                  in rank order, so the bits are the same (default: true
+//                  over tcp, false over the others)
 //   "doubling_max_bytes": with 4 or more ranks, all-reduces up to this size
 //                  use recursive doubling (log2 n rounds of one message
-//                  each) instead of the direct exchange or the ring (default
-//                  256 KiB over tcp, else 0 = never; at most 1 GiB)
+//                  each, reducing as they go) instead of the direct exchange
+//                  or the ring; it adds in another order, so results differ
+//                  from the other algorithms' in the last bits (default 0 =
+//                  never; at most 1 GiB)
 //   "halving_max_bytes": with 4, 8, 16, ... ranks, larger all-reduces up to
 //                  this size use recursive halving then doubling (2 log2 n
-//                  steps, the ring's bytes) instead of the ring (default 4
-//                  MiB over tcp, else 0 = never)
+//                  steps, the ring's bytes) instead of the ring; another
+//                  order too (default 0 = never)
 //   "timeout_s":   deadline of every wait (default /timeouts/collective_s, 300)
 //   "setup_timeout_s": deadline for every rank to join and the transport
 //                  communicator to be built (default /timeouts/rendezvous_s,
@@ -118,10 +125,6 @@ namespace {
 using sdk::dtype_equal;
 
 constexpr const char* kComponent = "ring cross_device_ops";
-// Defaults of doubling_max_bytes and halving_max_bytes over tcp (see
-// pick_algorithms; other transports: 0).
-constexpr uint64_t kDoublingMaxBytesTcp = 256 * 1024;
-constexpr uint64_t kHalvingMaxBytesTcp = 4ull << 20;
 constexpr size_t kBlock = 1024;
 
 bool is_half(DLDataType d) { return dtype_equal(d, sdk::kFloat16) || dtype_equal(d, sdk::kBFloat16); }
@@ -165,7 +168,8 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
     const nlohmann::json o = sdk::parse_options(options_json, kComponent);
     sdk::check_known_keys(o,
                           {"transport", "rank", "world_size", "communicator", "bytes_per_pack", "chunk_bytes",
-                           "direct_max_bytes", "direct_max_ranks", "doubling_max_bytes", "halving_max_bytes",
+                           "direct_max_bytes", "direct_max_ranks", "direct_doubling", "doubling_max_bytes",
+                           "halving_max_bytes",
                            "timeout_s", "setup_timeout_s", "heartbeat_timeout_s",
                            "heartbeat_interval_s", "diagnosis_timeout_s"},
                           kComponent);
@@ -189,15 +193,14 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
     if (co.direct_max_ranks < 2)
       STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'direct_max_ranks' of ", kComponent,
                    " must be >= 2, got ", co.direct_max_ranks);
-    if (o.contains("doubling_max_bytes")) {
-      doubling_max_bytes_ = sdk::get_option<uint64_t>(o, "doubling_max_bytes", 0, kComponent);
-      if (*doubling_max_bytes_ > (uint64_t(1) << 30))
-        STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'doubling_max_bytes' of ", kComponent, " is ",
-                     *doubling_max_bytes_, " but must be at most 1 GiB (each rank keeps a receive buffer that "
-                     "large); the default is ", kDoublingMaxBytesTcp, " over tcp, else 0");
-    }
-    if (o.contains("halving_max_bytes"))
-      halving_max_bytes_ = sdk::get_option<uint64_t>(o, "halving_max_bytes", 0, kComponent);
+    co.doubling_max_bytes = sdk::get_option<uint64_t>(o, "doubling_max_bytes", 0, kComponent);
+    if (co.doubling_max_bytes > (uint64_t(1) << 30))
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'doubling_max_bytes' of ", kComponent, " is ",
+                   co.doubling_max_bytes, " but must be at most 1 GiB (each message is staged whole in buffers "
+                   "of that size); the default is 0 (off)");
+    co.halving_max_bytes = sdk::get_option<uint64_t>(o, "halving_max_bytes", 0, kComponent);
+    if (o.contains("direct_doubling"))
+      direct_doubling_ = sdk::get_option<bool>(o, "direct_doubling", false, kComponent);
     const double timeout_s = sdk::collective_timeout_s(host_, o, kComponent);
     co.timeout_ms = static_cast<int64_t>(timeout_s * 1000.0);
     co.setup_timeout_ms = static_cast<int64_t>(sdk::rendezvous_timeout_s(host_, o, kComponent) * 1000.0);
@@ -866,19 +869,19 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
   sdk::PluginRef<strata_transport_vtable> transport_;
   std::unique_ptr<RingComm> comm_;
   RingCommOptions comm_options_;  // what comm_ was built with (name = the instance's own)
-  // The options as given; unset, pick_algorithms() chooses by transport.
-  std::optional<uint64_t> doubling_max_bytes_, halving_max_bytes_;
+  // The option as given; unset, pick_algorithms() chooses by transport.
+  std::optional<bool> direct_doubling_;
 
-  // Recursive doubling and halving pay where every message costs system
-  // calls and wake-ups (tcp: with 4 ranks on this 2-core VM, 4 KiB-256 KiB
-  // all-reduces took 0.66-0.86x the direct exchange's or the ring's time),
-  // not over shared memory, where messages are cheap and the direct
-  // exchange's parallel sends won (shmem, 4 ranks: 4 KiB 10.4 against 15.2
-  // us, 256 KiB 95 against 189 us). So the defaults are on for tcp only.
+  // Fewer, larger messages pay where every message costs system calls and
+  // wake-ups (tcp: with 4 ranks on this 2-core VM, a 4-64 KiB all-reduce in
+  // log2 n rounds took 0.7-0.8x the direct exchange's time), not over
+  // shared memory, where messages are cheap and the direct exchange's
+  // parallel sends won (shmem, 4 ranks, 4 KiB: 10.4 us direct against 15.2
+  // in rounds). The rounds give the same bits, so results still do not
+  // depend on the transport (a job may switch it); recursive doubling and
+  // halving, which add in another order, are the user's choice everywhere.
   void pick_algorithms(RingCommOptions& co, const std::string& transport) const {
-    const bool tcp = transport == "tcp";
-    co.doubling_max_bytes = doubling_max_bytes_.value_or(tcp ? kDoublingMaxBytesTcp : 0);
-    co.halving_max_bytes = halving_max_bytes_.value_or(tcp ? kHalvingMaxBytesTcp : 0);
+    co.direct_doubling = direct_doubling_.value_or(transport == "tcp");
   }
   std::string transport_label_;   // "'tcp' {}": the transport in use, for messages
   uint64_t swaps_ = 0;            // set_transport calls so far (strategy thread only)

@@ -51,11 +51,14 @@ constexpr size_t kHdr = sizeof(WireHeader);
 constexpr uint64_t kRingAux = 0x524e47ull << 32;      // "RNG"
 constexpr uint64_t kHalvingAux = 0x484c56ull << 32;   // "HLV"
 constexpr uint64_t kDoublingAux = 0x444231ull << 32;  // "DB1"
+constexpr uint64_t kGatherAux = 0x444741ull << 32;    // "DGA"
 
 std::string algorithm_of(uint64_t aux) {
   if (aux == 0) return "the direct exchange";
   if (aux == kRingAux) return "the ring";
   if (aux == kHalvingAux) return "recursive halving";
+  if ((aux >> 32) == (kGatherAux >> 32))
+    return "the direct exchange in rounds (message " + std::to_string(aux & 0xffffffffu) + ")";
   if ((aux >> 32) == (kDoublingAux >> 32))
     return "recursive doubling (message " + std::to_string(aux & 0xffffffffu) + ")";
   return "an unknown algorithm (" + std::to_string(aux) + ")";
@@ -715,6 +718,75 @@ void RingComm::direct_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop, 
   op.finish();
 }
 
+// The direct exchange in log2 n rounds (n = 4, 8, 16): rank r swaps with
+// r ^ 1, r ^ 2, ... every value its group of ranks holds so far, so each
+// message is one contiguous run of blocks [fingerprint | value] in rank
+// order and after the last round every rank holds all n. Each then reduces
+// them in rank order, as direct_all_reduce does: the same bits. Like
+// recursive doubling, every message travels with tag 0 and each block's
+// fingerprint is checked (aux kGatherAux + round), so there is no step 0.
+void RingComm::gather_doubling_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop, size_t count) {
+  const int32_t n = opt_.world_size, r = opt_.rank;
+  const size_t bytes = count * sdk::dtype_size(wire);
+  const size_t block = round_up(kHdr + bytes, 64);
+  ensure(stage_, block * size_t(n));
+  const void* own = src_ != nullptr ? static_cast<const void*>(src_) : work_.data();
+  char* g = stage_.data();
+  // Ours is what every received block is checked against (hdr_send_).
+  write_fingerprint(op, bytes, kGatherAux);
+  std::memcpy(g + block * size_t(r), hdr_send_.data(), kHdr);
+  if (bytes != 0) std::memcpy(g + block * size_t(r) + kHdr, own, bytes);
+  std::vector<size_t>& sends = step0_sends_;
+  uint64_t round = 0;
+  for (int32_t d = 1; d < n; d *= 2, ++round) {
+    const int32_t peer = r ^ d;
+    const int32_t mine_lo = r & ~(d - 1), theirs_lo = peer & ~(d - 1);
+    // Every block sent this round says which round it is in.
+    for (int32_t k = mine_lo; k < mine_lo + d; ++k) {
+      WireHeader h{};
+      std::memcpy(&h, g + block * size_t(k), kHdr);
+      h.aux = kGatherAux + round;
+      std::memcpy(g + block * size_t(k), &h, kHdr);
+    }
+    const size_t rq = op.post(false, peer, 0, 0, buffer_of(stage_, block * size_t(theirs_lo), block * size_t(d)));
+    sends.clear();
+    sends.push_back(op.post(true, peer, 0, 0, buffer_of(stage_, block * size_t(mine_lo), block * size_t(d))));
+    uint64_t got = 0;
+    try {
+      got = op.wait(rq);
+    } catch (const Error& e) {
+      // Too large for this round: the peer runs another collective, whose
+      // own fingerprint check names the mismatch; this rank's report must
+      // not read as a bad argument of its own (those are not diagnosed).
+      if (e.code() != STRATA_ERR_INVALID_ARGUMENT) throw;
+      op.raise(STRATA_ERR_DATA_LOSS, op.prefix(), ": rank ", peer, " sent more than the ", block * size_t(d),
+               " bytes that round ", round + 1, " of this collective takes (", e.what(),
+               "); it runs another collective, or its ring options differ");
+    }
+    if (got != block * size_t(d)) {
+      // A peer in another collective: its first block's fingerprint says so.
+      check_fingerprint(op, peer, g + block * size_t(theirs_lo), std::min<uint64_t>(got, kHdr + bytes), sends,
+                        int64_t(kGatherAux + round));
+      op.raise(STRATA_ERR_DATA_LOSS, op.prefix(), ": rank ", peer, " sent ", got, " bytes in round ", round + 1,
+               ", expected ", block * size_t(d));
+    }
+    for (int32_t k = theirs_lo; k < theirs_lo + d; ++k) {
+      WireHeader h{};
+      std::memcpy(&h, g + block * size_t(k), kHdr);
+      if (h.rank != k)
+        op.raise(STRATA_ERR_DATA_LOSS, op.prefix(), ": rank ", peer, " passed on a block of rank ", h.rank,
+                 " where rank ", k, "'s belongs");
+      check_fingerprint(op, k, g + block * size_t(k), kHdr + bytes, sends, int64_t(kGatherAux + round));
+    }
+    op.wait(sends[0]);  // the next round rewrites the headers it sent
+  }
+  std::vector<const void*>& ptrs = reduce_ptrs_;
+  ptrs.resize(static_cast<size_t>(n));
+  for (int32_t k = 0; k < n; ++k) ptrs[size_t(k)] = k == r ? own : g + block * size_t(k) + kHdr;
+  if (count != 0) sdk::kernels::reduce(rop, wire, size_t(n), ptrs.data(), work_.data(), count);
+  op.finish();
+}
+
 // Recursive doubling (all-reduces up to doubling_max_bytes with 4 or more
 // ranks): with p the largest power of two <= n and rem = n - p, each even
 // rank below 2*rem first hands its value to the odd rank above it and sits
@@ -1028,7 +1100,11 @@ void RingComm::all_reduce_impl(const CollectiveDesc& d, DLDataType wire, strata_
     return;
   }
   if (bytes <= direct_reduce_max_) {
-    direct_all_reduce(op, wire, rop, count);
+    const int32_t n = opt_.world_size;
+    if (opt_.direct_doubling && n >= 4 && (n & (n - 1)) == 0)
+      gather_doubling_all_reduce(op, wire, rop, count);
+    else
+      direct_all_reduce(op, wire, rop, count);
     return;
   }
   if (bytes <= halving_max_bytes_) {

@@ -79,13 +79,20 @@ struct RingCommOptions {
   int32_t direct_max_ranks = 16;
   // With 4 or more ranks, all-reduces up to this size use recursive doubling
   // (log2 n rounds of one message each, instead of n - 1 messages at once or
-  // 2 (n - 1) ring steps); 0 = never. The plugin's default depends on the
-  // transport (ring.cc: kDoublingMaxBytesTcp over tcp, else 0).
+  // 2 (n - 1) ring steps); 0 = never. It adds in another order than the
+  // direct exchange and the ring, so it is off unless asked for.
   uint64_t doubling_max_bytes = 0;
   // With a power of two of 4 or more ranks, larger all-reduces up to this
   // size use recursive halving then doubling (2 log2 n steps instead of the
-  // ring's 2 (n - 1), the same bytes); 0 = never (default as above).
+  // ring's 2 (n - 1), the same bytes); 0 = never (off unless asked for, as
+  // above).
   uint64_t halving_max_bytes = 0;
+  // With 4, 8 or 16 ranks, the direct all-reduce gathers every rank's value
+  // in log2 n rounds of recursive doubling (one message per round) instead
+  // of n - 1 messages at once; each rank then reduces the n values in rank
+  // order as before, so the bits do not change. The plugin turns it on over
+  // tcp (ring.cc).
+  bool direct_doubling = false;
   int64_t heartbeat_interval_ms = 1000;   // heartbeat period
   int64_t heartbeat_timeout_ms = 30000;   // no heartbeat this long while others wait: frozen
   int64_t diagnosis_timeout_ms = 5000;    // how long a failed rank gathers the others' evidence
@@ -192,6 +199,7 @@ class RingComm {
   void direct_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop, size_t count);
   void doubling_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop, size_t count);
   void halving_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop, size_t count);
+  void gather_doubling_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop, size_t count);
 
   sdk::Host host_;
   const strata_transport_vtable* vt_;
