@@ -359,9 +359,10 @@ int main(int argc, char** argv) {
         ->capture_default_str();
     if (sub != pingpong)
       sub->add_option("--ring-options", mp.ring_options,
-                      "Extra options of the ring cross_device_ops, JSON (e.g. '{\"chunk_bytes\": 524288}', or "
-                      "'{\"doubling_max_bytes\": 0, \"halving_max_bytes\": 0}': 4+ ranks over tcp take the direct "
-                      "exchange and the ring, as over the other transports)")
+                      "Extra options of the ring cross_device_ops, JSON (e.g. '{\"chunk_bytes\": 524288}', "
+                      "'{\"direct_doubling\": false}': the direct exchange in one round also over tcp, or "
+                      "'{\"doubling_max_bytes\": 262144, \"halving_max_bytes\": 4194304}': recursive doubling "
+                      "and halving with 4+ ranks)")
           ->capture_default_str();
     sub->add_option("--transport-options", mp.transport_options,
                     "Options of the transport, JSON (e.g. '{\"connections_per_peer\": 1}')")
