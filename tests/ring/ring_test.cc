@@ -517,6 +517,20 @@ void run_matrix(const std::string& transport, const World& w, const json& extra,
   }
 }
 
+// `n` vectors of `size` floats in [-1, 1) from a linear congruential
+// generator (the order of additions shows in their sums' bits).
+std::vector<std::vector<float>> random_floats(int n, size_t size, uint32_t seed) {
+  std::vector<std::vector<float>> data(static_cast<size_t>(n));
+  for (auto& v : data) {
+    v.resize(size);
+    for (float& x : v) {
+      seed = seed * 1664525u + 1013904223u;
+      x = float(seed >> 8) / float(1 << 24) * 2.0f - 1.0f;
+    }
+  }
+  return data;
+}
+
 class RingTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override { load_plugins(); }
@@ -577,7 +591,7 @@ TEST_P(RingTest, RecursiveDoublingIsBitIdenticalOnEveryRank) {
     json extra;
     size_t size;
   };
-  const json doubling = {{"doubling_max_bytes", 262144}};  // tcp's default; the others' is 0
+  const json doubling = {{"doubling_max_bytes", 262144}};  // off by default
   const std::vector<Case> cases = {{kSanitized ? 5 : 7, {{"direct_max_ranks", 2}}, 1000},  // 4000 bytes
                                    {4, doubling, kSanitized ? 20000 : 60000},           // 240 KB: still doubling
                                    {6, doubling, 1000}};
@@ -585,15 +599,7 @@ TEST_P(RingTest, RecursiveDoublingIsBitIdenticalOnEveryRank) {
     SCOPED_TRACE(std::to_string(c.n) + " ranks, " + c.extra.dump() + ", " + std::to_string(c.size) + " floats");
     const int n = c.n;
     const size_t size = c.size;
-    std::vector<std::vector<float>> data(n);
-    uint32_t seed = 777;
-    for (auto& v : data) {
-      v.resize(size);
-      for (float& x : v) {
-        seed = seed * 1664525u + 1013904223u;
-        x = float(seed >> 8) / float(1 << 24) * 2.0f - 1.0f;
-      }
-    }
+    const std::vector<std::vector<float>> data = random_floats(n, size, 777);
     Outputs outs(n);
     run_world(transport(), n, c.extra, [&](int rank, Cdo& cdo) {
       Tensor in(kFloat32, {int64_t(size)}), out(kFloat32, {int64_t(size)});
@@ -618,15 +624,7 @@ TEST_P(RingTest, RecursiveDoublingIsBitIdenticalOnEveryRank) {
 TEST_P(RingTest, BitIdenticalAcrossRanksAndRuns) {
   const size_t size = kSanitized ? 20011 : 200011;
   const int n = 3;
-  std::vector<std::vector<float>> data(n);
-  uint32_t seed = 12345;
-  for (auto& v : data) {
-    v.resize(size);
-    for (float& x : v) {
-      seed = seed * 1664525u + 1013904223u;
-      x = float(seed >> 8) / float(1 << 24) * 2.0f - 1.0f;
-    }
-  }
+  const std::vector<std::vector<float>> data = random_floats(n, size, 12345);
   std::vector<std::vector<unsigned char>> first;
   for (int run = 0; run < 2; ++run) {
     Outputs outs(n);
@@ -914,15 +912,7 @@ TEST_P(RingTest, DirectExchangeInRoundsGivesTheDirectExchangesBits) {
     if (n == 8 && (kSanitized || transport() != "ring_test_inproc")) continue;
     for (size_t size : {size_t(1), size_t(1001), size_t(16384)}) {
       SCOPED_TRACE(std::to_string(n) + " ranks, " + std::to_string(size) + " floats");
-      std::vector<std::vector<float>> data(n);
-      uint32_t seed = 99;
-      for (auto& v : data) {
-        v.resize(size);
-        for (float& x : v) {
-          seed = seed * 1664525u + 1013904223u;
-          x = float(seed >> 8) / float(1 << 24) * 2.0f - 1.0f;
-        }
-      }
+      const std::vector<std::vector<float>> data = random_floats(n, size, 99);
       std::vector<Outputs> outs;  // direct, then in rounds: out of place, in place
       for (bool rounds : {false, true}) {
         Outputs oop(n), ip(n);
@@ -979,15 +969,7 @@ TEST_P(RingTest, HalvingAndDoublingIsBitIdenticalOnEveryRank) {
   for (int n : {4, 8}) {
     if (n == 8 && (kSanitized || transport() != "ring_test_inproc")) continue;
     SCOPED_TRACE(std::to_string(n) + " ranks");
-    std::vector<std::vector<float>> data(n);
-    uint32_t seed = 4242;
-    for (auto& v : data) {
-      v.resize(size);
-      for (float& x : v) {
-        seed = seed * 1664525u + 1013904223u;
-        x = float(seed >> 8) / float(1 << 24) * 2.0f - 1.0f;
-      }
-    }
+    const std::vector<std::vector<float>> data = random_floats(n, size, 4242);
     Outputs in_place(n), out_of_place(n);
     run_world(transport(), n, {{"halving_max_bytes", 4194304}}, [&](int rank, Cdo& cdo) {  // tcp's default
       Tensor in(kFloat32, {int64_t(size)}), out(kFloat32, {int64_t(size)});
