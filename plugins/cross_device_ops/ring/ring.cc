@@ -877,9 +877,10 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
   // log2 n rounds took 0.7-0.8x the direct exchange's time), not over
   // shared memory, where messages are cheap and the direct exchange's
   // parallel sends won (shmem, 4 ranks, 4 KiB: 10.4 us direct against 15.2
-  // in rounds). The rounds give the same bits, so results still do not
-  // depend on the transport (a job may switch it); recursive doubling and
-  // halving, which add in another order, are the user's choice everywhere.
+  // in recursive doubling's rounds). The rounds give the same bits, so
+  // results still do not depend on the transport (a job may switch it);
+  // recursive doubling and halving, which add in another order, are the
+  // user's choice everywhere.
   void pick_algorithms(RingCommOptions& co, const std::string& transport) const {
     co.direct_doubling = direct_doubling_.value_or(transport == "tcp");
   }
