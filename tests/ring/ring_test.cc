@@ -820,6 +820,10 @@ TEST_P(RingTest, MismatchedCollectivesFailOnBothSides) {
        "rank 1 called all_reduce(SUM, float32 x 100000)"},
       {"halving_or_ring", [](Cdo& c) { return ar_float(c, kFloat32, 200000); },
        "rank 1 called all_reduce(SUM, float32 x 200000)"},
+      // 120 KB: with doubling on (4 ranks), a message too large for the
+      // others' receives, whose failure must still end in the mismatch.
+      {"larger_message", [](Cdo& c) { return ar_float(c, kFloat32, 30000); },
+       "rank 1 called all_reduce(SUM, float32 x 30000)"},
   };
   // 4 ranks: the others' all-reduce is the direct exchange in rounds, or
   // recursive doubling, whose messages carry the fingerprint (no step 0 of

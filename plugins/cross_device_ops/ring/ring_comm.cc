@@ -57,8 +57,7 @@ std::string algorithm_of(uint64_t aux) {
   if (aux == 0) return "the direct exchange";
   if (aux == kRingAux) return "the ring";
   if (aux == kHalvingAux) return "recursive halving";
-  if ((aux >> 32) == (kGatherAux >> 32))
-    return "the direct exchange in rounds (message " + std::to_string(aux & 0xffffffffu) + ")";
+  if (aux == kGatherAux) return "the direct exchange in rounds";
   if ((aux >> 32) == (kDoublingAux >> 32))
     return "recursive doubling (message " + std::to_string(aux & 0xffffffffu) + ")";
   return "an unknown algorithm (" + std::to_string(aux) + ")";
@@ -362,6 +361,16 @@ class RingComm::Op {
             tenths / 10, ".", tenths % 10, " s); ", peer,
             " may have stopped, crashed or be running a different collective, or raise timeout_s if it is only slow");
     }
+    if (!q.send && s == STRATA_ERR_INVALID_ARGUMENT) {
+      // Receives are posted valid and sized for this collective, so this is
+      // the peer's message (too large): it runs another collective, whose
+      // fingerprint check names the mismatch, or other options. Not a bad
+      // argument of this rank's, which the culprit analysis would skip.
+      set_cause("error", q.peer);
+      raise(STRATA_ERR_DATA_LOSS, prefix(), ": receiving from ", peer, " (", what(q), ") failed: ", msg, "; ", peer,
+            " sent a message of another size: it runs another collective, or its ring cross_device_ops options "
+            "differ from this rank's");
+    }
     raise(s, prefix(), ": ", q.send ? "sending to " : "receiving from ", peer, " (", what(q), ") failed: ",
           msg);
   }
@@ -427,9 +436,12 @@ RingComm::RingComm(sdk::Host host, const strata_transport_vtable* vt, strata_tra
     doubling_max_bytes_ = std::min<uint64_t>(doubling_max_bytes_, most);
     opt_.direct_max_bytes = std::min<uint64_t>(opt_.direct_max_bytes, most);
   }
-  direct_reduce_max_ = opt_.direct_max_bytes;
+  // Halving and the direct exchange in rounds pair ranks r and r ^ d: n must
+  // be a power of two (and 2 ranks gain nothing).
   const int32_t n = opt_.world_size;
-  if (n >= 4 && (n & (n - 1)) == 0) halving_max_bytes_ = opt_.halving_max_bytes;
+  const bool hypercube = n >= 4 && (n & (n - 1)) == 0;
+  direct_in_rounds_ = hypercube && opt_.direct_doubling;
+  if (hypercube) halving_max_bytes_ = opt_.halving_max_bytes;
   if (caps.max_message_bytes != 0) halving_max_bytes_ = std::min<uint64_t>(halving_max_bytes_, caps.max_message_bytes);
   if (caps.max_inflight != 0) {
     recv_window_ = std::max<uint32_t>(1, std::min<uint32_t>(4, caps.max_inflight / 2));
@@ -637,8 +649,9 @@ void RingComm::check_fingerprint(Op& op, int32_t p, const char* got, uint64_t by
     op.raise(STRATA_ERR_INVALID_ARGUMENT, op.prefix(), ": rank ", p, " runs this collective with another "
              "algorithm: it sent ", algorithm_of(h.aux), " where rank ", opt_.rank, " expects ",
              algorithm_of(uint64_t(expect_aux)), "; the options 'direct_max_bytes', 'direct_max_ranks', "
-             "'doubling_max_bytes' or 'halving_max_bytes' differ between them: give every process the same "
-             "ring cross_device_ops options");
+             "'direct_doubling', 'doubling_max_bytes' or 'halving_max_bytes' (or the transport, which sets "
+             "direct_doubling's default) differ between them: give every process the same ring cross_device_ops "
+             "options");
   }
   if (h.payload_bytes != bytes - kHdr)
     op.raise(STRATA_ERR_DATA_LOSS, op.prefix(), ": rank ", p, " announced ", h.payload_bytes,
@@ -724,7 +737,7 @@ void RingComm::direct_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop, 
 // order and after the last round every rank holds all n. Each then reduces
 // them in rank order, as direct_all_reduce does: the same bits. Like
 // recursive doubling, every message travels with tag 0 and each block's
-// fingerprint is checked (aux kGatherAux + round), so there is no step 0.
+// fingerprint is checked (aux kGatherAux), so there is no step 0.
 void RingComm::gather_doubling_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop, size_t count) {
   const int32_t n = opt_.world_size, r = opt_.rank;
   const size_t bytes = count * sdk::dtype_size(wire);
@@ -736,49 +749,25 @@ void RingComm::gather_doubling_all_reduce(Op& op, DLDataType wire, strata_reduce
   write_fingerprint(op, bytes, kGatherAux);
   std::memcpy(g + block * size_t(r), hdr_send_.data(), kHdr);
   if (bytes != 0) std::memcpy(g + block * size_t(r) + kHdr, own, bytes);
+  // Blocks are only read once written, so the sends are waited for at the end.
   std::vector<size_t>& sends = step0_sends_;
-  uint64_t round = 0;
-  for (int32_t d = 1; d < n; d *= 2, ++round) {
+  sends.clear();
+  for (int32_t d = 1; d < n; d *= 2) {
     const int32_t peer = r ^ d;
     const int32_t mine_lo = r & ~(d - 1), theirs_lo = peer & ~(d - 1);
-    // Every block sent this round says which round it is in.
-    for (int32_t k = mine_lo; k < mine_lo + d; ++k) {
-      WireHeader h{};
-      std::memcpy(&h, g + block * size_t(k), kHdr);
-      h.aux = kGatherAux + round;
-      std::memcpy(g + block * size_t(k), &h, kHdr);
-    }
     const size_t rq = op.post(false, peer, 0, 0, buffer_of(stage_, block * size_t(theirs_lo), block * size_t(d)));
-    sends.clear();
     sends.push_back(op.post(true, peer, 0, 0, buffer_of(stage_, block * size_t(mine_lo), block * size_t(d))));
-    uint64_t got = 0;
-    try {
-      got = op.wait(rq);
-    } catch (const Error& e) {
-      // Too large for this round: the peer runs another collective, whose
-      // own fingerprint check names the mismatch; this rank's report must
-      // not read as a bad argument of its own (those are not diagnosed).
-      if (e.code() != STRATA_ERR_INVALID_ARGUMENT) throw;
-      op.raise(STRATA_ERR_DATA_LOSS, op.prefix(), ": rank ", peer, " sent more than the ", block * size_t(d),
-               " bytes that round ", round + 1, " of this collective takes (", e.what(),
-               "); it runs another collective, or its ring options differ");
-    }
+    const uint64_t got = op.wait(rq);
     if (got != block * size_t(d)) {
       // A peer in another collective: its first block's fingerprint says so.
       check_fingerprint(op, peer, g + block * size_t(theirs_lo), std::min<uint64_t>(got, kHdr + bytes), sends,
-                        int64_t(kGatherAux + round));
-      op.raise(STRATA_ERR_DATA_LOSS, op.prefix(), ": rank ", peer, " sent ", got, " bytes in round ", round + 1,
-               ", expected ", block * size_t(d));
+                        int64_t(kGatherAux));
+      op.raise(STRATA_ERR_DATA_LOSS, op.prefix(), ": rank ", peer, " sent ", got, " bytes where ", block * size_t(d),
+               " were expected");
     }
-    for (int32_t k = theirs_lo; k < theirs_lo + d; ++k) {
-      WireHeader h{};
-      std::memcpy(&h, g + block * size_t(k), kHdr);
-      if (h.rank != k)
-        op.raise(STRATA_ERR_DATA_LOSS, op.prefix(), ": rank ", peer, " passed on a block of rank ", h.rank,
-                 " where rank ", k, "'s belongs");
-      check_fingerprint(op, k, g + block * size_t(k), kHdr + bytes, sends, int64_t(kGatherAux + round));
-    }
-    op.wait(sends[0]);  // the next round rewrites the headers it sent
+    // Each block passed on is its rank's own fingerprint and value.
+    for (int32_t k = theirs_lo; k < theirs_lo + d; ++k)
+      check_fingerprint(op, k, g + block * size_t(k), kHdr + bytes, sends, int64_t(kGatherAux));
   }
   std::vector<const void*>& ptrs = reduce_ptrs_;
   ptrs.resize(static_cast<size_t>(n));
@@ -900,6 +889,11 @@ void RingComm::halving_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop,
   own_view.borrowed = src_ != nullptr ? const_cast<char*>(src_) : nullptr;
   const Buffer& own = src_ != nullptr ? own_view : work_;
   ensure(stage_, (off(n / 2) + 1) * esize);
+  auto expect = [&](uint64_t got, size_t want, int32_t peer, uint64_t step) {
+    if (got != want)
+      op.raise(STRATA_ERR_DATA_LOSS, op.prefix(), ": rank ", peer, " sent ", got, " bytes for step ", step, " but ",
+               want, " were expected");
+  };
   int32_t lo = 0, hi = n;  // the blocks this rank is responsible for
   uint64_t step = 1;
   for (int32_t d = n / 2; d >= 1; d /= 2, ++step) {
@@ -912,10 +906,7 @@ void RingComm::halving_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop,
     const size_t rq = op.post(false, peer, step, 0, buffer_of(stage_, 0, keep * esize));
     const size_t sq = op.post(true, peer, step, 0,
                               buffer_of(from, off(give_lo) * esize, (off(give_hi) - off(give_lo)) * esize));
-    const uint64_t got = op.wait(rq);
-    if (got != keep * esize)
-      op.raise(STRATA_ERR_DATA_LOSS, op.prefix(), ": rank ", peer, " sent ", got, " bytes for step ", step,
-               " but ", keep * esize, " were expected");
+    expect(op.wait(rq), keep * esize, peer, step);
     if (keep != 0) {
       const char* mine = from.data() + off(keep_lo) * esize;
       const void* in[2] = {r < peer ? mine : stage_.data(), r < peer ? stage_.data() : mine};
@@ -931,10 +922,7 @@ void RingComm::halving_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop,
     const size_t want = (off(their_lo + width) - off(their_lo)) * esize;
     const size_t rq = op.post(false, peer, step, 0, buffer_of(work_, off(their_lo) * esize, want));
     const size_t sq = op.post(true, peer, step, 0, buffer_of(work_, off(lo) * esize, (off(hi) - off(lo)) * esize));
-    const uint64_t got = op.wait(rq);
-    if (got != want)
-      op.raise(STRATA_ERR_DATA_LOSS, op.prefix(), ": rank ", peer, " sent ", got, " bytes for step ", step,
-               " but ", want, " were expected");
+    expect(op.wait(rq), want, peer, step);
     op.wait(sq);
     lo = std::min(lo, their_lo);
     hi = lo + 2 * width;
@@ -1099,9 +1087,8 @@ void RingComm::all_reduce_impl(const CollectiveDesc& d, DLDataType wire, strata_
     doubling_all_reduce(op, wire, rop, count);
     return;
   }
-  if (bytes <= direct_reduce_max_) {
-    const int32_t n = opt_.world_size;
-    if (opt_.direct_doubling && n >= 4 && (n & (n - 1)) == 0)
+  if (bytes <= opt_.direct_max_bytes) {
+    if (direct_in_rounds_)
       gather_doubling_all_reduce(op, wire, rop, count);
     else
       direct_all_reduce(op, wire, rop, count);

@@ -209,7 +209,7 @@ class RingComm {
   bool requires_mr_ = false;
   uint64_t chunk_bytes_ = 0;
   uint64_t doubling_max_bytes_ = 0;  // all-reduces up to this size: recursive doubling
-  uint64_t direct_reduce_max_ = 0;   // then up to this size: the direct all-reduce
+  bool direct_in_rounds_ = false;    // then up to direct_max_bytes: the direct exchange in rounds
   uint64_t halving_max_bytes_ = 0;   // then up to this size: recursive halving and doubling
   uint32_t recv_window_ = 4;   // staged receives in flight per ring step
   uint32_t send_window_ = 64;  // sends in flight before the oldest is waited for
