@@ -17,6 +17,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <cstdlib>
 #include <cstring>
 #include <cstdio>
@@ -863,17 +864,23 @@ TEST_P(RingTest, AnotherAlgorithmOnOneRankIsReported) {
     const char* option;
     size_t count;
     const char* theirs;  // what rank 1 runs, as the others see it
+    json on;             // every rank's options; rank 1 then sets `option` to 0
   };
   // 1000 floats: recursive doubling (rank 1: the direct exchange); 100,000
-  // floats (400 KB): recursive halving (rank 1: the ring).
+  // floats (400 KB): recursive halving, or the pairwise exchange (rank 1:
+  // the ring).
   const json on = {{"timeout_s", 20}, {"doubling_max_bytes", 262144}, {"halving_max_bytes", 4194304},
-                   {"direct_doubling", false}};
-  for (const Case& c : {Case{"doubling_max_bytes", 1000, "it sent the direct exchange where"},
-                        Case{"halving_max_bytes", 100000, "it sent the ring where"}}) {
+                   {"direct_doubling", false}, {"pairwise_max_bytes", 0}};
+  json pairwise = on;
+  pairwise["halving_max_bytes"] = 0;
+  pairwise["pairwise_max_bytes"] = 4194304;
+  for (const Case& c : {Case{"doubling_max_bytes", 1000, "it sent the direct exchange where", on},
+                        Case{"halving_max_bytes", 100000, "it sent the ring where", on},
+                        Case{"pairwise_max_bytes", 100000, "it sent the ring where", pairwise}}) {
     SCOPED_TRACE(c.option);
     std::vector<Status> st(static_cast<size_t>(n));
     run_world(
-        transport(), n, on, [&](int rank, Cdo& cdo) { st[size_t(rank)] = ar_float(cdo, kFloat32, c.count); },
+        transport(), n, c.on, [&](int rank, Cdo& cdo) { st[size_t(rank)] = ar_float(cdo, kFloat32, c.count); },
         [&](int rank) { return rank == 1 ? json{{c.option, 0}} : json::object(); });
     for (int k = 0; k < n; ++k) {
       const std::string& m = st[size_t(k)].message;
@@ -887,22 +894,94 @@ TEST_P(RingTest, AnotherAlgorithmOnOneRankIsReported) {
     for (int k = 0; k < n; ++k) named = named || st[size_t(k)].message.find(c.theirs) != std::string::npos;
     EXPECT_TRUE(named) << st[0].message;
   }
-  // direct_doubling's default: on over tcp (every message costs system
-  // calls and wake-ups), off over the others (shared memory: cheap
-  // messages), so rank 1's explicit false disagrees with the others'
-  // default over tcp only.
-  std::vector<Status> st(static_cast<size_t>(n));
-  run_world(
-      transport(), n, {{"timeout_s", 20}},
-      [&](int rank, Cdo& cdo) { st[size_t(rank)] = ar_float(cdo, kFloat32, 1000); },
-      [&](int rank) { return rank == 1 ? json{{"direct_doubling", false}} : json::object(); });
-  for (int k = 0; k < n; ++k) {
-    const std::string& m = st[size_t(k)].message;
-    if (transport() == "tcp") {
-      EXPECT_EQ(st[size_t(k)].code, STRATA_ERR_INVALID_ARGUMENT) << "rank " << k << ": " << m;
-      EXPECT_NE(m.find("with another algorithm"), std::string::npos) << m;
-    } else {
-      EXPECT_EQ(st[size_t(k)].code, STRATA_OK) << "rank " << k << ": " << m;
+  // The defaults of direct_doubling (1000 floats) and pairwise_max_bytes
+  // (100,000): on over tcp (every message costs system calls and
+  // wake-ups), off over the others (shared memory: cheap messages), so
+  // rank 1's explicit "off" disagrees with the others' default over tcp
+  // only.
+  for (const auto& [option, count] : {std::pair<const char*, size_t>{"direct_doubling", 1000},
+                                      std::pair<const char*, size_t>{"pairwise_max_bytes", 100000}}) {
+    SCOPED_TRACE(std::string(option) + "'s default");
+    std::vector<Status> st(static_cast<size_t>(n));
+    run_world(
+        transport(), n, {{"timeout_s", 20}},
+        [&](int rank, Cdo& cdo) { st[size_t(rank)] = ar_float(cdo, kFloat32, count); },
+        [&](int rank) {
+          return rank != 1 ? json::object()
+                 : std::string(option) == "direct_doubling" ? json{{option, false}} : json{{option, 0}};
+        });
+    for (int k = 0; k < n; ++k) {
+      const std::string& m = st[size_t(k)].message;
+      if (transport() == "tcp") {
+        EXPECT_EQ(st[size_t(k)].code, STRATA_ERR_INVALID_ARGUMENT) << "rank " << k << ": " << m;
+        EXPECT_NE(m.find("with another algorithm"), std::string::npos) << m;
+      } else {
+        EXPECT_EQ(st[size_t(k)].code, STRATA_OK) << "rank " << k << ": " << m;
+      }
+    }
+  }
+}
+
+// The pairwise exchange sends each segment straight to the rank that
+// reduces it, which adds the n values in the ring's order and operand order
+// (op(v_k, acc), around the ring from the segment's first rank): the ring's
+// bits, so tcp's default does not make results depend on the transport.
+// 3 and 4 ranks (5 in process); segments that do not split evenly; chunks
+// of 16 KiB (several per segment, a short last one); in place and out of
+// place; SUM against a float64 reference, and MIN over signed zeros and NaNs,
+// whose result depends on which operand comes first.
+TEST_P(RingTest, PairwiseExchangeGivesTheRingsBits) {
+  struct Case {
+    strata_reduce_op op;
+    size_t size;
+    uint64_t chunk_bytes;  // 0: the transport's
+  };
+  for (int n : {3, 4, 5}) {
+    if (n == 5 && (kSanitized || transport() != "ring_test_inproc")) continue;
+    for (const Case& c : {Case{STRATA_REDUCE_SUM, 16385, 0}, Case{STRATA_REDUCE_SUM, 100003, 16384},
+                          Case{STRATA_REDUCE_MIN, 30001, 16384}}) {
+      SCOPED_TRACE(std::to_string(n) + " ranks, " + std::to_string(c.size) + " floats, op " +
+                   std::to_string(int(c.op)) + ", chunk_bytes " + std::to_string(c.chunk_bytes));
+      std::vector<std::vector<float>> data = random_floats(n, c.size, 2027);
+      if (c.op == STRATA_REDUCE_MIN) {
+        // Mostly zeros of either sign, some NaNs (two payloads), some numbers.
+        uint32_t seed = 7;
+        for (auto& v : data)
+          for (float& x : v) {
+            seed = seed * 1664525u + 1013904223u;
+            const uint32_t pick = (seed >> 24) % 8;
+            if (pick < 3) x = 0.0f;
+            else if (pick < 6) x = -0.0f;
+            else if (pick == 6) x = (seed & 1) ? std::numeric_limits<float>::quiet_NaN() : -std::nanf("7");
+          }
+      }
+      std::vector<Outputs> outs;  // the ring, then pairwise: out of place, in place
+      for (uint64_t pairwise : {uint64_t(0), uint64_t(1) << 30}) {
+        Outputs oop(n), ip(n);
+        run_world(transport(), n, {{"pairwise_max_bytes", pairwise}, {"chunk_bytes", c.chunk_bytes}},
+                  [&](int rank, Cdo& cdo) {
+                    Tensor in(kFloat32, {int64_t(c.size)}), out(kFloat32, {int64_t(c.size)});
+                    copy_bytes(in.bytes.data(), data[size_t(rank)].data(), c.size * 4);
+                    Status s = cdo.all_reduce(c.op, {&in}, {&out}, 1);
+                    EXPECT_EQ(s.code, STRATA_OK) << s.message;
+                    oop[size_t(rank)] = out.data_bytes();
+                    s = cdo.all_reduce(c.op, {&in}, {&in}, 1);
+                    EXPECT_EQ(s.code, STRATA_OK) << s.message;
+                    ip[size_t(rank)] = in.data_bytes();
+                  });
+        outs.push_back(oop);
+        outs.push_back(ip);
+      }
+      for (size_t v = 0; v < outs.size(); ++v)
+        for (int k = 0; k < n; ++k)
+          ASSERT_EQ(outs[v][size_t(k)], outs[0][0]) << "variant " << v << " (0-1 ring, 2-3 pairwise), rank " << k;
+      if (c.op == STRATA_REDUCE_SUM) {
+        for (size_t i = 0; i < c.size; ++i) {
+          double want = 0;
+          for (int k = 0; k < n; ++k) want += double(data[size_t(k)][i]);
+          ASSERT_NEAR(load(kFloat32, outs[0][0].data(), i), want, 1e-4) << i;
+        }
+      }
     }
   }
 }
@@ -953,6 +1032,9 @@ TEST(RingOptions, BadAlgorithmOptionsAreRefused) {
                                               "must be at most 1 GiB"},
       {{{"doubling_max_bytes", -1}}, "doubling_max_bytes"},
       {{{"halving_max_bytes", "4M"}}, "halving_max_bytes"},
+      {{{"pairwise_max_bytes", 1ull << 31}}, "option 'pairwise_max_bytes' of ring cross_device_ops is 2147483648 "
+                                              "but must be at most 1 GiB"},
+      {{{"pairwise_max_bytes", -5}}, "pairwise_max_bytes"},
   };
   for (const auto& [extra, want] : cases) {
     try {
@@ -1055,7 +1137,10 @@ TEST_P(RingTest, AbortPropagatesFast) {
   const int n = 4;
   std::vector<Status> st(n);
   std::vector<double> secs(n);
-  run_world(transport(), n, {{"timeout_s", 60}, {"direct_max_bytes", 0}}, [&](int rank, Cdo& cdo) {
+  // The ring (not tcp's default pairwise exchange, whose step 0 reaches
+  // every rank): only ring neighbours compare fingerprints.
+  run_world(transport(), n, {{"timeout_s", 60}, {"direct_max_bytes", 0}, {"pairwise_max_bytes", 0}},
+            [&](int rank, Cdo& cdo) {
     const auto t0 = std::chrono::steady_clock::now();
     // Rank 0 disagrees with everyone; its neighbours 1 and 3 see it and
     // abort, which must unblock rank 2 (whose neighbours agree with it).

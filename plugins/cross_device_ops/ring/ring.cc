@@ -39,6 +39,13 @@
 //                  this size use recursive halving then doubling (2 log2 n
 //                  steps, the ring's bytes) instead of the ring; another
 //                  order too (default 0 = never)
+//   "pairwise_max_bytes": with 3 to direct_max_ranks ranks, all-reduces
+//                  above direct_max_bytes up to this size run the ring's
+//                  reduce-scatter and all-gather as one round each: every
+//                  segment goes straight to the rank that reduces it, which
+//                  adds its values in the ring's order, so the bits are the
+//                  ring's (default: 64 MiB over tcp, 0 = never over the
+//                  others; at most 1 GiB)
 //   "timeout_s":   deadline of every wait (default /timeouts/collective_s, 300)
 //   "setup_timeout_s": deadline for every rank to join and the transport
 //                  communicator to be built (default /timeouts/rendezvous_s,
@@ -125,6 +132,11 @@ namespace {
 using sdk::dtype_equal;
 
 constexpr const char* kComponent = "ring cross_device_ops";
+// The pairwise exchange's default reach over tcp: above 64 KiB, everything
+// up to a little over a default pack (bytes_per_pack, 32 MiB). 4 ranks on
+// the 2-core VM, alternating rounds, medians: 128 KiB-64 MiB all-reduces
+// took 0.75-1.0x the ring's time (notes of stop 39).
+constexpr uint64_t kTcpPairwiseMaxBytes = uint64_t(64) << 20;
 constexpr size_t kBlock = 1024;
 
 bool is_half(DLDataType d) { return dtype_equal(d, sdk::kFloat16) || dtype_equal(d, sdk::kBFloat16); }
@@ -169,7 +181,7 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
     sdk::check_known_keys(o,
                           {"transport", "rank", "world_size", "communicator", "bytes_per_pack", "chunk_bytes",
                            "direct_max_bytes", "direct_max_ranks", "direct_doubling", "doubling_max_bytes",
-                           "halving_max_bytes",
+                           "halving_max_bytes", "pairwise_max_bytes",
                            "timeout_s", "setup_timeout_s", "heartbeat_timeout_s",
                            "heartbeat_interval_s", "diagnosis_timeout_s"},
                           kComponent);
@@ -201,6 +213,13 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
     co.halving_max_bytes = sdk::get_option<uint64_t>(o, "halving_max_bytes", 0, kComponent);
     if (o.contains("direct_doubling"))
       direct_doubling_ = sdk::get_option<bool>(o, "direct_doubling", false, kComponent);
+    if (o.contains("pairwise_max_bytes")) {
+      pairwise_max_bytes_ = sdk::get_option<uint64_t>(o, "pairwise_max_bytes", 0, kComponent);
+      if (*pairwise_max_bytes_ > (uint64_t(1) << 30))
+        STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "option 'pairwise_max_bytes' of ", kComponent, " is ",
+                     *pairwise_max_bytes_, " but must be at most 1 GiB (each rank stages its segment's n - 1 "
+                     "incoming values whole); the default is 64 MiB over tcp and 0 (off) over the others");
+    }
     const double timeout_s = sdk::collective_timeout_s(host_, o, kComponent);
     co.timeout_ms = static_cast<int64_t>(timeout_s * 1000.0);
     co.setup_timeout_ms = static_cast<int64_t>(sdk::rendezvous_timeout_s(host_, o, kComponent) * 1000.0);
@@ -871,6 +890,7 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
   RingCommOptions comm_options_;  // what comm_ was built with (name = the instance's own)
   // The option as given; unset, pick_algorithms() chooses by transport.
   std::optional<bool> direct_doubling_;
+  std::optional<uint64_t> pairwise_max_bytes_;
 
   // Fewer, larger messages pay where every message costs system calls and
   // wake-ups (tcp: with 4 ranks on this 2-core VM, a 4-64 KiB all-reduce in
@@ -880,9 +900,12 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
   // in recursive doubling's rounds). The rounds give the same bits, so
   // results still do not depend on the transport (a job may switch it);
   // recursive doubling and halving, which add in another order, are the
-  // user's choice everywhere.
+  // user's choice everywhere. The pairwise exchange keeps the ring's bits
+  // too; it saves the ring's 2 (n - 1) dependent steps where each costs
+  // wake-ups (kTcpPairwiseMaxBytes).
   void pick_algorithms(RingCommOptions& co, const std::string& transport) const {
     co.direct_doubling = direct_doubling_.value_or(transport == "tcp");
+    co.pairwise_max_bytes = pairwise_max_bytes_.value_or(transport == "tcp" ? kTcpPairwiseMaxBytes : 0);
   }
   std::string transport_label_;   // "'tcp' {}": the transport in use, for messages
   uint64_t swaps_ = 0;            // set_transport calls so far (strategy thread only)

@@ -52,12 +52,14 @@ constexpr uint64_t kRingAux = 0x524e47ull << 32;      // "RNG"
 constexpr uint64_t kHalvingAux = 0x484c56ull << 32;   // "HLV"
 constexpr uint64_t kDoublingAux = 0x444231ull << 32;  // "DB1"
 constexpr uint64_t kGatherAux = 0x444741ull << 32;    // "DGA"
+constexpr uint64_t kPairwiseAux = 0x505758ull << 32;  // "PWX"
 
 std::string algorithm_of(uint64_t aux) {
   if (aux == 0) return "the direct exchange";
   if (aux == kRingAux) return "the ring";
   if (aux == kHalvingAux) return "recursive halving";
   if (aux == kGatherAux) return "the direct exchange in rounds";
+  if (aux == kPairwiseAux) return "the pairwise exchange";
   if ((aux >> 32) == (kDoublingAux >> 32))
     return "recursive doubling (message " + std::to_string(aux & 0xffffffffu) + ")";
   return "an unknown algorithm (" + std::to_string(aux) + ")";
@@ -443,6 +445,9 @@ RingComm::RingComm(sdk::Host host, const strata_transport_vtable* vt, strata_tra
   direct_in_rounds_ = hypercube && opt_.direct_doubling;
   if (hypercube) halving_max_bytes_ = opt_.halving_max_bytes;
   if (caps.max_message_bytes != 0) halving_max_bytes_ = std::min<uint64_t>(halving_max_bytes_, caps.max_message_bytes);
+  // The pairwise exchange talks to every rank and keeps all of a segment's
+  // chunks in flight at once (2 ranks: it would be the ring's own messages).
+  if (n >= 3 && n <= opt_.direct_max_ranks && caps.max_inflight == 0) pairwise_max_bytes_ = opt_.pairwise_max_bytes;
   if (caps.max_inflight != 0) {
     recv_window_ = std::max<uint32_t>(1, std::min<uint32_t>(4, caps.max_inflight / 2));
     send_window_ = std::max<uint32_t>(1, caps.max_inflight - recv_window_);
@@ -649,8 +654,8 @@ void RingComm::check_fingerprint(Op& op, int32_t p, const char* got, uint64_t by
     op.raise(STRATA_ERR_INVALID_ARGUMENT, op.prefix(), ": rank ", p, " runs this collective with another "
              "algorithm: it sent ", algorithm_of(h.aux), " where rank ", opt_.rank, " expects ",
              algorithm_of(uint64_t(expect_aux)), "; the options 'direct_max_bytes', 'direct_max_ranks', "
-             "'direct_doubling', 'doubling_max_bytes' or 'halving_max_bytes' (or the transport, which sets "
-             "direct_doubling's default) differ between them: give every process the same ring cross_device_ops "
+             "'direct_doubling', 'doubling_max_bytes', 'halving_max_bytes' or 'pairwise_max_bytes' (or the "
+             "transport, which sets the defaults of direct_doubling and pairwise_max_bytes) differ between them: give every process the same ring cross_device_ops "
              "options");
   }
   if (h.payload_bytes != bytes - kHdr)
@@ -930,6 +935,89 @@ void RingComm::halving_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop,
   op.finish();
 }
 
+// The pairwise exchange (all-reduces above direct_max_bytes up to
+// pairwise_max_bytes, 3 to direct_max_ranks ranks): the ring's
+// reduce-scatter and all-gather with every segment sent straight to the rank
+// that reduces it, so each phase is one round of n - 1 messages per rank
+// instead of n - 1 ring steps, and the same bytes. Rank g reduces segment g
+// and folds its n values in the order the ring does (acc = v_g, then
+// acc = op(v_k, acc) for k = g + 1, ..., g - 1 around the ring), two at a
+// time as the ring's ranks do: the ring's bits, on any transport.
+void RingComm::pairwise_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop, size_t count) {
+  const int32_t n = opt_.world_size, r = opt_.rank;
+  const size_t esize = sdk::dtype_size(wire);
+  size_t ce = std::max<size_t>(1, chunk_bytes_ / esize);
+  const size_t seg_max = count / size_t(n) + 1;
+  if (seg_max / ce >= kMaxChunks) ce = seg_max / (kMaxChunks - 1) + 1;
+  auto seg_off = [&](int32_t i) { return size_t(i) * (count / n) + std::min<size_t>(size_t(i), count % n); };
+  auto seg_len = [&](int32_t i) { return count / n + (size_t(i) < count % n ? 1 : 0); };
+  const size_t mine = seg_len(r);
+  const size_t nck = (mine + ce - 1) / ce;
+  auto chunk_len = [&](int32_t seg, size_t c) { return std::min(ce, seg_len(seg) - c * ce); };
+  step0(op, everyone_, everyone_, nullptr, 0, kPairwiseAux);
+  Buffer own_view;
+  own_view.borrowed = src_ != nullptr ? const_cast<char*>(src_) : nullptr;
+  const Buffer& own = src_ != nullptr ? own_view : work_;
+  auto region = [&](const Buffer& b, int32_t seg, size_t c) {
+    return buffer_of(b, (seg_off(seg) + c * ce) * esize, chunk_len(seg, c) * esize);
+  };
+  // Peer k steps around the ring from this rank: (r + k) % n, whose value
+  // this rank folds k-th, lands in stage_ slot k - 1.
+  ensure(stage_, size_t(n - 1) * mine * esize);
+  std::vector<size_t> recvs, sends, gathers;
+  recvs.reserve(size_t(n - 1) * nck);
+  for (int32_t k = 1; k < n; ++k)
+    for (size_t c = 0; c < nck; ++c)
+      recvs.push_back(op.post(false, (r + k) % n, 1, c,
+                              buffer_of(stage_, (size_t(k - 1) * mine + c * ce) * esize, chunk_len(r, c) * esize)));
+  // Left neighbour first: it folds this rank's value first.
+  for (int32_t k = 1; k < n; ++k) {
+    const int32_t p = mod(int64_t(r) - k, n);
+    for (size_t c = 0; c * ce < seg_len(p); ++c)
+      sends.push_back(op.post(true, p, 1, c, region(own, p, c)));
+  }
+  // Out of place the all-gather's receives can land at once: the sends read
+  // the caller's source, not work_.
+  auto post_gathers = [&](int32_t p) {
+    for (size_t c = 0; c * ce < seg_len(p); ++c) gathers.push_back(op.post(false, p, 2, c, region(work_, p, c)));
+  };
+  if (src_ != nullptr)
+    for (int32_t k = 1; k < n; ++k) post_gathers((r + k) % n);
+  char* acc = work_.data() + seg_off(r) * esize;
+  const char* first = own.data() + seg_off(r) * esize;
+  for (int32_t k = 1; k < n; ++k) {
+    const int32_t p = (r + k) % n;
+    for (size_t c = 0; c < nck; ++c) {
+      const size_t len = chunk_len(r, c);
+      const uint64_t got = op.wait(recvs[size_t(k - 1) * nck + c]);
+      if (got != len * esize)
+        op.raise(STRATA_ERR_DATA_LOSS, op.prefix(), ": rank ", p, " sent ", got, " bytes for segment ", r,
+                 " chunk ", c, " but ", len * esize, " were expected");
+      const void* in[2] = {stage_.data() + (size_t(k - 1) * mine + c * ce) * esize,
+                           (k == 1 ? first : acc) + c * ce * esize};
+      sdk::kernels::reduce(rop, wire, 2, in, acc + c * ce * esize, len);
+    }
+  }
+  if (src_ == nullptr) {
+    // In place, segment p's receive may only land once its send has left.
+    for (size_t s : sends) op.wait(s);
+    for (int32_t k = 1; k < n; ++k) post_gathers((r + k) % n);
+  }
+  for (int32_t k = 1; k < n; ++k)
+    for (size_t c = 0; c < nck; ++c) op.post(true, (r + k) % n, 2, c, region(work_, r, c));
+  size_t i = 0;
+  for (int32_t k = 1; k < n; ++k) {
+    const int32_t p = (r + k) % n;
+    for (size_t c = 0; c * ce < seg_len(p); ++c, ++i) {
+      const uint64_t got = op.wait(gathers[i]);
+      if (got != chunk_len(p, c) * esize)
+        op.raise(STRATA_ERR_DATA_LOSS, op.prefix(), ": rank ", p, " sent ", got, " bytes of its reduced segment ",
+                 "(chunk ", c, ") but ", chunk_len(p, c) * esize, " were expected");
+    }
+  }
+  op.finish();
+}
+
 void RingComm::ring_reduce_scatter(Op& op, DLDataType wire, strata_reduce_op rop, size_t count, int shift) {
   const int32_t n = opt_.world_size, r = opt_.rank, right = (r + 1) % n, left = (r + n - 1) % n;
   const size_t esize = sdk::dtype_size(wire);
@@ -1096,6 +1184,10 @@ void RingComm::all_reduce_impl(const CollectiveDesc& d, DLDataType wire, strata_
   }
   if (bytes <= halving_max_bytes_) {
     halving_all_reduce(op, wire, rop, count);
+    return;
+  }
+  if (bytes <= pairwise_max_bytes_) {
+    pairwise_all_reduce(op, wire, rop, count);
     return;
   }
   const std::vector<int32_t>& nb = neighbours_;
