@@ -310,6 +310,59 @@ void exchange_sizes(const TransportCase& tc, const std::string& options, bool re
   });
 }
 
+// A send the receiver took completes, even when the receiver closes its
+// communicator right after its receive: the sender learns of the goodbye,
+// but what it sent had arrived (libfabric's shm reports such a send
+// complete only after the receiver copied it, and the report can come after
+// the goodbye). The sender drives progress (test, then a 1 ms pause) until
+// the receiver has its message, then looks again only once the receiver has
+// closed. Each of 10 rounds is a fresh pair; 16 KiB and 200 KiB messages
+// (one data message, and one split by the receiver's clear-to-send).
+TEST_P(TransportSuite, ASendTheReceiverTookCompletesAfterTheReceiverCloses) {
+  PluginHost host;
+  for (uint64_t bytes : {uint64_t(16384), uint64_t(200000)}) {
+    for (int round = 0; round < 10; ++round) {
+      SCOPED_TRACE(std::to_string(bytes) + " bytes, round " + std::to_string(round));
+      const std::string name = unique_name("close-after-recv");
+      std::atomic<bool> received{false}, closed{false};
+      run_ranks(2, [&](int rank) {
+        std::vector<uint8_t> buf(bytes);
+        if (rank == 1) {
+          {
+            Rank r(host, tc().name, opts());
+            r.join(name, rank, 2);
+            EXPECT_EQ(r.wait(r.irecv(0, 3, buf.data(), bytes)), bytes);
+            received = true;
+          }  // closed here
+          EXPECT_EQ(pattern_mismatch(buf.data(), bytes, uint64_t(round)), bytes);
+          closed = true;
+          return;
+        }
+        Rank r(host, tc().name, opts());
+        r.join(name, rank, 2);
+        fill_pattern(buf.data(), bytes, uint64_t(round));
+        const strata_request_t h = r.isend(1, 3, buf.data(), bytes);
+        const auto until = Clock::now() + std::chrono::seconds(10);
+        uint64_t moved = 0;
+        bool done = false;
+        // Progress with pauses: the receiver finishes and closes while this
+        // rank sleeps, so that its next look finds both.
+        while (!received && !done && Clock::now() < until) {
+          done = r.test(h, &moved);
+          if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        while (!closed && Clock::now() < until) std::this_thread::sleep_for(std::chrono::microseconds(200));
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));  // the goodbye is on its way
+        try {
+          EXPECT_EQ(done ? moved : r.wait(h), bytes);
+        } catch (const Error& e) {
+          ADD_FAILURE() << "the send failed although rank 1 received it: " << e.what();
+        }
+      });
+    }
+  }
+}
+
 // The block-wise helpers that fill and check the messages agree with
 // pattern() byte for byte, across block edges and for every salt's row, and
 // find a single wrong byte.
