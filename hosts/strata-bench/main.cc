@@ -360,7 +360,8 @@ int main(int argc, char** argv) {
     if (sub != pingpong)
       sub->add_option("--ring-options", mp.ring_options,
                       "Extra options of the ring cross_device_ops, JSON (e.g. '{\"chunk_bytes\": 524288}', "
-                      "'{\"direct_doubling\": false}': the direct exchange in one round also over tcp, or "
+                      "'{\"direct_doubling\": false}': the direct exchange in one round also over tcp, "
+                      "'{\"pairwise_max_bytes\": 0}': the ring instead of the pairwise exchange over tcp, or "
                       "'{\"doubling_max_bytes\": 262144, \"halving_max_bytes\": 4194304}': recursive doubling "
                       "and halving with 4+ ranks)")
           ->capture_default_str();
