@@ -54,6 +54,24 @@ constexpr uint64_t kDoublingAux = 0x444231ull << 32;  // "DB1"
 constexpr uint64_t kGatherAux = 0x444741ull << 32;    // "DGA"
 constexpr uint64_t kPairwiseAux = 0x505758ull << 32;  // "PWX"
 
+// The ring's cut of `count` elements into n segments (the first count % n
+// one element longer) and of each segment into chunks of `ce` elements
+// (chunk_bytes, raised where a segment would have kMaxChunks chunks).
+struct Segments {
+  Segments(size_t count, int32_t n, uint64_t chunk_bytes, size_t esize)
+      : count_(count), n_(size_t(n)), ce(std::max<size_t>(1, chunk_bytes / esize)) {
+    if (longest() / ce >= kMaxChunks) ce = longest() / (kMaxChunks - 1) + 1;
+  }
+  size_t longest() const { return count_ / n_ + 1; }
+  size_t off(int32_t i) const { return size_t(i) * (count_ / n_) + std::min<size_t>(size_t(i), count_ % n_); }
+  size_t len(int32_t i) const { return count_ / n_ + (size_t(i) < count_ % n_ ? 1 : 0); }
+  size_t chunks(int32_t i) const { return (len(i) + ce - 1) / ce; }
+  size_t chunk_len(int32_t i, size_t c) const { return std::min(ce, len(i) - c * ce); }
+
+  size_t count_, n_;
+  size_t ce;  // elements per chunk
+};
+
 std::string algorithm_of(uint64_t aux) {
   if (aux == 0) return "the direct exchange";
   if (aux == kRingAux) return "the ring";
@@ -655,8 +673,8 @@ void RingComm::check_fingerprint(Op& op, int32_t p, const char* got, uint64_t by
              "algorithm: it sent ", algorithm_of(h.aux), " where rank ", opt_.rank, " expects ",
              algorithm_of(uint64_t(expect_aux)), "; the options 'direct_max_bytes', 'direct_max_ranks', "
              "'direct_doubling', 'doubling_max_bytes', 'halving_max_bytes' or 'pairwise_max_bytes' (or the "
-             "transport, which sets the defaults of direct_doubling and pairwise_max_bytes) differ between them: give every process the same ring cross_device_ops "
-             "options");
+             "transport, which sets the defaults of direct_doubling and pairwise_max_bytes) differ between them: "
+             "give every process the same ring cross_device_ops options");
   }
   if (h.payload_bytes != bytes - kHdr)
     op.raise(STRATA_ERR_DATA_LOSS, op.prefix(), ": rank ", p, " announced ", h.payload_bytes,
@@ -946,20 +964,16 @@ void RingComm::halving_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop,
 void RingComm::pairwise_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop, size_t count) {
   const int32_t n = opt_.world_size, r = opt_.rank;
   const size_t esize = sdk::dtype_size(wire);
-  size_t ce = std::max<size_t>(1, chunk_bytes_ / esize);
-  const size_t seg_max = count / size_t(n) + 1;
-  if (seg_max / ce >= kMaxChunks) ce = seg_max / (kMaxChunks - 1) + 1;
-  auto seg_off = [&](int32_t i) { return size_t(i) * (count / n) + std::min<size_t>(size_t(i), count % n); };
-  auto seg_len = [&](int32_t i) { return count / n + (size_t(i) < count % n ? 1 : 0); };
-  const size_t mine = seg_len(r);
-  const size_t nck = (mine + ce - 1) / ce;
-  auto chunk_len = [&](int32_t seg, size_t c) { return std::min(ce, seg_len(seg) - c * ce); };
+  const Segments sg(count, n, chunk_bytes_, esize);
+  const size_t ce = sg.ce;
+  const size_t mine = sg.len(r);
+  const size_t nck = sg.chunks(r);
   step0(op, everyone_, everyone_, nullptr, 0, kPairwiseAux);
   Buffer own_view;
   own_view.borrowed = src_ != nullptr ? const_cast<char*>(src_) : nullptr;
   const Buffer& own = src_ != nullptr ? own_view : work_;
   auto region = [&](const Buffer& b, int32_t seg, size_t c) {
-    return buffer_of(b, (seg_off(seg) + c * ce) * esize, chunk_len(seg, c) * esize);
+    return buffer_of(b, (sg.off(seg) + c * ce) * esize, sg.chunk_len(seg, c) * esize);
   };
   // Peer k steps around the ring from this rank: (r + k) % n, whose value
   // this rank folds k-th, lands in stage_ slot k - 1.
@@ -969,26 +983,26 @@ void RingComm::pairwise_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop
   for (int32_t k = 1; k < n; ++k)
     for (size_t c = 0; c < nck; ++c)
       recvs.push_back(op.post(false, (r + k) % n, 1, c,
-                              buffer_of(stage_, (size_t(k - 1) * mine + c * ce) * esize, chunk_len(r, c) * esize)));
+                              buffer_of(stage_, (size_t(k - 1) * mine + c * ce) * esize, sg.chunk_len(r, c) * esize)));
   // Left neighbour first: it folds this rank's value first.
   for (int32_t k = 1; k < n; ++k) {
     const int32_t p = mod(int64_t(r) - k, n);
-    for (size_t c = 0; c * ce < seg_len(p); ++c)
+    for (size_t c = 0; c < sg.chunks(p); ++c)
       sends.push_back(op.post(true, p, 1, c, region(own, p, c)));
   }
   // Out of place the all-gather's receives can land at once: the sends read
   // the caller's source, not work_.
   auto post_gathers = [&](int32_t p) {
-    for (size_t c = 0; c * ce < seg_len(p); ++c) gathers.push_back(op.post(false, p, 2, c, region(work_, p, c)));
+    for (size_t c = 0; c < sg.chunks(p); ++c) gathers.push_back(op.post(false, p, 2, c, region(work_, p, c)));
   };
   if (src_ != nullptr)
     for (int32_t k = 1; k < n; ++k) post_gathers((r + k) % n);
-  char* acc = work_.data() + seg_off(r) * esize;
-  const char* first = own.data() + seg_off(r) * esize;
+  char* acc = work_.data() + sg.off(r) * esize;
+  const char* first = own.data() + sg.off(r) * esize;
   for (int32_t k = 1; k < n; ++k) {
     const int32_t p = (r + k) % n;
     for (size_t c = 0; c < nck; ++c) {
-      const size_t len = chunk_len(r, c);
+      const size_t len = sg.chunk_len(r, c);
       const uint64_t got = op.wait(recvs[size_t(k - 1) * nck + c]);
       if (got != len * esize)
         op.raise(STRATA_ERR_DATA_LOSS, op.prefix(), ": rank ", p, " sent ", got, " bytes for segment ", r,
@@ -1008,11 +1022,11 @@ void RingComm::pairwise_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop
   size_t i = 0;
   for (int32_t k = 1; k < n; ++k) {
     const int32_t p = (r + k) % n;
-    for (size_t c = 0; c * ce < seg_len(p); ++c, ++i) {
+    for (size_t c = 0; c < sg.chunks(p); ++c, ++i) {
       const uint64_t got = op.wait(gathers[i]);
-      if (got != chunk_len(p, c) * esize)
+      if (got != sg.chunk_len(p, c) * esize)
         op.raise(STRATA_ERR_DATA_LOSS, op.prefix(), ": rank ", p, " sent ", got, " bytes of its reduced segment ",
-                 "(chunk ", c, ") but ", chunk_len(p, c) * esize, " were expected");
+                 "(chunk ", c, ") but ", sg.chunk_len(p, c) * esize, " were expected");
     }
   }
   op.finish();
@@ -1021,12 +1035,8 @@ void RingComm::pairwise_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop
 void RingComm::ring_reduce_scatter(Op& op, DLDataType wire, strata_reduce_op rop, size_t count, int shift) {
   const int32_t n = opt_.world_size, r = opt_.rank, right = (r + 1) % n, left = (r + n - 1) % n;
   const size_t esize = sdk::dtype_size(wire);
-  size_t ce = std::max<size_t>(1, chunk_bytes_ / esize);
-  const size_t seg_max = count / size_t(n) + 1;
-  if (seg_max / ce >= kMaxChunks) ce = seg_max / (kMaxChunks - 1) + 1;
-  auto seg_off = [&](int32_t i) { return size_t(i) * (count / n) + std::min<size_t>(size_t(i), count % n); };
-  auto seg_len = [&](int32_t i) { return count / n + (size_t(i) < count % n ? 1 : 0); };
-  auto nchunks = [&](int32_t seg) { return (seg_len(seg) + ce - 1) / ce; };
+  const Segments sg(count, n, chunk_bytes_, esize);
+  const size_t ce = sg.ce;
   char* base = work_.data();
   // This rank's own values: the caller's source when out of place (they
   // are read once, by the first send or the reduction of that segment).
@@ -1042,34 +1052,33 @@ void RingComm::ring_reduce_scatter(Op& op, DLDataType wire, strata_reduce_op rop
   std::vector<Item> items;
   for (int32_t s = 0; s + 1 < n; ++s) {
     const int32_t seg = mod(int64_t(r) - s - 1 + shift, n);
-    for (size_t c = 0; c < nchunks(seg); ++c) items.push_back({s, seg, c});
+    for (size_t c = 0; c < sg.chunks(seg); ++c) items.push_back({s, seg, c});
   }
   const size_t w = recv_window_;
   // A staging slot holds one chunk, or a whole segment when that is
   // smaller: a small all-reduce does not allocate w large chunks.
-  const size_t slot = std::min(ce, seg_max) * esize;
+  const size_t slot = std::min(ce, sg.longest()) * esize;
   ensure(stage_, std::min(w, items.size()) * slot);
-  auto chunk_len = [&](int32_t seg, size_t c) { return std::min(ce, seg_len(seg) - c * ce); };
   std::vector<size_t> posted(w);
   auto post_recv = [&](size_t i) {
     const Item& it = items[i];
     posted[i % w] = op.post(false, left, 1 + uint64_t(it.step), it.chunk,
-                            buffer_of(stage_, (i % w) * slot, chunk_len(it.seg, it.chunk) * esize));
+                            buffer_of(stage_, (i % w) * slot, sg.chunk_len(it.seg, it.chunk) * esize));
   };
   for (size_t i = 0; i < std::min(w, items.size()); ++i) post_recv(i);
 
   const int32_t first = mod(int64_t(r) + shift, n);
-  for (size_t c = 0; c < nchunks(first); ++c)
-    op.post(true, right, 1, c, buffer_of(own, (seg_off(first) + c * ce) * esize, chunk_len(first, c) * esize));
+  for (size_t c = 0; c < sg.chunks(first); ++c)
+    op.post(true, right, 1, c, buffer_of(own, (sg.off(first) + c * ce) * esize, sg.chunk_len(first, c) * esize));
 
   for (size_t i = 0; i < items.size(); ++i) {
     const Item& it = items[i];
-    const size_t len = chunk_len(it.seg, it.chunk);
+    const size_t len = sg.chunk_len(it.seg, it.chunk);
     const uint64_t got = op.wait(posted[i % w]);
     if (got != len * esize)
       op.raise(STRATA_ERR_DATA_LOSS, op.prefix(), ": rank ", left, " sent ", got, " bytes for step ", it.step + 1,
                " chunk ", it.chunk, " but ", len * esize, " were expected");
-    const size_t at = (seg_off(it.seg) + it.chunk * ce) * esize;
+    const size_t at = (sg.off(it.seg) + it.chunk * ce) * esize;
     char* dst = base + at;
     const void* in[2] = {own_base + at, static_cast<char*>(stage_.mem.data()) + (i % w) * slot};
     sdk::kernels::reduce(rop, wire, 2, in, dst, len);
@@ -1084,13 +1093,8 @@ void RingComm::ring_reduce_scatter(Op& op, DLDataType wire, strata_reduce_op rop
 
 void RingComm::ring_all_gather(Op& op, size_t esize, size_t count, int shift) {
   const int32_t n = opt_.world_size, r = opt_.rank, right = (r + 1) % n, left = (r + n - 1) % n;
-  size_t ce = std::max<size_t>(1, chunk_bytes_ / esize);
-  const size_t seg_max = count / size_t(n) + 1;
-  if (seg_max / ce >= kMaxChunks) ce = seg_max / (kMaxChunks - 1) + 1;
-  auto seg_off = [&](int32_t i) { return size_t(i) * (count / n) + std::min<size_t>(size_t(i), count % n); };
-  auto seg_len = [&](int32_t i) { return count / n + (size_t(i) < count % n ? 1 : 0); };
-  auto nchunks = [&](int32_t seg) { return (seg_len(seg) + ce - 1) / ce; };
-  auto chunk_len = [&](int32_t seg, size_t c) { return std::min(ce, seg_len(seg) - c * ce); };
+  const Segments sg(count, n, chunk_bytes_, esize);
+  const size_t ce = sg.ce;
   const uint64_t step_base = uint64_t(n);  // after the reduce-scatter's steps 1..n-1
 
   struct Item {
@@ -1100,23 +1104,23 @@ void RingComm::ring_all_gather(Op& op, size_t esize, size_t count, int shift) {
   std::vector<Item> items;
   for (int32_t s = 0; s + 1 < n; ++s) {
     const int32_t seg = mod(int64_t(r) + shift - s, n);
-    for (size_t c = 0; c < nchunks(seg); ++c) items.push_back({s, seg, c});
+    for (size_t c = 0; c < sg.chunks(seg); ++c) items.push_back({s, seg, c});
   }
   auto region = [&](int32_t seg, size_t c) {
-    return buffer_of(work_, (seg_off(seg) + c * ce) * esize, chunk_len(seg, c) * esize);
+    return buffer_of(work_, (sg.off(seg) + c * ce) * esize, sg.chunk_len(seg, c) * esize);
   };
   const size_t w = std::max<size_t>(recv_window_, 16);
   std::vector<size_t> posted(items.size());
   for (size_t i = 0; i < std::min(w, items.size()); ++i)
     posted[i] = op.post(false, left, step_base + items[i].step, items[i].chunk, region(items[i].seg, items[i].chunk));
   const int32_t mine = mod(int64_t(r) + 1 + shift, n);
-  for (size_t c = 0; c < nchunks(mine); ++c) op.post(true, right, step_base, c, region(mine, c));
+  for (size_t c = 0; c < sg.chunks(mine); ++c) op.post(true, right, step_base, c, region(mine, c));
   for (size_t i = 0; i < items.size(); ++i) {
     const Item& it = items[i];
     const uint64_t got = op.wait(posted[i]);
-    if (got != chunk_len(it.seg, it.chunk) * esize)
+    if (got != sg.chunk_len(it.seg, it.chunk) * esize)
       op.raise(STRATA_ERR_DATA_LOSS, op.prefix(), ": rank ", left, " sent ", got, " bytes for all-gather step ",
-               it.step, " chunk ", it.chunk, " but ", chunk_len(it.seg, it.chunk) * esize, " were expected");
+               it.step, " chunk ", it.chunk, " but ", sg.chunk_len(it.seg, it.chunk) * esize, " were expected");
     if (i + w < items.size())
       posted[i + w] = op.post(false, left, step_base + items[i + w].step, items[i + w].chunk,
                               region(items[i + w].seg, items[i + w].chunk));
