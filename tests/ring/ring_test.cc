@@ -874,6 +874,7 @@ TEST_P(RingTest, AnotherAlgorithmOnOneRankIsReported) {
   json pairwise = on;
   pairwise["halving_max_bytes"] = 0;
   pairwise["pairwise_max_bytes"] = 4194304;
+  pairwise["pairwise_min_bytes"] = 0;
   for (const Case& c : {Case{"doubling_max_bytes", 1000, "it sent the direct exchange where", on},
                         Case{"halving_max_bytes", 100000, "it sent the ring where", on},
                         Case{"pairwise_max_bytes", 100000, "it sent the ring where", pairwise}}) {
@@ -894,25 +895,30 @@ TEST_P(RingTest, AnotherAlgorithmOnOneRankIsReported) {
     for (int k = 0; k < n; ++k) named = named || st[size_t(k)].message.find(c.theirs) != std::string::npos;
     EXPECT_TRUE(named) << st[0].message;
   }
-  // The defaults of direct_doubling (1000 floats) and pairwise_max_bytes
-  // (100,000): on over tcp (every message costs system calls and
-  // wake-ups), off over the others (shared memory: cheap messages), so
-  // rank 1's explicit "off" disagrees with the others' default over tcp
-  // only.
-  for (const auto& [option, count] : {std::pair<const char*, size_t>{"direct_doubling", 1000},
-                                      std::pair<const char*, size_t>{"pairwise_max_bytes", 100000}}) {
-    SCOPED_TRACE(std::string(option) + "'s default");
+  // The defaults of direct_doubling (1000 floats) and of the pairwise
+  // exchange (above 1 MiB up to 64 MiB): on over tcp (every message costs
+  // system calls and wake-ups), off over the others (shared memory: cheap
+  // messages), so rank 1's explicit "off" disagrees with the others'
+  // default over tcp only, and at 400 KB (the ring everywhere) nowhere.
+  struct Default {
+    const char* option;
+    size_t count;
+    bool tcp_differs;
+  };
+  for (const Default& c : {Default{"direct_doubling", 1000, true}, Default{"pairwise_max_bytes", 300000, true},
+                           Default{"pairwise_max_bytes", 100000, false}}) {
+    SCOPED_TRACE(std::string(c.option) + "'s default at " + std::to_string(c.count) + " floats");
     std::vector<Status> st(static_cast<size_t>(n));
     run_world(
         transport(), n, {{"timeout_s", 20}},
-        [&](int rank, Cdo& cdo) { st[size_t(rank)] = ar_float(cdo, kFloat32, count); },
+        [&](int rank, Cdo& cdo) { st[size_t(rank)] = ar_float(cdo, kFloat32, c.count); },
         [&](int rank) {
           return rank != 1 ? json::object()
-                 : std::string(option) == "direct_doubling" ? json{{option, false}} : json{{option, 0}};
+                 : std::string(c.option) == "direct_doubling" ? json{{c.option, false}} : json{{c.option, 0}};
         });
     for (int k = 0; k < n; ++k) {
       const std::string& m = st[size_t(k)].message;
-      if (transport() == "tcp") {
+      if (transport() == "tcp" && c.tcp_differs) {
         EXPECT_EQ(st[size_t(k)].code, STRATA_ERR_INVALID_ARGUMENT) << "rank " << k << ": " << m;
         EXPECT_NE(m.find("with another algorithm"), std::string::npos) << m;
       } else {
@@ -958,7 +964,8 @@ TEST_P(RingTest, PairwiseExchangeGivesTheRingsBits) {
       std::vector<Outputs> outs;  // the ring, then pairwise: out of place, in place
       for (uint64_t pairwise : {uint64_t(0), uint64_t(1) << 30}) {
         Outputs oop(n), ip(n);
-        run_world(transport(), n, {{"pairwise_max_bytes", pairwise}, {"chunk_bytes", c.chunk_bytes}},
+        run_world(transport(), n,
+                  {{"pairwise_max_bytes", pairwise}, {"pairwise_min_bytes", 0}, {"chunk_bytes", c.chunk_bytes}},
                   [&](int rank, Cdo& cdo) {
                     Tensor in(kFloat32, {int64_t(c.size)}), out(kFloat32, {int64_t(c.size)});
                     copy_bytes(in.bytes.data(), data[size_t(rank)].data(), c.size * 4);

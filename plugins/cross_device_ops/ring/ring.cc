@@ -39,13 +39,15 @@
 //                  this size use recursive halving then doubling (2 log2 n
 //                  steps, the ring's bytes) instead of the ring; another
 //                  order too (default 0 = never)
-//   "pairwise_max_bytes": with 3 to direct_max_ranks ranks, all-reduces
-//                  above direct_max_bytes up to this size run the ring's
-//                  reduce-scatter and all-gather as one round each: every
-//                  segment goes straight to the rank that reduces it, which
-//                  adds its values in the ring's order, so the bits are the
-//                  ring's (default: 64 MiB over tcp, 0 = never over the
-//                  others; at most 1 GiB)
+//   "pairwise_max_bytes", "pairwise_min_bytes": with 3 to direct_max_ranks
+//                  ranks, all-reduces above direct_max_bytes and above
+//                  pairwise_min_bytes up to pairwise_max_bytes run the
+//                  ring's reduce-scatter and all-gather as one round each:
+//                  every segment goes straight to the rank that reduces it,
+//                  which adds its values in the ring's order, so the bits
+//                  are the ring's (defaults over tcp: above 1 MiB up to
+//                  64 MiB; over the others max 0 = never, min 0; max at
+//                  most 1 GiB)
 //   "timeout_s":   deadline of every wait (default /timeouts/collective_s, 300)
 //   "setup_timeout_s": deadline for every rank to join and the transport
 //                  communicator to be built (default /timeouts/rendezvous_s,
@@ -132,10 +134,14 @@ namespace {
 using sdk::dtype_equal;
 
 constexpr const char* kComponent = "ring cross_device_ops";
-// The pairwise exchange's default reach over tcp: above 64 KiB, everything
-// up to a little over a default pack (bytes_per_pack, 32 MiB). 4 ranks on
-// the 2-core VM, alternating rounds, medians: 128 KiB-64 MiB all-reduces
-// took 0.75-1.0x the ring's time (notes of stop 39).
+// The pairwise exchange's default reach over tcp: above 1 MiB, up to a
+// little over a default pack (bytes_per_pack, 32 MiB). 4 ranks on the
+// 2-core VM, alternating rounds, medians of each round's ratio to the ring
+// (notes of stop 39): 2-64 MiB 0.74-0.91x idle (8 MiB 0.99x), 2 MiB 0.85x
+// and 8-16 MiB 0.92-0.95x beside two busy loops; 128 KiB-1 MiB 0.8-1.2x
+// idle (noise) but 1.24x at 256 KiB and 1.56x at 1 MiB loaded, so the ring
+// keeps those.
+constexpr uint64_t kTcpPairwiseMinBytes = uint64_t(1) << 20;
 constexpr uint64_t kTcpPairwiseMaxBytes = uint64_t(64) << 20;
 constexpr size_t kBlock = 1024;
 
@@ -181,7 +187,7 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
     sdk::check_known_keys(o,
                           {"transport", "rank", "world_size", "communicator", "bytes_per_pack", "chunk_bytes",
                            "direct_max_bytes", "direct_max_ranks", "direct_doubling", "doubling_max_bytes",
-                           "halving_max_bytes", "pairwise_max_bytes",
+                           "halving_max_bytes", "pairwise_min_bytes", "pairwise_max_bytes",
                            "timeout_s", "setup_timeout_s", "heartbeat_timeout_s",
                            "heartbeat_interval_s", "diagnosis_timeout_s"},
                           kComponent);
@@ -220,6 +226,8 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
                      *pairwise_max_bytes_, " but must be at most 1 GiB (each rank stages its segment's n - 1 "
                      "incoming values whole); the default is 64 MiB over tcp and 0 (off) over the others");
     }
+    if (o.contains("pairwise_min_bytes"))
+      pairwise_min_bytes_ = sdk::get_option<uint64_t>(o, "pairwise_min_bytes", 0, kComponent);
     const double timeout_s = sdk::collective_timeout_s(host_, o, kComponent);
     co.timeout_ms = static_cast<int64_t>(timeout_s * 1000.0);
     co.setup_timeout_ms = static_cast<int64_t>(sdk::rendezvous_timeout_s(host_, o, kComponent) * 1000.0);
@@ -890,7 +898,7 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
   RingCommOptions comm_options_;  // what comm_ was built with (name = the instance's own)
   // The option as given; unset, pick_algorithms() chooses by transport.
   std::optional<bool> direct_doubling_;
-  std::optional<uint64_t> pairwise_max_bytes_;
+  std::optional<uint64_t> pairwise_min_bytes_, pairwise_max_bytes_;
 
   // Fewer, larger messages pay where every message costs system calls and
   // wake-ups (tcp: with 4 ranks on this 2-core VM, a 4-64 KiB all-reduce in
@@ -905,6 +913,7 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
   // wake-ups (kTcpPairwiseMaxBytes).
   void pick_algorithms(RingCommOptions& co, const std::string& transport) const {
     co.direct_doubling = direct_doubling_.value_or(transport == "tcp");
+    co.pairwise_min_bytes = pairwise_min_bytes_.value_or(transport == "tcp" ? kTcpPairwiseMinBytes : 0);
     co.pairwise_max_bytes = pairwise_max_bytes_.value_or(transport == "tcp" ? kTcpPairwiseMaxBytes : 0);
   }
   std::string transport_label_;   // "'tcp' {}": the transport in use, for messages

@@ -672,8 +672,9 @@ void RingComm::check_fingerprint(Op& op, int32_t p, const char* got, uint64_t by
     op.raise(STRATA_ERR_INVALID_ARGUMENT, op.prefix(), ": rank ", p, " runs this collective with another "
              "algorithm: it sent ", algorithm_of(h.aux), " where rank ", opt_.rank, " expects ",
              algorithm_of(uint64_t(expect_aux)), "; the options 'direct_max_bytes', 'direct_max_ranks', "
-             "'direct_doubling', 'doubling_max_bytes', 'halving_max_bytes' or 'pairwise_max_bytes' (or the "
-             "transport, which sets the defaults of direct_doubling and pairwise_max_bytes) differ between them: "
+             "'direct_doubling', 'doubling_max_bytes', 'halving_max_bytes', 'pairwise_min_bytes' or "
+             "'pairwise_max_bytes' (or the transport, which sets the defaults of the direct_doubling and "
+             "pairwise options) differ between them: "
              "give every process the same ring cross_device_ops options");
   }
   if (h.payload_bytes != bytes - kHdr)
@@ -953,8 +954,9 @@ void RingComm::halving_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop,
   op.finish();
 }
 
-// The pairwise exchange (all-reduces above direct_max_bytes up to
-// pairwise_max_bytes, 3 to direct_max_ranks ranks): the ring's
+// The pairwise exchange (all-reduces above direct_max_bytes and
+// pairwise_min_bytes up to pairwise_max_bytes, 3 to direct_max_ranks
+// ranks): the ring's
 // reduce-scatter and all-gather with every segment sent straight to the rank
 // that reduces it, so each phase is one round of n - 1 messages per rank
 // instead of n - 1 ring steps, and the same bytes. Rank g reduces segment g
@@ -1190,7 +1192,7 @@ void RingComm::all_reduce_impl(const CollectiveDesc& d, DLDataType wire, strata_
     halving_all_reduce(op, wire, rop, count);
     return;
   }
-  if (bytes <= pairwise_max_bytes_) {
+  if (bytes > opt_.pairwise_min_bytes && bytes <= pairwise_max_bytes_) {
     pairwise_all_reduce(op, wire, rop, count);
     return;
   }

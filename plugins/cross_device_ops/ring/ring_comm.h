@@ -93,12 +93,14 @@ struct RingCommOptions {
   // order as before, so the bits do not change. The plugin turns it on over
   // tcp (ring.cc).
   bool direct_doubling = false;
-  // With 3 to direct_max_ranks ranks, all-reduces above direct_max_bytes up
-  // to this size run the ring's reduce-scatter and all-gather as one round
-  // each: every segment goes straight to the rank that reduces it, which
-  // folds its values in the ring's order, so the bits do not change (the
-  // same bytes as the ring in 2 rounds instead of 2 (n - 1) steps); 0 =
-  // never. The plugin sets it per transport (ring.cc).
+  // With 3 to direct_max_ranks ranks, all-reduces above direct_max_bytes and
+  // pairwise_min_bytes up to pairwise_max_bytes run the ring's
+  // reduce-scatter and all-gather as one round each: every segment goes
+  // straight to the rank that reduces it, which folds its values in the
+  // ring's order, so the bits do not change (the same bytes as the ring in
+  // 2 rounds instead of 2 (n - 1) steps); max 0 = never. The plugin sets
+  // both per transport (ring.cc).
+  uint64_t pairwise_min_bytes = 0;
   uint64_t pairwise_max_bytes = 0;
   int64_t heartbeat_interval_ms = 1000;   // heartbeat period
   int64_t heartbeat_timeout_ms = 30000;   // no heartbeat this long while others wait: frozen
@@ -219,7 +221,7 @@ class RingComm {
   uint64_t doubling_max_bytes_ = 0;  // all-reduces up to this size: recursive doubling
   bool direct_in_rounds_ = false;    // then up to direct_max_bytes: the direct exchange in rounds
   uint64_t halving_max_bytes_ = 0;   // then up to this size: recursive halving and doubling
-  uint64_t pairwise_max_bytes_ = 0;  // then up to this size: the pairwise exchange
+  uint64_t pairwise_max_bytes_ = 0;  // then above opt_.pairwise_min_bytes up to this size: the pairwise exchange
   uint32_t recv_window_ = 4;   // staged receives in flight per ring step
   uint32_t send_window_ = 64;  // sends in flight before the oldest is waited for
   uint64_t sequence_ = 0;
