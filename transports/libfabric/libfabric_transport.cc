@@ -604,6 +604,7 @@ class LfComm : public sdk::CommBase {
   void on_cts_locked(int p, uint64_t ctrl_seq);
   void post_starved_locked();
   void peer_closed_locked(int p, const InMsg& m);
+  bool fail_closed_locked(int p, bool spare_held_sends);
   void post_ctrl_recv_locked(char* slot);
   void repost_ctrl_recvs_locked();
   void send_ctrl_locked(Request* r, int p, const CtrlHeader& h, const char* payload, uint64_t n);
@@ -1052,22 +1053,32 @@ void LfComm::peer_closed_locked(int p, const InMsg& m) {
       m.kind == kAbort
           ? str_cat(peer_name(p), " aborted its communicator (", reason, "); see its log for the first failure")
           : str_cat(peer_name(p), " closed its communicator (destroyed, or its process is exiting)");
+  if (!fail_closed_locked(p, m.kind != kAbort) && m.kind == kAbort) host_.warn(who(), ": ", peer.closed_reason);
+  peer.posted.clear();
+}
+
+// What waits on closed peer p fails, except matched receives (their data
+// is with the provider) and, with spare_held_sends, sends whose every
+// operation the provider holds: they may have arrived, and get kCloseGrace
+// to complete (check_liveness_locked calls again without). Returns whether
+// anything failed (then logged once).
+bool LfComm::fail_closed_locked(int p, bool spare_held_sends) {
+  Peer& peer = peers_[p];
   std::vector<Request*> victims;
   for (Request* r : live_) {
     if (r->peer != p || r->finished || (r->kind == Request::kRecv && r->matched)) continue;
-    // A send whose every operation the provider holds may already have
-    // arrived: it gets kCloseGrace to complete (check_liveness_locked).
-    const bool with_provider = r->kind == Request::kSend && m.kind != kAbort && !r->awaiting_cts &&
-                               r->next_chunk >= r->nchunks && !r->ops.empty() &&
-                               std::all_of(r->ops.begin(), r->ops.end(), [](const Op* op) { return op->posted; });
-    if (with_provider)
+    const bool held = r->kind == Request::kSend && !r->awaiting_cts && r->next_chunk >= r->nchunks &&
+                      !r->ops.empty() &&
+                      std::all_of(r->ops.begin(), r->ops.end(), [](const Op* op) { return op->posted; });
+    if (spare_held_sends && held)
       peer.closed_at = Clock::now();
     else
       victims.push_back(r);
   }
-  if (m.kind == kAbort || !victims.empty()) host_.warn(who(), ": ", peer.closed_reason);
+  if (victims.empty()) return false;
+  host_.warn(who(), ": ", peer.closed_reason);
   for (Request* r : victims) finish_locked(r, STRATA_ERR_UNAVAILABLE, str_cat(describe(*r), ": ", peer.closed_reason));
-  peer.posted.clear();
+  return true;
 }
 
 // ------------------------------------------------------------- posting ---
@@ -1229,11 +1240,7 @@ void LfComm::check_liveness_locked(Clock::time_point now) {
     Peer& peer = peers_[p];
     if (peer.closed_at == Clock::time_point{} || now - peer.closed_at < kCloseGrace) continue;
     peer.closed_at = Clock::time_point{};
-    std::vector<Request*> late;
-    for (Request* r : live_)
-      if (r->peer == p && !r->finished && !(r->kind == Request::kRecv && r->matched)) late.push_back(r);
-    if (!late.empty()) host_.warn(who(), ": ", peer.closed_reason);
-    for (Request* r : late) finish_locked(r, STRATA_ERR_UNAVAILABLE, str_cat(describe(*r), ": ", peer.closed_reason));
+    fail_closed_locked(p, false);
   }
   std::vector<bool> waiting(static_cast<size_t>(world_), false);
   for (Request* r : live_)

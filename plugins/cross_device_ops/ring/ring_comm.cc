@@ -742,7 +742,8 @@ void RingComm::direct_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop, 
   const std::vector<int32_t>& peers = everyone_;
   // Out of place, this rank's values are read from the caller's source
   // (sent from there and folded in from there: no copy into the output).
-  const void* own = src_ != nullptr ? static_cast<const void*>(src_) : work_.data();
+  Buffer own_view;
+  const void* own = own_values(own_view).data();
   step0(op, peers, peers, own, bytes, 0);
   // Every rank folds the same n buffers in rank order, so the results are
   // bit-identical everywhere.
@@ -767,7 +768,8 @@ void RingComm::gather_doubling_all_reduce(Op& op, DLDataType wire, strata_reduce
   const size_t bytes = count * sdk::dtype_size(wire);
   const size_t block = round_up(kHdr + bytes, 64);
   ensure(stage_, block * size_t(n));
-  const void* own = src_ != nullptr ? static_cast<const void*>(src_) : work_.data();
+  Buffer own_view;
+  const void* own = own_values(own_view).data();
   char* g = stage_.data();
   // Ours is what every received block is checked against (hdr_send_).
   write_fingerprint(op, bytes, kGatherAux);
@@ -904,14 +906,15 @@ void RingComm::doubling_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop
 void RingComm::halving_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop, size_t count) {
   const int32_t n = opt_.world_size, r = opt_.rank;
   const size_t esize = sdk::dtype_size(wire);
-  auto off = [&](int32_t b) { return size_t(b) * (count / n) + std::min<size_t>(size_t(b), count % n); };
+  // Blocks are the ring's segments (their chunking is not used here).
+  const Segments sg(count, n, chunk_bytes_, esize);
+  auto off = [&](int32_t b) { return sg.off(b); };
   const std::vector<int32_t>& nb = neighbours_;
   step0(op, nb, nb, nullptr, 0, kHalvingAux);
   // This rank's own values: the caller's source when out of place (read by
   // the first step only; the all-gather fills what it sent away).
   Buffer own_view;
-  own_view.borrowed = src_ != nullptr ? const_cast<char*>(src_) : nullptr;
-  const Buffer& own = src_ != nullptr ? own_view : work_;
+  const Buffer& own = own_values(own_view);
   ensure(stage_, (off(n / 2) + 1) * esize);
   auto expect = [&](uint64_t got, size_t want, int32_t peer, uint64_t step) {
     if (got != want)
@@ -956,10 +959,9 @@ void RingComm::halving_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop,
 
 // The pairwise exchange (all-reduces above direct_max_bytes and
 // pairwise_min_bytes up to pairwise_max_bytes, 3 to direct_max_ranks
-// ranks): the ring's
-// reduce-scatter and all-gather with every segment sent straight to the rank
-// that reduces it, so each phase is one round of n - 1 messages per rank
-// instead of n - 1 ring steps, and the same bytes. Rank g reduces segment g
+// ranks): the ring's reduce-scatter and all-gather with every segment sent
+// straight to the rank that reduces it, so each phase is one round of n - 1
+// messages per rank instead of n - 1 ring steps, and the same bytes. Rank g reduces segment g
 // and folds its n values in the order the ring does (acc = v_g, then
 // acc = op(v_k, acc) for k = g + 1, ..., g - 1 around the ring), two at a
 // time as the ring's ranks do: the ring's bits, on any transport.
@@ -972,8 +974,7 @@ void RingComm::pairwise_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop
   const size_t nck = sg.chunks(r);
   step0(op, everyone_, everyone_, nullptr, 0, kPairwiseAux);
   Buffer own_view;
-  own_view.borrowed = src_ != nullptr ? const_cast<char*>(src_) : nullptr;
-  const Buffer& own = src_ != nullptr ? own_view : work_;
+  const Buffer& own = own_values(own_view);
   auto region = [&](const Buffer& b, int32_t seg, size_t c) {
     return buffer_of(b, (sg.off(seg) + c * ce) * esize, sg.chunk_len(seg, c) * esize);
   };
@@ -1043,8 +1044,7 @@ void RingComm::ring_reduce_scatter(Op& op, DLDataType wire, strata_reduce_op rop
   // This rank's own values: the caller's source when out of place (they
   // are read once, by the first send or the reduction of that segment).
   Buffer own_view;
-  own_view.borrowed = src_ != nullptr ? const_cast<char*>(src_) : nullptr;
-  const Buffer& own = src_ != nullptr ? own_view : work_;
+  const Buffer& own = own_values(own_view);
   const char* own_base = own.data();
 
   struct Item {

@@ -170,6 +170,13 @@ class RingComm {
   // During an out-of-place all_reduce on borrowed memory: this rank's
   // values (never written), else null.
   const char* src_ = nullptr;
+  // This rank's own values: src_ (borrowed by `view`) when out of place,
+  // else work_.
+  const Buffer& own_values(Buffer& view) const {
+    if (src_ == nullptr) return work_;
+    view.borrowed = const_cast<char*>(src_);
+    return view;
+  }
   struct Pending;
   struct OpReq;
   class Op;
