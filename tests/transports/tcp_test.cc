@@ -563,6 +563,13 @@ TEST(TcpTest, LargeMessagesAreStripedAcrossConnections) {
                  {0, 3, 512u << 10, (512u << 10) + 1, (1u << 20) + 3, 5u << 20, 16u << 20, 64u << 20}, true);
 }
 
+// A large payload's rest is read with SO_RCVLOWAT raised to what is left
+// (read_payload); the kernel caps the mark at half a small receive buffer,
+// so these complete instead of waiting for bytes that cannot be queued.
+TEST(TcpTest, LargeMessagesThroughSmallSocketBuffers) {
+  exchange_sizes(R"({"connections_per_peer": 1, "socket_buffer_bytes": 65536})", {1u << 20, 5u << 20}, true);
+}
+
 // Rank 0 sends `count` messages (message i: size_of(i) bytes of
 // pattern(j, i)) on one tag; rank 1 posts its receives, 8 bytes larger,
 // after `post_after`, and checks every byte and that nothing was written
@@ -1394,6 +1401,50 @@ TEST(TcpTest, AKilledPeerProcessIsUnavailableNamingIt) {
   }
   EXPECT_LT(Clock::now() - t0, std::chrono::seconds(5));
   EXPECT_THROW(r.wait(r.isend(1, 3, &v, 8)), UnavailableError);
+}
+
+// The receiver is in the middle of a 64 MiB payload, waiting with the
+// socket's low-water mark raised to the rest, when the sender is killed: the
+// end of the stream must wake it and fail the receive naming the sender.
+TEST(TcpTest, APeerKilledInTheMiddleOfALargeMessageIsNamed) {
+  const std::string store = "127.0.0.1:" + std::to_string(unused_port());
+  constexpr size_t kBig = size_t(64) << 20;
+  // Small socket buffers slow the transfer down (tens of ms for 64 MiB)
+  // and keep the low-water mark at the kernel's cap.
+  static constexpr const char* kSlow = R"({"connections_per_peer": 1, "socket_buffer_bytes": 65536})";
+  test::Children kids;
+  test::forked_ranks(2, store, kids, [](PluginHost& host, int rank) -> int {
+    Rank r(host, kSlow);
+    r.join("victim_mid", rank, 2);
+    std::vector<uint8_t> big(kBig, 0x5A);
+    uint64_t v = 0;
+    r.wait(r.irecv(0, 1, &v, 8));
+    r.isend(0, 2, big.data(), big.size());
+    ::pause();  // until SIGKILL
+    return 0;
+  });
+  PluginHost host;
+  test::serve_store(host, store);
+  Rank r(host, kSlow);
+  r.join("victim_mid", 0, 2);
+  std::vector<uint8_t> big(kBig);
+  auto q = r.irecv(1, 2, big.data(), big.size());
+  uint64_t v = 5;
+  r.wait(r.isend(1, 1, &v, 8));  // rank 1 starts sending once it has this
+  // The kill comes 2 ms later, long before 64 MiB can cross loopback.
+  std::thread killer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    ::kill(kids.pids[0], SIGKILL);
+  });
+  const auto t0 = Clock::now();
+  try {
+    r.wait(q, 20000);
+    ADD_FAILURE() << "a 64 MiB receive from a peer killed while sending it succeeded";
+  } catch (const UnavailableError& e) {
+    EXPECT_NE(std::string(e.what()).find("lost connection to rank 1 (127.0.0.1:"), std::string::npos) << e.what();
+  }
+  killer.join();
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(5));
 }
 
 }  // namespace
