@@ -348,9 +348,9 @@ class TcpComm : public sdk::CommBase {
   void start_write_locked(Conn* c);
   void write_next(Conn* c);
   void read_header(Conn* c);
-  bool process_header(Conn* c);  // true: the payload came from the read-ahead and is done
+  bool process_header(Conn* c);  // true: the payload is in (read-ahead, or read at once) and done
   bool on_payload(Conn* c, InMsg* m, Request* user_req, const boost::system::error_code& ec);
-  void read_payload(Conn* c, InMsg* m, Request* user_req, char* dest, size_t left);
+  bool read_payload(Conn* c, InMsg* m, Request* user_req, char* dest, size_t left);
   void on_io_error(Conn* c, const boost::system::error_code& ec, const char* what);
   void complete_msg_locked(int p, uint64_t seq, InMsg* m);
   // A staging buffer of `bytes` (the smallest spare one that fits, else a
@@ -1120,10 +1120,8 @@ bool TcpComm::process_header(Conn* c) {
     c->rx_begin += ahead;
   }
   if (ahead == h.length) return on_payload(c, m, user_req, {});
-  if (h.length - ahead >= kLowatMinBytes && dest != nullptr) {
-    read_payload(c, m, user_req, dest + ahead, h.length - ahead);
-    return false;
-  }
+  if (h.length - ahead >= kLowatMinBytes && dest != nullptr)
+    return read_payload(c, m, user_req, dest + ahead, h.length - ahead);
   asio::async_read(c->socket, asio::buffer(dest + ahead, h.length - ahead), TransferAllLarge{},
                    [this, c, m, user_req](const boost::system::error_code& ec, size_t) {
                      if (on_payload(c, m, user_req, ec)) read_header(c);
@@ -1137,8 +1135,11 @@ bool TcpComm::process_header(Conn* c) {
 // (a frame header must wake the reactor however few bytes it has). The
 // kernel caps the mark at half the receive buffer and wakes the reader anyway
 // when its window closes or the peer goes, so the wait cannot outlast the
-// bytes the sender will send.
-void TcpComm::read_payload(Conn* c, InMsg* m, Request* user_req, char* dest, size_t left) {
+// bytes the sender will send. Returns true when the payload is in and
+// accounted, so the caller parses the next frame (a loop, not recursion:
+// a socket may hold many large frames); false when it waits for the socket
+// (its handler goes on from there) or the connection failed.
+bool TcpComm::read_payload(Conn* c, InMsg* m, Request* user_req, char* dest, size_t left) {
   const int fd = c->socket.native_handle();
   const auto mark = [&](size_t bytes) {
     const int v = static_cast<int>(bytes);
@@ -1157,17 +1158,16 @@ void TcpComm::read_payload(Conn* c, InMsg* m, Request* user_req, char* dest, siz
       mark(std::min(left, kLowatMaxBytes));
       c->socket.async_wait(tcp::socket::wait_read, [this, c, m, user_req, dest,
                                                     left](const boost::system::error_code& e) {
-        if (!e) return read_payload(c, m, user_req, dest, left);
-        if (on_payload(c, m, user_req, e)) read_header(c);
+        if (e ? on_payload(c, m, user_req, e) : read_payload(c, m, user_req, dest, left)) read_header(c);
       });
-      return;
+      return false;
     } else if (errno != EINTR) {
       ec = boost::system::error_code(errno, boost::system::system_category());
       break;
     }
   }
   if (!ec) mark(1);
-  if (on_payload(c, m, user_req, ec)) read_header(c);
+  return on_payload(c, m, user_req, ec);
 }
 
 // Accounts for a frame's payload; false when the connection failed (then
