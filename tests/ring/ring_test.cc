@@ -1042,6 +1042,10 @@ TEST(RingOptions, BadAlgorithmOptionsAreRefused) {
       {{{"pairwise_max_bytes", 1ull << 31}}, "option 'pairwise_max_bytes' of ring cross_device_ops is 2147483648 "
                                               "but must be at most 1 GiB"},
       {{{"pairwise_max_bytes", -5}}, "pairwise_max_bytes"},
+      {{{"pairwise_min_bytes", -1}}, "pairwise_min_bytes"},
+      {{{"pairwise_min_bytes", 8388608}, {"pairwise_max_bytes", 4194304}},
+       "options 'pairwise_min_bytes' (8388608) and 'pairwise_max_bytes' (4194304) of ring cross_device_ops leave "
+       "no size for the pairwise exchange"},
   };
   for (const auto& [extra, want] : cases) {
     try {

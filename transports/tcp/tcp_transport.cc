@@ -1120,7 +1120,7 @@ bool TcpComm::process_header(Conn* c) {
     c->rx_begin += ahead;
   }
   if (ahead == h.length) return on_payload(c, m, user_req, {});
-  if (h.length - ahead >= kLowatMinBytes && dest != nullptr)
+  if (h.length - ahead >= kLowatMinBytes)
     return read_payload(c, m, user_req, dest + ahead, h.length - ahead);
   asio::async_read(c->socket, asio::buffer(dest + ahead, h.length - ahead), TransferAllLarge{},
                    [this, c, m, user_req](const boost::system::error_code& ec, size_t) {

@@ -47,7 +47,7 @@
 //                  which adds its values in the ring's order, so the bits
 //                  are the ring's (defaults over tcp: above 1 MiB up to
 //                  64 MiB; over the others max 0 = never, min 0; max at
-//                  most 1 GiB)
+//                  most 1 GiB; both given, min must be below a nonzero max)
 //   "timeout_s":   deadline of every wait (default /timeouts/collective_s, 300)
 //   "setup_timeout_s": deadline for every rank to join and the transport
 //                  communicator to be built (default /timeouts/rendezvous_s,
@@ -228,6 +228,12 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
     }
     if (o.contains("pairwise_min_bytes"))
       pairwise_min_bytes_ = sdk::get_option<uint64_t>(o, "pairwise_min_bytes", 0, kComponent);
+    if (pairwise_min_bytes_ && pairwise_max_bytes_ && *pairwise_max_bytes_ != 0 &&
+        *pairwise_min_bytes_ >= *pairwise_max_bytes_)
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "options 'pairwise_min_bytes' (", *pairwise_min_bytes_,
+                   ") and 'pairwise_max_bytes' (", *pairwise_max_bytes_, ") of ", kComponent,
+                   " leave no size for the pairwise exchange (it runs above the first up to the second): "
+                   "give a smaller pairwise_min_bytes, or pairwise_max_bytes 0 to turn it off");
     const double timeout_s = sdk::collective_timeout_s(host_, o, kComponent);
     co.timeout_ms = static_cast<int64_t>(timeout_s * 1000.0);
     co.setup_timeout_ms = static_cast<int64_t>(sdk::rendezvous_timeout_s(host_, o, kComponent) * 1000.0);

@@ -961,10 +961,11 @@ void RingComm::halving_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop,
 // pairwise_min_bytes up to pairwise_max_bytes, 3 to direct_max_ranks
 // ranks): the ring's reduce-scatter and all-gather with every segment sent
 // straight to the rank that reduces it, so each phase is one round of n - 1
-// messages per rank instead of n - 1 ring steps, and the same bytes. Rank g reduces segment g
-// and folds its n values in the order the ring does (acc = v_g, then
-// acc = op(v_k, acc) for k = g + 1, ..., g - 1 around the ring), two at a
-// time as the ring's ranks do: the ring's bits, on any transport.
+// messages per rank instead of n - 1 ring steps, and the same bytes. Rank
+// g reduces segment g and folds its n values in the order the ring does
+// (acc = v_g, then acc = op(v_k, acc) for k = g + 1, ..., g - 1 around the
+// ring), two at a time as the ring's ranks do: the ring's bits, on any
+// transport.
 void RingComm::pairwise_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop, size_t count) {
   const int32_t n = opt_.world_size, r = opt_.rank;
   const size_t esize = sdk::dtype_size(wire);
