@@ -13,19 +13,27 @@ join the comparison when their programs are there (--gloo-bench,
 (the machines are shared and noisy) and prints, per rank count and size, the
 median time and busbw of each, the ratios (s/m: Strata over Open MPI, time
 and busbw; s/g, s/t: Strata's busbw over Gloo's and torch's, above 1 Strata
-is faster), and the machine's 1-minute load average read before each block
-(min-max over the blocks of that row; above the core count the machine is
-oversubscribed and polling peers such as Open MPI lose most). Build the
+is faster; 'run s/m' is the median over the runs of each run's busbw ratio,
+which a run that caught the machine in a slow spell moves less), and the
+machine's 1-minute load average read before each block (min-max over the
+blocks of that row; above the core count the machine is oversubscribed and
+polling peers such as Open MPI lose most). Each run starts with the next
+program in turn (Strata, Open MPI, Gloo, torch, then Open MPI first, ...), so
+no program always runs right after the same one. --load N measures under
+load: N busy loops (yes >/dev/null) run beside every block, are checked to
+be alive before each block, and are stopped at the end. Build the
 peers as /work/shared/bench/README.md says:
     mpicc -O2 -o /tmp/mpi_coll_bench /work/shared/bench/mpi_coll_bench.c
     g++ -std=c++17 -O2 -o /tmp/gloo_bench /work/shared/bench/gloo_bench.cc -lgloo -lpthread
 Examples:
     compare_mpi.py --bench build/bin/strata-bench --runs 5 --ranks 2,4
     compare_mpi.py --bench build/bin/strata-bench --transport auto --mpi-btl '' --runs 3
+    compare_mpi.py --bench build/bin/strata-bench --runs 3 --load 2   # beside two busy loops
 """
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -83,7 +91,13 @@ def main():
     ap.add_argument('--transport', default='tcp', help="Strata's transport (tcp, auto, libfabric, ...)")
     ap.add_argument('--option', action='append', default=[], help='transport option KEY=JSON (repeatable)')
     ap.add_argument('--mpi-btl', default='tcp,self', help="Open MPI's --mca btl ('' = its own choice)")
+    ap.add_argument('--load', type=int, default=0,
+                    help='busy loops (yes >/dev/null) to run beside every block: measure under load (default 0)')
     a = ap.parse_args()
+    if a.runs < 1:
+        sys.exit('--runs: %d; give at least 1 (3 or more: the medians need several runs)' % a.runs)
+    if a.load < 0 or a.load > 64:
+        sys.exit('--load: %d busy loops; give 0 (idle) to 64, e.g. --load 2 on a 2-core machine' % a.load)
     options = [x for o in a.option for x in ('--option', o)]
     mpi_btl = ['--mca', 'btl', a.mpi_btl] if a.mpi_btl else []
     ranks = [int(x) for x in a.ranks.split(',')]
@@ -100,48 +114,85 @@ def main():
         peers.append(('torch', 'torch', lambda n: ['/usr/bin/python3', a.torch_bench, '-n', str(n), '-s', size_list]))
     else:
         print('# no torch.distributed column: needs %r and python3-torch' % a.torch_bench)
-    res = {}
+    res = {}      # (program, ranks, bytes) -> [(time us, busbw)] over the runs
+    by_run = {}   # (program, ranks, bytes, run) -> (time us, busbw)
     loads = {}
 
     def load(n):
         with open('/proc/loadavg') as f:
             loads.setdefault(n, []).append(float(f.read().split()[0]))
 
-    for run in range(a.runs):
-        for n in ranks:
-            load(n)
-            out = subprocess.run([a.bench, 'allreduce', '--transport', a.transport, '-n', str(n), '--sizes', size_list,
-                                  '--json'] + options, capture_output=True, text=True, timeout=900)
+    def strata(n):
+        out = subprocess.run([a.bench, 'allreduce', '--transport', a.transport, '-n', str(n), '--sizes', size_list,
+                              '--json'] + options, capture_output=True, text=True, timeout=900)
+        if out.returncode != 0:
+            sys.exit('strata-bench failed:\n' + out.stderr)
+        rows = {}
+        for r in json.loads(out.stdout)['results']:
+            if r['wrong'] != 0:
+                sys.exit('strata-bench: %d wrong elements at %d bytes' % (r['wrong'], r['bytes']))
+            rows[r['bytes']] = (r['time_us'], r['busbw_gbps'])
+        return rows
+
+    def mpi(n):
+        out = subprocess.run(['mpirun', '--allow-run-as-root', '--oversubscribe'] + mpi_btl +
+                             ['-np', str(n), a.mpi_bench, '-c', 'allreduce', '-s', size_list],
+                             capture_output=True, text=True, timeout=900)
+        if out.returncode != 0:
+            sys.exit('mpirun failed:\n' + out.stderr)
+        rows = {}
+        for line in out.stdout.splitlines():
+            f = line.split()
+            if line.startswith('#') or len(f) < 8:
+                continue
+            if f[7] != 'yes':
+                sys.exit('mpi_coll_bench: wrong result at %s bytes' % f[0])
+            rows[int(f[0])] = (float(f[2]), float(f[6]))
+        return rows
+
+    def peer(command, name):
+        def go(n):
+            out = subprocess.run(command(n), capture_output=True, text=True, timeout=900)
             if out.returncode != 0:
-                sys.exit('strata-bench failed:\n' + out.stderr)
-            for r in json.loads(out.stdout)['results']:
-                if r['wrong'] != 0:
-                    sys.exit('strata-bench: %d wrong elements at %d bytes' % (r['wrong'], r['bytes']))
-                res.setdefault(('strata', n, r['bytes']), []).append((r['time_us'], r['busbw_gbps']))
-            load(n)
-            out = subprocess.run(['mpirun', '--allow-run-as-root', '--oversubscribe'] + mpi_btl +
-                                 ['-np', str(n), a.mpi_bench, '-c', 'allreduce', '-s', size_list],
-                                 capture_output=True, text=True, timeout=900)
-            if out.returncode != 0:
-                sys.exit('mpirun failed:\n' + out.stderr)
-            for line in out.stdout.splitlines():
-                f = line.split()
-                if line.startswith('#') or len(f) < 8:
-                    continue
-                if f[7] != 'yes':
-                    sys.exit('mpi_coll_bench: wrong result at %s bytes' % f[0])
-                res.setdefault(('mpi', n, int(f[0])), []).append((float(f[2]), float(f[6])))
-            for key, name, command in peers:
-                load(n)
-                out = subprocess.run(command(n), capture_output=True, text=True, timeout=900)
-                if out.returncode != 0:
-                    sys.exit('%s failed:\n%s' % (name, out.stderr))
-                for b, row in parse_columns(out.stdout, name).items():
-                    res.setdefault((key, n, b), []).append(row)
-        print('run %d of %d done' % (run + 1, a.runs), file=sys.stderr)
-    print('# %d cores; load = 1-minute load average before each block, min-max' % len(os.sched_getaffinity(0)))
-    head = '%5s %10s | %11s %9s | %11s %9s | %9s %9s' % ('ranks', 'bytes', 'strata(us)', 'busbw', 'mpi(us)', 'busbw',
-                                                       'time s/m', 'busbw s/m')
+                sys.exit('%s failed:\n%s' % (name, out.stderr))
+            return parse_columns(out.stdout, name)
+        return go
+
+    programs = [('strata', strata), ('mpi', mpi)] + [(key, peer(command, name)) for key, name, command in peers]
+    busy = []
+    if a.load:
+        yes = shutil.which('yes')
+        if yes is None:
+            sys.exit('--load needs the yes program (coreutils) for its busy loops')
+        busy = [subprocess.Popen([yes], stdout=subprocess.DEVNULL) for _ in range(a.load)]
+
+    def check_busy():
+        stopped = [p for p in busy if p.poll() is not None]
+        if stopped:
+            sys.exit('--load: %d of the %d busy loops stopped (exit status %s); the figures would not be loaded ones'
+                     % (len(stopped), len(busy), stopped[0].returncode))
+
+    try:
+        for run in range(a.runs):
+            for n in ranks:
+                k = run % len(programs)
+                for key, go in programs[k:] + programs[:k]:
+                    check_busy()
+                    load(n)
+                    for b, row in go(n).items():
+                        res.setdefault((key, n, b), []).append(row)
+                        by_run[(key, n, b, run)] = row
+            check_busy()
+            print('run %d of %d done' % (run + 1, a.runs), file=sys.stderr)
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+    print('# %d cores; %s; load = 1-minute load average before each block, min-max'
+          % (len(os.sched_getaffinity(0)), 'LOADED: %d busy loops (yes) beside every block' % a.load if a.load
+             else 'idle: nothing started beside the programs'))
+    head = '%5s %10s | %11s %9s | %11s %9s | %9s %9s %9s' % ('ranks', 'bytes', 'strata(us)', 'busbw', 'mpi(us)',
+                                                            'busbw', 'time s/m', 'busbw s/m', 'run s/m')
     for key, name, _ in peers:
         head += ' | %11s %9s %6s' % (name + '(us)', 'busbw', 's/' + name[0])
     print(head + ' | %4s | %s' % ('runs', 'load'))
@@ -154,7 +205,10 @@ def main():
             st, sb = statistics.median(x[0] for x in s), statistics.median(x[1] for x in s)
             mt, mb = statistics.median(x[0] for x in m), statistics.median(x[1] for x in m)
             ld = loads.get(n, [0.0])
-            line = '%5d %10d | %11.1f %9.3f | %11.1f %9.3f | %9.2f %9.2f' % (n, b, st, sb, mt, mb, st / mt, sb / mb)
+            per_run = [by_run[('strata', n, b, i)][1] / by_run[('mpi', n, b, i)][1] for i in range(a.runs)
+                       if ('strata', n, b, i) in by_run and by_run.get(('mpi', n, b, i), (0, 0))[1] > 0]
+            line = '%5d %10d | %11.1f %9.3f | %11.1f %9.3f | %9.2f %9.2f %9.2f' % (
+                n, b, st, sb, mt, mb, st / mt, sb / mb, statistics.median(per_run) if per_run else float('nan'))
             for key, _, _ in peers:
                 p = res.get((key, n, b), [])
                 if not p:
