@@ -164,7 +164,8 @@ def main():
         yes = shutil.which('yes')
         if yes is None:
             sys.exit('--load needs the yes program (coreutils) for its busy loops')
-        busy = [subprocess.Popen([yes], stdout=subprocess.DEVNULL) for _ in range(a.load)]
+        busy = [subprocess.Popen([yes], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                for _ in range(a.load)]
 
     def check_busy():
         stopped = [p for p in busy if p.poll() is not None]
