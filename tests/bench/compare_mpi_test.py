@@ -136,7 +136,8 @@ class CompareMpiTest(unittest.TestCase):
         for name, message in (('mpi_bench', 'mpi_coll_bench: wrong result at 4096 bytes'),
                               ('strata_bench', 'strata-bench: 1 wrong elements at 4096 bytes'),
                               ('gloo_bench', 'gloo: 1 wrong elements at 4096 bytes')):
-            os.remove(os.path.join(self.dir, 'log')) if os.path.exists(os.path.join(self.dir, 'log')) else None
+            if os.path.exists(os.path.join(self.dir, 'log')):
+                os.remove(os.path.join(self.dir, 'log'))
             r = self.compare('--runs', '3', '--load', '1', env={'FAKE_WRONG': name})
             self.assertNotEqual(r.returncode, 0)
             self.assertIn(message, r.stderr)
