@@ -93,11 +93,15 @@ def main():
     ap.add_argument('--mpi-btl', default='tcp,self', help="Open MPI's --mca btl ('' = its own choice)")
     ap.add_argument('--load', type=int, default=0,
                     help='busy loops (yes >/dev/null) to run beside every block: measure under load (default 0)')
+    ap.add_argument('--timeout', type=float, default=900,
+                    help='seconds one program may take for all the sizes of one block (default 900)')
     a = ap.parse_args()
     if a.runs < 1:
         sys.exit('--runs: %d; give at least 1 (3 or more: the medians need several runs)' % a.runs)
     if a.load < 0 or a.load > 64:
         sys.exit('--load: %d busy loops; give 0 (idle) to 64, e.g. --load 2 on a 2-core machine' % a.load)
+    if a.timeout <= 0:
+        sys.exit('--timeout: %g s; give a positive number of seconds (default 900)' % a.timeout)
     options = [x for o in a.option for x in ('--option', o)]
     mpi_btl = ['--mca', 'btl', a.mpi_btl] if a.mpi_btl else []
     ranks = [int(x) for x in a.ranks.split(',')]
@@ -114,7 +118,6 @@ def main():
         peers.append(('torch', 'torch', lambda n: ['/usr/bin/python3', a.torch_bench, '-n', str(n), '-s', size_list]))
     else:
         print('# no torch.distributed column: needs %r and python3-torch' % a.torch_bench)
-    res = {}      # (program, ranks, bytes) -> [(time us, busbw)] over the runs
     by_run = {}   # (program, ranks, bytes, run) -> (time us, busbw)
     loads = {}
 
@@ -122,26 +125,32 @@ def main():
         with open('/proc/loadavg') as f:
             loads.setdefault(n, []).append(float(f.read().split()[0]))
 
-    def strata(n):
-        out = subprocess.run([a.bench, 'allreduce', '--transport', a.transport, '-n', str(n), '--sizes', size_list,
-                              '--json'] + options, capture_output=True, text=True, timeout=900)
+    def run_checked(command, what):
+        """The program's standard output; exits naming it when it fails or outlasts --timeout."""
+        try:
+            out = subprocess.run(command, capture_output=True, text=True, timeout=a.timeout)
+        except subprocess.TimeoutExpired:
+            sys.exit('%s did not finish within --timeout %g s (%s): run it alone to see where it stops, or give '
+                     'fewer --sizes or a longer --timeout' % (what, a.timeout, ' '.join(command)))
         if out.returncode != 0:
-            sys.exit('strata-bench failed:\n' + out.stderr)
+            sys.exit('%s failed (exit status %d, %s):\n%s' % (what, out.returncode, ' '.join(command), out.stderr))
+        return out.stdout
+
+    def strata(n):
+        stdout = run_checked([a.bench, 'allreduce', '--transport', a.transport, '-n', str(n), '--sizes', size_list,
+                              '--json'] + options, 'strata-bench')
         rows = {}
-        for r in json.loads(out.stdout)['results']:
+        for r in json.loads(stdout)['results']:
             if r['wrong'] != 0:
                 sys.exit('strata-bench: %d wrong elements at %d bytes' % (r['wrong'], r['bytes']))
             rows[r['bytes']] = (r['time_us'], r['busbw_gbps'])
         return rows
 
     def mpi(n):
-        out = subprocess.run(['mpirun', '--allow-run-as-root', '--oversubscribe'] + mpi_btl +
-                             ['-np', str(n), a.mpi_bench, '-c', 'allreduce', '-s', size_list],
-                             capture_output=True, text=True, timeout=900)
-        if out.returncode != 0:
-            sys.exit('mpirun failed:\n' + out.stderr)
+        stdout = run_checked(['mpirun', '--allow-run-as-root', '--oversubscribe'] + mpi_btl +
+                             ['-np', str(n), a.mpi_bench, '-c', 'allreduce', '-s', size_list], 'mpirun')
         rows = {}
-        for line in out.stdout.splitlines():
+        for line in stdout.splitlines():
             f = line.split()
             if line.startswith('#') or len(f) < 8:
                 continue
@@ -151,12 +160,7 @@ def main():
         return rows
 
     def peer(command, name):
-        def go(n):
-            out = subprocess.run(command(n), capture_output=True, text=True, timeout=900)
-            if out.returncode != 0:
-                sys.exit('%s failed:\n%s' % (name, out.stderr))
-            return parse_columns(out.stdout, name)
-        return go
+        return lambda n: parse_columns(run_checked(command(n), name), name)
 
     programs = [('strata', strata), ('mpi', mpi)] + [(key, peer(command, name)) for key, name, command in peers]
     busy = []
@@ -170,7 +174,8 @@ def main():
     def check_busy():
         stopped = [p for p in busy if p.poll() is not None]
         if stopped:
-            sys.exit('--load: %d of the %d busy loops stopped (exit status %s); the figures would not be loaded ones'
+            sys.exit('--load: %d of the %d busy loops stopped (exit status %s), so the figures would not be loaded '
+                     'ones; something on this machine killed them: run again once it no longer does'
                      % (len(stopped), len(busy), stopped[0].returncode))
 
     try:
@@ -181,7 +186,6 @@ def main():
                     check_busy()
                     load(n)
                     for b, row in go(n).items():
-                        res.setdefault((key, n, b), []).append(row)
                         by_run[(key, n, b, run)] = row
             check_busy()
             print('run %d of %d done' % (run + 1, a.runs), file=sys.stderr)
@@ -197,25 +201,29 @@ def main():
     for key, name, _ in peers:
         head += ' | %11s %9s %6s' % (name + '(us)', 'busbw', 's/' + name[0])
     print(head + ' | %4s | %s' % ('runs', 'load'))
+    def rows(key, n, b):
+        return [by_run[(key, n, b, i)] for i in range(a.runs) if (key, n, b, i) in by_run]
+
+    def medians(rs):
+        return statistics.median(x[0] for x in rs), statistics.median(x[1] for x in rs)
+
     for n in ranks:
         for b in sizes:
-            s = res.get(('strata', n, b), [])
-            m = res.get(('mpi', n, b), [])
+            s, m = rows('strata', n, b), rows('mpi', n, b)
             if not s or not m:
                 continue
-            st, sb = statistics.median(x[0] for x in s), statistics.median(x[1] for x in s)
-            mt, mb = statistics.median(x[0] for x in m), statistics.median(x[1] for x in m)
+            (st, sb), (mt, mb) = medians(s), medians(m)
             ld = loads.get(n, [0.0])
             per_run = [by_run[('strata', n, b, i)][1] / by_run[('mpi', n, b, i)][1] for i in range(a.runs)
                        if ('strata', n, b, i) in by_run and by_run.get(('mpi', n, b, i), (0, 0))[1] > 0]
             line = '%5d %10d | %11.1f %9.3f | %11.1f %9.3f | %9.2f %9.2f %9.2f' % (
                 n, b, st, sb, mt, mb, st / mt, sb / mb, statistics.median(per_run) if per_run else float('nan'))
             for key, _, _ in peers:
-                p = res.get((key, n, b), [])
+                p = rows(key, n, b)
                 if not p:
                     line += ' | %11s %9s %6s' % ('-', '-', '-')
                     continue
-                pt, pb = statistics.median(x[0] for x in p), statistics.median(x[1] for x in p)
+                pt, pb = medians(p)
                 line += ' | %11.1f %9.3f %6.2f' % (pt, pb, sb / pb if pb > 0 else float('inf'))
             print(line + ' | %d+%d | %.1f-%.1f' % (len(s), len(m), min(ld), max(ld)))
 

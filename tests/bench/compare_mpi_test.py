@@ -40,6 +40,12 @@ for pid in os.listdir('/proc'):
         busy.append(pid)
 with open(os.path.join(d, 'log'), 'a') as f:
     f.write('%s %d %s\n' % (name, run, ','.join(sorted(busy))))
+if os.environ.get('FAKE_HANG') == name:
+    import time
+    time.sleep(30)
+if os.environ.get('FAKE_EXIT') == name:
+    sys.stderr.write('%s: cannot start\n' % name)
+    sys.exit(3)
 busbw = {'strata_bench': [1.0, 4.0, 2.0], 'mpi_bench': [2.0, 1.0, 4.0], 'gloo_bench': [0.5, 0.5, 0.5]}[name][run % 3]
 sizes = []
 for i, a in enumerate(sys.argv):
@@ -143,10 +149,23 @@ class CompareMpiTest(unittest.TestCase):
             self.assertIn(message, r.stderr)
             self.assert_gone({p for x in self.log() for p in x[2].split(',') if p})
 
+    def test_a_failed_or_hung_program_is_named_and_the_busy_loops_stop(self):
+        for env, extra, message in (
+                ({'FAKE_EXIT': 'gloo_bench'}, [], 'gloo failed (exit status 3, '),
+                ({'FAKE_EXIT': 'strata_bench'}, [], 'strata-bench failed (exit status 3, '),
+                ({'FAKE_HANG': 'mpi_bench'}, ['--timeout', '1'], 'mpirun did not finish within --timeout 1 s')):
+            if os.path.exists(os.path.join(self.dir, 'log')):
+                os.remove(os.path.join(self.dir, 'log'))
+            r = self.compare('--runs', '1', '--load', '1', *extra, env=env)
+            self.assertNotEqual(r.returncode, 0)
+            self.assertIn(message, r.stderr)
+            self.assert_gone({p for x in self.log() for p in x[2].split(',') if p})
+
     def test_bad_arguments_are_refused(self):
         for args, message in ((['--runs', '0'], '--runs: 0; give at least 1'),
                               (['--load', '-1'], '--load: -1 busy loops; give 0 (idle) to 64'),
-                              (['--load', '65'], '--load: 65 busy loops; give 0 (idle) to 64')):
+                              (['--load', '65'], '--load: 65 busy loops; give 0 (idle) to 64'),
+                              (['--timeout', '0'], '--timeout: 0 s; give a positive number of seconds')):
             r = self.compare(*args)
             self.assertNotEqual(r.returncode, 0)
             self.assertIn(message, r.stderr)
