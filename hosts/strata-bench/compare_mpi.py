@@ -14,10 +14,13 @@ join the comparison when their programs are there (--gloo-bench,
 median time and busbw of each, the ratios (s/m: Strata over Open MPI, time
 and busbw; s/g, s/t: Strata's busbw over Gloo's and torch's, above 1 Strata
 is faster; 'run s/m' is the median over the runs of each run's busbw ratio,
-which a run that caught the machine in a slow spell moves less), and the
-machine's 1-minute load average read before each block (min-max over the
-blocks of that row; above the core count the machine is oversubscribed and
-polling peers such as Open MPI lose most). Each run starts with the next
+which a run that caught the machine in a slow spell moves less; '90% of run'
+is a 90 % confidence interval of that median from the runs' order
+statistics, from 5 runs on: where it holds 1.0 the runs do not show either
+program faster, and only where its low end is 1.1 or more do they show
+Strata 1.1x ahead), and the machine's 1-minute load average read before each
+block (min-max over the blocks of that row; above the core count the machine
+is oversubscribed and polling peers such as Open MPI lose most). Each run starts with the next
 program in turn (Strata, Open MPI, Gloo, torch, then Open MPI first, ...), so
 no program always runs right after the same one. --load N measures under
 load: N busy loops (yes >/dev/null) run beside every block, are checked to
@@ -32,6 +35,7 @@ Examples:
 """
 import argparse
 import json
+import math
 import os
 import shutil
 import statistics
@@ -51,6 +55,22 @@ def parse_columns(text, what):
             sys.exit('%s: %s wrong elements at %s bytes' % (what, f[8], f[0]))
         rows[int(f[0])] = (float(f[3]), float(f[7]))
     return rows
+
+
+def median_interval(xs, level=0.9):
+    """A distribution-free confidence interval of the median of xs: the order statistics x(k), x(n+1-k) with the
+    largest k whose coverage, 1 - 2 P(Binomial(n, 1/2) < k), is at least `level`. None when even min-max covers
+    less (fewer than 5 values at 90 %). Per-run ratios on a noisy machine are far from normal, hence no t-test."""
+    xs = sorted(xs)
+    n = len(xs)
+    best = None
+    below = 0.0  # P(Binomial(n, 1/2) < k)
+    for k in range(1, n // 2 + 1):
+        below += math.comb(n, k - 1) / 2.0 ** n
+        if 1 - 2 * below < level:
+            break
+        best = (xs[k - 1], xs[n - k])
+    return best
 
 
 def parse_sizes(text):
@@ -196,8 +216,8 @@ def main():
     print('# %d cores; %s; load = 1-minute load average before each block, min-max'
           % (len(os.sched_getaffinity(0)), 'LOADED: %d busy loops (yes) beside every block' % a.load if a.load
              else 'idle: nothing started beside the programs'))
-    head = '%5s %10s | %11s %9s | %11s %9s | %9s %9s %9s' % ('ranks', 'bytes', 'strata(us)', 'busbw', 'mpi(us)',
-                                                            'busbw', 'time s/m', 'busbw s/m', 'run s/m')
+    head = '%5s %10s | %11s %9s | %11s %9s | %9s %9s %9s %11s' % (
+        'ranks', 'bytes', 'strata(us)', 'busbw', 'mpi(us)', 'busbw', 'time s/m', 'busbw s/m', 'run s/m', '90% of run')
     for key, name, _ in peers:
         head += ' | %11s %9s %6s' % (name + '(us)', 'busbw', 's/' + name[0])
     print(head + ' | %4s | %s' % ('runs', 'load'))
@@ -216,8 +236,10 @@ def main():
             ld = loads.get(n, [0.0])
             per_run = [by_run[('strata', n, b, i)][1] / by_run[('mpi', n, b, i)][1] for i in range(a.runs)
                        if ('strata', n, b, i) in by_run and by_run.get(('mpi', n, b, i), (0, 0))[1] > 0]
-            line = '%5d %10d | %11.1f %9.3f | %11.1f %9.3f | %9.2f %9.2f %9.2f' % (
-                n, b, st, sb, mt, mb, st / mt, sb / mb, statistics.median(per_run) if per_run else float('nan'))
+            ci = median_interval(per_run)
+            line = '%5d %10d | %11.1f %9.3f | %11.1f %9.3f | %9.2f %9.2f %9.2f %11s' % (
+                n, b, st, sb, mt, mb, st / mt, sb / mb, statistics.median(per_run) if per_run else float('nan'),
+                '%.2f-%.2f' % ci if ci else '-')
             for key, _, _ in peers:
                 p = rows(key, n, b)
                 if not p:

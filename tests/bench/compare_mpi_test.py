@@ -7,6 +7,7 @@ the programs take turns starting a run, --load's busy loops run during every
 block and are gone afterwards (also when a program fails), the per-run ratio
 is the median of each run's ratio, and bad arguments and wrong results fail.
 Usage: compare_mpi_test.py PATH/compare_mpi.py"""
+import importlib.util
 import os
 import subprocess
 import sys
@@ -127,10 +128,31 @@ class CompareMpiTest(unittest.TestCase):
         self.assertIn('LOADED: 2 busy loops', r.stdout)
         # strata busbw 1, 4, 2 and mpi 2, 1, 4 over the runs: the medians are
         # equal (busbw s/m 1.00), the runs' ratios 0.5, 4, 0.5 (run s/m 0.50).
+        # Three runs are too few for a 90 % interval of that median ('-').
         row = self.row(r.stdout, 4096)
-        self.assertEqual(row[2:10], ['500.0', '2.000', '500.0', '2.000', '1.00', '1.00', '0.50', '2000.0'])
-        self.assertEqual(row[11], '4.00')  # over gloo's 0.5
-        self.assertEqual(row[12], '3+3')
+        self.assertEqual(row[2:11], ['500.0', '2.000', '500.0', '2.000', '1.00', '1.00', '0.50', '-', '2000.0'])
+        self.assertEqual(row[12], '4.00')  # over gloo's 0.5
+        self.assertEqual(row[13], '3+3')
+
+    def test_five_runs_give_an_interval_of_the_per_run_median(self):
+        # Runs' ratios 0.5, 4, 0.5, 0.5, 4: median 0.50, and with five runs
+        # the 90 % interval is min-max (coverage 94 %).
+        r = self.compare('--runs', '5')
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn('90% of run', r.stdout)
+        row = self.row(r.stdout, 65536)
+        self.assertEqual(row[8:10], ['0.50', '0.50-4.00'])
+        self.assertEqual(row[13], '5+5')
+
+    def test_median_interval_takes_the_order_statistics_that_cover_90_percent(self):
+        spec = importlib.util.spec_from_file_location('compare_mpi', SCRIPT)
+        m = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(m)
+        self.assertIsNone(m.median_interval([3, 1, 2, 4]))  # min-max covers 87.5 %
+        self.assertEqual(m.median_interval([5, 4, 3, 2, 1]), (1, 5))  # 93.8 %
+        self.assertEqual(m.median_interval(list(range(10, 0, -1))), (2, 9))  # 97.9 %; (3, 8) is 89.1 %
+        self.assertEqual(m.median_interval(list(range(1, 21))), (6, 15))  # 95.9 %; (7, 14) is 88.5 %
+        self.assertEqual(m.median_interval(list(range(1, 21)), level=0.5), (8, 13))  # 73.7 %; (9, 12) 49.7 %
 
     def test_idle_starts_no_busy_loop(self):
         r = self.compare('--runs', '1')
