@@ -57,6 +57,15 @@ constexpr size_t kSpareStagingBuffers = 32;
 // their headers, and 2-rank all-reduces of 64-256 KiB were up to 2x slower
 // (idle 2-core machine, alternating runs).
 constexpr uint64_t kPollMaxBytes = (128 << 10) + 4096;
+// The same while this job's ranks on this machine outnumber its cores
+// (crowded_by_job_), where the wait yield-polls: up to 256 KiB and a few
+// headers, the ring's chunks of a 4-rank 1 MiB all-reduce. 4 ranks on the
+// 2-core VM, alternating with 128 KiB in 8-round runs, medians of each
+// round's ratio: 1 MiB 0.84-0.91x the time idle (Open MPI's 981 us against
+// 1,039 us after, 1,248 us before), 512 KiB and 2 MiB 0.99-1.02x, 8 ranks
+// 2 MiB 0.96x; beside two busy loops 1 MiB 1.11x (6 rounds). Up to 1 MiB
+// (the pairwise exchange's 512 KiB segments at 2 MiB) gained nothing more.
+constexpr uint64_t kCrowdedPollMaxBytes = (256 << 10) + 4096;
 // Frames up to this size are written by the posting thread when the
 // connection is idle (try_send_inline_locked); larger ones by the io thread
 // or a waiter running the reactor. Handing a frame over costs a wake-up,
@@ -1246,9 +1255,10 @@ uint64_t TcpComm::wait(strata_request_t h, int64_t timeout_ms) {
     //   process has free cores: this thread polls the reactor for the
     //   pacer's budget, restarted by every poll that ran handlers (a reply
     //   then wakes no thread);
-    // - the same, yielding between polls, while this job's ranks on this
-    //   machine outnumber its cores (crowded_by_job_) and yields come back
-    //   soon (transport::YieldProbe: no busy program takes the core);
+    // - the same (up to kCrowdedPollMaxBytes, ~260 KiB), yielding between
+    //   polls, while this job's ranks on this machine outnumber its cores
+    //   (crowded_by_job_) and yields come back soon
+    //   (transport::YieldProbe: no busy program takes the core);
     // - otherwise, and once that budget is spent, this thread runs the
     //   reactor blocked in epoll_wait (progress_blocking): a frame wakes
     //   the thread that wants it, not the io thread and then this one.
@@ -1266,7 +1276,7 @@ uint64_t TcpComm::wait(strata_request_t h, int64_t timeout_ms) {
     // slow yields (a time slice each) made 2-rank all-reduces up to 1.5x
     // slower beside two busy loops.
     waits_.fetch_add(1, std::memory_order_relaxed);
-    const bool small = r->bytes <= kPollMaxBytes;
+    const bool small = r->bytes <= (crowded_by_job_ ? kCrowdedPollMaxBytes : kPollMaxBytes);
     // The pacer judges load from every runnable thread: the io threads are
     // this job's too, so tcp does not use yield_only_for_job (tried: with
     // no other work a 2-rank 1 MiB all-reduce took 1.7x as long).
