@@ -24,7 +24,8 @@ is oversubscribed and polling peers such as Open MPI lose most). Each run starts
 program in turn (Strata, Open MPI, Gloo, torch, then Open MPI first, ...), so
 no program always runs right after the same one. --load N measures under
 load: N busy loops (yes >/dev/null) run beside every block, are checked to
-be alive before each block, and are stopped at the end. Build the
+be alive before each block, and are stopped at the end (also when a program
+fails or the comparison is stopped with Ctrl-C, SIGTERM or SIGHUP). Build the
 peers as /work/shared/bench/README.md says:
     mpicc -O2 -o /tmp/mpi_coll_bench /work/shared/bench/mpi_coll_bench.c
     g++ -std=c++17 -O2 -o /tmp/gloo_bench /work/shared/bench/gloo_bench.cc -lgloo -lpthread
@@ -38,6 +39,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -183,6 +185,13 @@ def main():
         return lambda n: parse_columns(run_checked(command(n), name), name)
 
     programs = [('strata', strata), ('mpi', mpi)] + [(key, peer(command, name)) for key, name, command in peers]
+    # A comparison stopped by kill or timeout(1) still stops its busy loops
+    # and the program running (subprocess.run kills it on the way out).
+    def stopped_by(signum, _frame):
+        sys.exit('compare_mpi.py: stopped by signal %d (%s)' % (signum, signal.Signals(signum).name))
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, stopped_by)
     busy = []
     if a.load:
         yes = shutil.which('yes')

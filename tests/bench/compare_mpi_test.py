@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 SCRIPT = None
@@ -182,6 +183,25 @@ class CompareMpiTest(unittest.TestCase):
             self.assertNotEqual(r.returncode, 0)
             self.assertIn(message, r.stderr)
             self.assert_gone({p for x in self.log() for p in x[2].split(',') if p})
+
+    def test_a_terminated_comparison_stops_its_busy_loops(self):
+        # As timeout(1) or kill would: SIGTERM while a program runs.
+        e = dict(os.environ, FAKE_DIR=self.dir, FAKE_HANG='mpi_bench',
+                 PATH=self.dir + os.pathsep + os.environ.get('PATH', ''))
+        cmd = [sys.executable, SCRIPT, '--bench', os.path.join(self.dir, 'strata_bench'),
+               '--mpi-bench', os.path.join(self.dir, 'mpi_bench'), '--gloo-bench', '', '--torch-bench', '',
+               '--ranks', '2', '--sizes', '4K', '--runs', '1', '--load', '2', '--timeout', '60']
+        p = subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        log = os.path.join(self.dir, 'log')
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (os.path.exists(log) and 'mpi_bench' in open(log).read()):
+            time.sleep(0.05)
+        self.assertIn('mpi_bench', open(log).read(), 'the hanging program never started')
+        p.terminate()
+        _, err = p.communicate(timeout=30)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn('stopped by signal 15 (SIGTERM)', err)
+        self.assert_gone({q for x in self.log() for q in x[2].split(',') if q})
 
     def test_bad_arguments_are_refused(self):
         for args, message in ((['--runs', '0'], '--runs: 0; give at least 1'),
