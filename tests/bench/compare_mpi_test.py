@@ -88,17 +88,34 @@ class CompareMpiTest(unittest.TestCase):
     def tearDown(self):
         self.tmp.cleanup()
 
-    def compare(self, *extra, env=None):
+    def start(self, *extra, env=None):
+        """The script on the stand-ins, started; later arguments override earlier ones."""
         e = dict(os.environ, FAKE_DIR=self.dir, PATH=self.dir + os.pathsep + os.environ.get('PATH', ''))
         e.update(env or {})
         cmd = [sys.executable, SCRIPT, '--bench', os.path.join(self.dir, 'strata_bench'),
                '--mpi-bench', os.path.join(self.dir, 'mpi_bench'), '--gloo-bench', os.path.join(self.dir, 'gloo_bench'),
                '--torch-bench', '', '--ranks', '2', '--sizes', '4K,64K'] + list(extra)
-        return subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=60)
+        return subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def compare(self, *extra, env=None):
+        p = self.start(*extra, env=env)
+        try:
+            out, err = p.communicate(timeout=60)
+        finally:
+            p.kill()
+        return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
     def log(self):
         with open(os.path.join(self.dir, 'log')) as f:
             return [line.split(' ') for line in f.read().splitlines()]
+
+    def started(self):
+        """The stand-ins started so far (none before the first logs)."""
+        return [x[0] for x in self.log()] if os.path.exists(os.path.join(self.dir, 'log')) else []
+
+    def forget_log(self):
+        if os.path.exists(os.path.join(self.dir, 'log')):
+            os.remove(os.path.join(self.dir, 'log'))
 
     def row(self, out, size):
         for line in out.splitlines():
@@ -165,8 +182,7 @@ class CompareMpiTest(unittest.TestCase):
         for name, message in (('mpi_bench', 'mpi_coll_bench: wrong result at 4096 bytes'),
                               ('strata_bench', 'strata-bench: 1 wrong elements at 4096 bytes'),
                               ('gloo_bench', 'gloo: 1 wrong elements at 4096 bytes')):
-            if os.path.exists(os.path.join(self.dir, 'log')):
-                os.remove(os.path.join(self.dir, 'log'))
+            self.forget_log()
             r = self.compare('--runs', '3', '--load', '1', env={'FAKE_WRONG': name})
             self.assertNotEqual(r.returncode, 0)
             self.assertIn(message, r.stderr)
@@ -177,28 +193,25 @@ class CompareMpiTest(unittest.TestCase):
                 ({'FAKE_EXIT': 'gloo_bench'}, [], 'gloo failed (exit status 3, '),
                 ({'FAKE_EXIT': 'strata_bench'}, [], 'strata-bench failed (exit status 3, '),
                 ({'FAKE_HANG': 'mpi_bench'}, ['--timeout', '1'], 'mpirun did not finish within --timeout 1 s')):
-            if os.path.exists(os.path.join(self.dir, 'log')):
-                os.remove(os.path.join(self.dir, 'log'))
+            self.forget_log()
             r = self.compare('--runs', '1', '--load', '1', *extra, env=env)
             self.assertNotEqual(r.returncode, 0)
             self.assertIn(message, r.stderr)
             self.assert_gone({p for x in self.log() for p in x[2].split(',') if p})
 
     def test_a_terminated_comparison_stops_its_busy_loops(self):
-        # As timeout(1) or kill would: SIGTERM while a program runs.
-        e = dict(os.environ, FAKE_DIR=self.dir, FAKE_HANG='mpi_bench',
-                 PATH=self.dir + os.pathsep + os.environ.get('PATH', ''))
-        cmd = [sys.executable, SCRIPT, '--bench', os.path.join(self.dir, 'strata_bench'),
-               '--mpi-bench', os.path.join(self.dir, 'mpi_bench'), '--gloo-bench', '', '--torch-bench', '',
-               '--ranks', '2', '--sizes', '4K', '--runs', '1', '--load', '2', '--timeout', '60']
-        p = subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        log = os.path.join(self.dir, 'log')
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not (os.path.exists(log) and 'mpi_bench' in open(log).read()):
-            time.sleep(0.05)
-        self.assertIn('mpi_bench', open(log).read(), 'the hanging program never started')
-        p.terminate()
-        _, err = p.communicate(timeout=30)
+        # As timeout(1) or kill would: SIGTERM while a program (the hanging
+        # mpi_bench, which runs second) runs.
+        p = self.start('--runs', '1', '--load', '2', '--timeout', '60', env={'FAKE_HANG': 'mpi_bench'})
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and 'mpi_bench' not in self.started():
+                time.sleep(0.05)
+            self.assertIn('mpi_bench', self.started(), 'the hanging program never started')
+            p.terminate()
+            _, err = p.communicate(timeout=30)
+        finally:
+            p.kill()
         self.assertNotEqual(p.returncode, 0)
         self.assertIn('stopped by signal 15 (SIGTERM)', err)
         self.assert_gone({q for x in self.log() for q in x[2].split(',') if q})

@@ -1506,7 +1506,9 @@ void TcpComm::setup(int64_t timeout_ms) {
   }
   crowded_by_job_ = here > transport::usable_cores();
   host_.debug(who, ": ", here, " of ", world_, " ranks on this machine, ", transport::usable_cores(), " cores",
-              crowded_by_job_ ? ": small waits yield-poll while yields come back soon" : "");
+              crowded_by_job_ ? str_cat(": waits for up to ", kCrowdedPollMaxBytes >> 10,
+                                        " KiB yield-poll while yields come back soon")
+                              : std::string());
   // Any rank may connect (lazily, any time); eagerly only the lower ones, all
   // at once. Either way a real peer's connections always fit in the quota.
   max_pending_ = kMaxPendingHandshakes + static_cast<size_t>(nconn_) *
