@@ -354,6 +354,24 @@ class RingComm::Op {
   const Req& req(size_t i) const { return reqs_[i]; }
 
  private:
+  /// Waits (each within the timeout) for this collective's live sends to
+  /// `peer`; their failures are not this rank's verdict and are dropped.
+  void drain_sends_to(int32_t peer) {
+    const std::string kind = kind_, failure = failure_;
+    const int32_t cause_peer = peer_;
+    const auto sends = live_sends_;
+    for (size_t s : sends) {
+      if (reqs_[s].peer != peer) continue;
+      try {
+        wait(s);
+      } catch (const Error&) {
+      }
+    }
+    kind_ = kind;
+    failure_ = failure;
+    peer_ = cause_peer;
+  }
+
   void forget_send(size_t i) {
     auto it = std::find(live_sends_.begin(), live_sends_.end(), i);
     if (it != live_sends_.end()) live_sends_.erase(it);
@@ -387,6 +405,11 @@ class RingComm::Op {
       // fingerprint check names the mismatch, or other options. Not a bad
       // argument of this rank's, which the culprit analysis would skip.
       set_cause("error", q.peer);
+      // That peer can only name the mismatch from our own message: let ours
+      // leave before this rank aborts (a send still queued in the transport,
+      // e.g. behind its connect, would be cancelled, and the peer would see
+      // only our abort).
+      drain_sends_to(q.peer);
       raise(STRATA_ERR_DATA_LOSS, prefix(), ": receiving from ", peer, " (", what(q), ") failed: ", msg, "; ", peer,
             " sent a message of another size: it runs another collective, or its ring cross_device_ops options "
             "differ from this rank's");
