@@ -25,6 +25,9 @@ constexpr uint64_t kMaxStep = (1ull << 12) - 1;
 constexpr uint64_t kMaxChunks = 1ull << 20;
 // Longest single transport wait between checks of the host's abort flag.
 constexpr int64_t kWaitSliceMs = 100;
+// How long a rank that found a peer in another collective lets its own
+// messages to that peer leave before it fails (Op::drain_sends_to).
+constexpr int64_t kDrainMs = 1000;
 
 // The fingerprint at the start of every step-0 message. Peers are assumed to
 // share endianness (every supported platform is little-endian).
@@ -354,22 +357,27 @@ class RingComm::Op {
   const Req& req(size_t i) const { return reqs_[i]; }
 
  private:
-  /// Waits (each within the timeout) for this collective's live sends to
-  /// `peer`; their failures are not this rank's verdict and are dropped.
+  /// Gives this collective's live sends to `peer` up to kDrainMs in all to
+  /// leave (the transport may progress only inside wait). A send the peer
+  /// never takes (it is blocked elsewhere) must not hold back this rank's
+  /// report, which the other ranks' watchers act on: what is left stays live
+  /// and is cancelled with the collective. Failures here are not the verdict.
   void drain_sends_to(int32_t peer) {
-    const std::string kind = kind_, failure = failure_;
-    const int32_t cause_peer = peer_;
-    const auto sends = live_sends_;
-    for (size_t s : sends) {
-      if (reqs_[s].peer != peer) continue;
-      try {
-        wait(s);
-      } catch (const Error&) {
-      }
+    const uint64_t until = c_.host_.now_ns() + uint64_t(kDrainMs) * 1000000ull;
+    for (size_t i = 0; i < reqs_.size(); ++i) {
+      Req& q = reqs_[i];
+      if (!q.send || !q.live || q.peer != peer) continue;
+      const uint64_t now = c_.host_.now_ns();
+      if (now >= until) break;
+      strata_error err;
+      strata_error_init(&err);
+      uint64_t bytes = 0;
+      const strata_status_t s =
+          c_.vt_->wait(c_.comm_, q.req, int64_t((until - now) / 1000000ull) + 1, &bytes, &err);
+      if (s == STRATA_ERR_DEADLINE_EXCEEDED) break;
+      q.live = false;  // released by wait
+      forget_send(i);
     }
-    kind_ = kind;
-    failure_ = failure;
-    peer_ = cause_peer;
   }
 
   void forget_send(size_t i) {
