@@ -809,7 +809,10 @@ Status ar_float(Cdo& c, DLDataType d, size_t n) {
   return c.all_reduce(STRATA_REDUCE_SUM, {&x}, {&x}, 1);
 }
 
-TEST_P(RingTest, MismatchedCollectivesFailOnBothSides) {
+// Every mismatch case with 2, 3 and 4 ranks: both sides name it. `transport`
+// (a "transport" ring option) and `others_wait_ms` (the ranks other than 1
+// start that much later) are for the lazy transport below.
+void check_mismatches(const std::string& name, const json& transport, int others_wait_ms) {
   const std::vector<Mismatch> cases = {
       {"op", [](Cdo& c) {
          Tensor x(kFloat32, {10}), o(kFloat32, {10 * 2});
@@ -829,13 +832,15 @@ TEST_P(RingTest, MismatchedCollectivesFailOnBothSides) {
   // 4 ranks: the others' all-reduce is the direct exchange in rounds, or
   // recursive doubling, whose messages carry the fingerprint (no step 0 of
   // their own), and rank 1's in the last case recursive halving.
-  const json doubling = {{"timeout_s", 20}, {"doubling_max_bytes", 262144}, {"halving_max_bytes", 4194304}};
-  const json rounds = {{"timeout_s", 20}, {"direct_doubling", true}};
+  json doubling = {{"timeout_s", 20}, {"doubling_max_bytes", 262144}, {"halving_max_bytes", 4194304}};
+  json rounds = {{"timeout_s", 20}, {"direct_doubling", true}};
+  if (!transport.is_null()) doubling["transport"] = rounds["transport"] = transport;
   for (const auto& [n, extra] : {std::pair<int, json>{2, rounds}, {3, rounds}, {4, rounds}, {4, doubling}}) {
     for (const Mismatch& m : cases) {
       SCOPED_TRACE(m.name + " with " + std::to_string(n) + " ranks, " + extra.dump());
       std::vector<Status> st(static_cast<size_t>(n)), after(static_cast<size_t>(n));
-      run_world(transport(), n, extra, [&](int rank, Cdo& cdo) {
+      run_world(name, n, extra, [&](int rank, Cdo& cdo) {
+        if (rank != 1 && others_wait_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(others_wait_ms));
         st[size_t(rank)] = rank == 1 ? m.rank1(cdo) : ar_float(cdo, kFloat32, 1000);
         after[size_t(rank)] = ar_float(cdo, kFloat32, 4);
       });
@@ -852,6 +857,18 @@ TEST_P(RingTest, MismatchedCollectivesFailOnBothSides) {
       }
     }
   }
+}
+
+TEST_P(RingTest, MismatchedCollectivesFailOnBothSides) { check_mismatches(transport(), json(), 0); }
+
+// A transport that moves sends only inside its sender's wait or test (as
+// libfabric's providers do), with rank 1's larger messages already waiting
+// when the others post their receives: a rank whose receive fails at once
+// (too small for rank 1's message) must still let its own message to rank 1
+// leave, or rank 1 sees only its abort and cannot name the mismatch.
+TEST(RingLazyTransport, MismatchedCollectivesFailOnBothSides) {
+  load_plugins();
+  check_mismatches("ring_test_inproc", {{"name", "ring_test_inproc"}, {"options", {{"lazy_sends", true}}}}, 150);
 }
 
 // Options that pick another all-reduce algorithm on one rank (here rank 1
