@@ -871,11 +871,25 @@ TEST(RingLazyTransport, MismatchedCollectivesFailOnBothSides) {
   check_mismatches("ring_test_inproc", {{"name", "ring_test_inproc"}, {"options", {{"lazy_sends", true}}}}, 150);
 }
 
+void check_another_algorithm(const std::string& name, const json& transport, int rank1_wait_ms);
+
+// The same for options that pick another algorithm on rank 1, with the
+// others' messages already waiting when rank 1 posts its receives: rank 1
+// finds the difference first and must let its own message leave, so that
+// the others can say what rank 1 runs.
+TEST(RingLazyTransport, AnotherAlgorithmOnOneRankIsReported) {
+  load_plugins();
+  check_another_algorithm("ring_test_inproc", {{"name", "ring_test_inproc"}, {"options", {{"lazy_sends", true}}}},
+                          150);
+}
+
 // Options that pick another all-reduce algorithm on one rank (here rank 1
 // never uses recursive doubling, so it sends step 0 with its value where the
 // others send the first round) are reported as such, not as a hang or as
 // wrong sums.
-TEST_P(RingTest, AnotherAlgorithmOnOneRankIsReported) {
+// `transport` (a "transport" ring option) and `rank1_wait_ms` (rank 1
+// starts that much later) are for the lazy transport below.
+void check_another_algorithm(const std::string& name, const json& transport, int rank1_wait_ms) {
   const int n = 4;
   struct Case {
     const char* option;
@@ -886,8 +900,9 @@ TEST_P(RingTest, AnotherAlgorithmOnOneRankIsReported) {
   // 1000 floats: recursive doubling (rank 1: the direct exchange); 100,000
   // floats (400 KB): recursive halving, or the pairwise exchange (rank 1:
   // the ring).
-  const json on = {{"timeout_s", 20}, {"doubling_max_bytes", 262144}, {"halving_max_bytes", 4194304},
-                   {"direct_doubling", false}, {"pairwise_max_bytes", 0}};
+  json on = {{"timeout_s", 20}, {"doubling_max_bytes", 262144}, {"halving_max_bytes", 4194304},
+             {"direct_doubling", false}, {"pairwise_max_bytes", 0}};
+  if (!transport.is_null()) on["transport"] = transport;
   json pairwise = on;
   pairwise["halving_max_bytes"] = 0;
   pairwise["pairwise_max_bytes"] = 4194304;
@@ -898,7 +913,11 @@ TEST_P(RingTest, AnotherAlgorithmOnOneRankIsReported) {
     SCOPED_TRACE(c.option);
     std::vector<Status> st(static_cast<size_t>(n));
     run_world(
-        transport(), n, c.on, [&](int rank, Cdo& cdo) { st[size_t(rank)] = ar_float(cdo, kFloat32, c.count); },
+        name, n, c.on,
+        [&](int rank, Cdo& cdo) {
+          if (rank == 1 && rank1_wait_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(rank1_wait_ms));
+          st[size_t(rank)] = ar_float(cdo, kFloat32, c.count);
+        },
         [&](int rank) { return rank == 1 ? json{{c.option, 0}} : json::object(); });
     for (int k = 0; k < n; ++k) {
       const std::string& m = st[size_t(k)].message;
@@ -912,6 +931,11 @@ TEST_P(RingTest, AnotherAlgorithmOnOneRankIsReported) {
     for (int k = 0; k < n; ++k) named = named || st[size_t(k)].message.find(c.theirs) != std::string::npos;
     EXPECT_TRUE(named) << st[0].message;
   }
+}
+
+TEST_P(RingTest, AnotherAlgorithmOnOneRankIsReported) {
+  check_another_algorithm(transport(), json(), 0);
+  const int n = 4;
   // The defaults of direct_doubling (1000 floats) and of the pairwise
   // exchange (above 1 MiB up to 64 MiB): on over tcp (every message costs
   // system calls and wake-ups), off over the others (shared memory: cheap

@@ -356,7 +356,6 @@ class RingComm::Op {
 
   const Req& req(size_t i) const { return reqs_[i]; }
 
- private:
   /// Gives this collective's live sends to `peer` up to kDrainMs in all to
   /// leave (the transport may progress only inside wait). A send the peer
   /// never takes (it is blocked elsewhere) must not hold back this rank's
@@ -380,6 +379,7 @@ class RingComm::Op {
     }
   }
 
+ private:
   void forget_send(size_t i) {
     auto it = std::find(live_sends_.begin(), live_sends_.end(), i);
     if (it != live_sends_.end()) live_sends_.erase(it);
@@ -692,13 +692,17 @@ void RingComm::check_fingerprint(Op& op, int32_t p, const char* got, uint64_t by
              " of communicator '", opt_.name, "': ", me_first ? a : b, ", ", me_first ? b : a,
              "; every process must issue the same collectives in the same order");
   }
+  // Below, as above, the peer can only name the difference from our own
+  // message: let it leave first.
   if (h.chunk_bytes != mine.chunk_bytes || h.world_size != mine.world_size) {
+    op.drain_sends_to(p);
     op.set_cause("mismatch", p);
     op.raise(STRATA_ERR_INVALID_ARGUMENT, op.prefix(), ": rank ", p, " uses chunk_bytes ", h.chunk_bytes,
              " and world_size ", h.world_size, " but rank ", opt_.rank, " uses ", mine.chunk_bytes, " and ",
              mine.world_size, "; give every process the same ring cross_device_ops options");
   }
   if (expect_aux >= 0 && h.aux != uint64_t(expect_aux)) {
+    op.drain_sends_to(p);
     op.set_cause("mismatch", p);
     op.raise(STRATA_ERR_INVALID_ARGUMENT, op.prefix(), ": rank ", p, " runs this collective with another "
              "algorithm: it sent ", algorithm_of(h.aux), " where rank ", opt_.rank, " expects ",
