@@ -356,7 +356,7 @@ class RingComm::Op {
 
   const Req& req(size_t i) const { return reqs_[i]; }
 
-  /// Gives this collective's live sends to `peer` up to kDrainMs in all to
+  /// Gives this collective's live sends to `peer` (-1: to anyone) up to kDrainMs in all to
   /// leave (the transport may progress only inside wait). A send the peer
   /// never takes (it is blocked elsewhere) must not hold back this rank's
   /// report, which the other ranks' watchers act on: what is left stays live
@@ -365,7 +365,7 @@ class RingComm::Op {
     const uint64_t until = c_.host_.now_ns() + uint64_t(kDrainMs) * 1000000ull;
     for (size_t i = 0; i < reqs_.size(); ++i) {
       Req& q = reqs_[i];
-      if (!q.send || !q.live || q.peer != peer) continue;
+      if (!q.send || !q.live || (peer >= 0 && q.peer != peer)) continue;
       const uint64_t now = c_.host_.now_ns();
       if (now >= until) break;
       strata_error err;
@@ -658,7 +658,7 @@ void RingComm::write_fingerprint(Op& op, size_t payload_bytes, uint64_t aux) {
   std::memcpy(hdr_send_.mem.data(), &mine, kHdr);
 }
 
-void RingComm::check_fingerprint(Op& op, int32_t p, const char* got, uint64_t bytes, const std::vector<size_t>& sends,
+void RingComm::check_fingerprint(Op& op, int32_t p, const char* got, uint64_t bytes,
                                  int64_t expect_aux) {
   const CollectiveDesc& d = op.desc();
   WireHeader mine{};
@@ -673,14 +673,9 @@ void RingComm::check_fingerprint(Op& op, int32_t p, const char* got, uint64_t by
                        (h.op == STRATA_COLL_ALL_GATHER ? (h.outer == mine.outer && h.inner == mine.inner)
                                                        : h.count == mine.count);
   if (!same_op || h.sequence != mine.sequence) {
-    // Wait briefly for our own fingerprint to leave, so that the peer can
-    // report the mismatch too instead of seeing a dropped connection.
-    for (size_t s : sends) {
-      try {
-        op.wait(s);
-      } catch (const Error&) {
-      }
-    }
+    // Let our own fingerprint leave, so that the peers can report the
+    // mismatch too instead of seeing a dropped connection.
+    op.drain_sends_to(-1);
     const CollectiveDesc theirs = desc_of(h);
     const bool me_first = opt_.rank < p;
     const std::string a = "rank " + std::to_string(opt_.rank) + " called " + describe(d) +
@@ -740,8 +735,7 @@ void RingComm::step0(Op& op, const std::vector<int32_t>& send_to, const std::vec
   // recursive doubling); an all-gather's is the rank's own length.
   const int64_t expect_aux = op.desc().op == STRATA_COLL_ALL_REDUCE ? int64_t(aux) : -1;
   auto check = [&](int32_t p, uint64_t bytes) {
-    check_fingerprint(op, p, static_cast<const char*>(hdr_recv_.mem.data()) + slot * size_t(p), bytes, sends,
-                      expect_aux);
+    check_fingerprint(op, p, static_cast<const char*>(hdr_recv_.mem.data()) + slot * size_t(p), bytes, expect_aux);
   };
 
   for (size_t i = 0; i < recvs.size(); ++i) {
@@ -821,14 +815,14 @@ void RingComm::gather_doubling_all_reduce(Op& op, DLDataType wire, strata_reduce
     const uint64_t got = op.wait(rq);
     if (got != block * size_t(d)) {
       // A peer in another collective: its first block's fingerprint says so.
-      check_fingerprint(op, peer, g + block * size_t(theirs_lo), std::min<uint64_t>(got, kHdr + bytes), sends,
+      check_fingerprint(op, peer, g + block * size_t(theirs_lo), std::min<uint64_t>(got, kHdr + bytes),
                         int64_t(kGatherAux));
       op.raise(STRATA_ERR_DATA_LOSS, op.prefix(), ": rank ", peer, " sent ", got, " bytes where ", block * size_t(d),
                " were expected");
     }
     // Each block passed on is its rank's own fingerprint and value.
     for (int32_t k = theirs_lo; k < theirs_lo + d; ++k)
-      check_fingerprint(op, k, g + block * size_t(k), kHdr + bytes, sends, int64_t(kGatherAux));
+      check_fingerprint(op, k, g + block * size_t(k), kHdr + bytes, int64_t(kGatherAux));
   }
   std::vector<const void*>& ptrs = reduce_ptrs_;
   ptrs.resize(static_cast<size_t>(n));
@@ -882,7 +876,7 @@ void RingComm::doubling_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop
     }
     if (recv) {
       const uint64_t got = op.wait(rq);
-      check_fingerprint(op, peer, stage_.data(), got, sends, int64_t(kDoublingAux + msg));
+      check_fingerprint(op, peer, stage_.data(), got, int64_t(kDoublingAux + msg));
     }
     if (send) op.wait(sends[0]);  // the next message rewrites hdr_send_
   };

@@ -208,7 +208,7 @@ class RingComm {
   // ours (hdr_send_) and raises a mismatch naming both collectives; with
   // expect_aux >= 0 its aux must equal that too. `sends` (ours) are waited
   // for first, so that the peer can report the mismatch too.
-  void check_fingerprint(Op& op, int32_t p, const char* got, uint64_t bytes, const std::vector<size_t>& sends,
+  void check_fingerprint(Op& op, int32_t p, const char* got, uint64_t bytes,
                          int64_t expect_aux = -1);
   void ring_reduce_scatter(Op& op, DLDataType wire, strata_reduce_op rop, size_t count, int shift);
   void ring_all_gather(Op& op, size_t esize, size_t count, int shift);
