@@ -936,17 +936,20 @@ void check_another_algorithm(const std::string& name, const json& transport, int
 TEST_P(RingTest, AnotherAlgorithmOnOneRankIsReported) {
   check_another_algorithm(transport(), json(), 0);
   const int n = 4;
-  // The defaults of direct_doubling (1000 floats) and of the pairwise
+  // The defaults of doubling_max_bytes (1000 floats) and of the pairwise
   // exchange (above 1 MiB up to 64 MiB): on over tcp (every message costs
   // system calls and wake-ups), off over the others (shared memory: cheap
   // messages), so rank 1's explicit "off" disagrees with the others'
   // default over tcp only, and at 400 KB (the ring everywhere) nowhere.
+  // direct_doubling off changes nothing at 1000 floats: recursive doubling
+  // takes them over tcp, the one-round exchange elsewhere.
   struct Default {
     const char* option;
     size_t count;
     bool tcp_differs;
   };
-  for (const Default& c : {Default{"direct_doubling", 1000, true}, Default{"pairwise_max_bytes", 300000, true},
+  for (const Default& c : {Default{"doubling_max_bytes", 1000, true}, Default{"direct_doubling", 1000, false},
+                           Default{"pairwise_max_bytes", 300000, true},
                            Default{"pairwise_max_bytes", 100000, false}}) {
     SCOPED_TRACE(std::string(c.option) + "'s default at " + std::to_string(c.count) + " floats");
     std::vector<Status> st(static_cast<size_t>(n));
@@ -977,6 +980,20 @@ TEST_P(RingTest, AnotherAlgorithmOnOneRankIsReported) {
 // of 16 KiB (several per segment, a short last one); in place and out of
 // place; SUM against a float64 reference, and MIN over signed zeros and NaNs,
 // whose result depends on which operand comes first.
+// Where MIN's operand order shows: mostly zeros of either sign, some NaNs
+// (two payloads), some numbers.
+void mostly_signed_zeros_and_nans(std::vector<std::vector<float>>& data) {
+  uint32_t seed = 7;
+  for (auto& v : data)
+    for (float& x : v) {
+      seed = seed * 1664525u + 1013904223u;
+      const uint32_t pick = (seed >> 24) % 8;
+      if (pick < 3) x = 0.0f;
+      else if (pick < 6) x = -0.0f;
+      else if (pick == 6) x = (seed & 1) ? std::numeric_limits<float>::quiet_NaN() : -std::nanf("7");
+    }
+}
+
 TEST_P(RingTest, PairwiseExchangeGivesTheRingsBits) {
   struct Case {
     strata_reduce_op op;
@@ -990,18 +1007,7 @@ TEST_P(RingTest, PairwiseExchangeGivesTheRingsBits) {
       SCOPED_TRACE(std::to_string(n) + " ranks, " + std::to_string(c.size) + " floats, op " +
                    std::to_string(int(c.op)) + ", chunk_bytes " + std::to_string(c.chunk_bytes));
       std::vector<std::vector<float>> data = random_floats(n, c.size, 2027);
-      if (c.op == STRATA_REDUCE_MIN) {
-        // Mostly zeros of either sign, some NaNs (two payloads), some numbers.
-        uint32_t seed = 7;
-        for (auto& v : data)
-          for (float& x : v) {
-            seed = seed * 1664525u + 1013904223u;
-            const uint32_t pick = (seed >> 24) % 8;
-            if (pick < 3) x = 0.0f;
-            else if (pick < 6) x = -0.0f;
-            else if (pick == 6) x = (seed & 1) ? std::numeric_limits<float>::quiet_NaN() : -std::nanf("7");
-          }
-      }
+      if (c.op == STRATA_REDUCE_MIN) mostly_signed_zeros_and_nans(data);
       std::vector<Outputs> outs;  // the ring, then pairwise: out of place, in place
       for (uint64_t pairwise : {uint64_t(0), uint64_t(1) << 30}) {
         Outputs oop(n), ip(n);
@@ -1034,38 +1040,53 @@ TEST_P(RingTest, PairwiseExchangeGivesTheRingsBits) {
   }
 }
 
-// direct_doubling gathers the values in log2 n rounds and reduces them in
-// rank order like the direct exchange: the same bits, so a job's results do
-// not depend on the transport (tcp turns it on by default). Random floats,
-// in place and out of place, up to direct_max_bytes (64 KiB).
-TEST_P(RingTest, DirectExchangeInRoundsGivesTheDirectExchangesBits) {
-  for (int n : {4, 8}) {
-    if (n == 8 && (kSanitized || transport() != "ring_test_inproc")) continue;
-    for (size_t size : {size_t(1), size_t(1001), size_t(16384)}) {
-      SCOPED_TRACE(std::to_string(n) + " ranks, " + std::to_string(size) + " floats");
-      const std::vector<std::vector<float>> data = random_floats(n, size, 99);
-      std::vector<Outputs> outs;  // direct, then in rounds: out of place, in place
-      for (bool rounds : {false, true}) {
-        Outputs oop(n), ip(n);
-        run_world(transport(), n, {{"direct_doubling", rounds}}, [&](int rank, Cdo& cdo) {
-          Tensor in(kFloat32, {int64_t(size)}), out(kFloat32, {int64_t(size)});
-          copy_bytes(in.bytes.data(), data[size_t(rank)].data(), size * 4);
-          Status s = cdo.all_reduce(STRATA_REDUCE_SUM, {&in}, {&out}, 1);
-          EXPECT_EQ(s.code, STRATA_OK) << s.message;
-          oop[size_t(rank)] = out.data_bytes();
-          s = cdo.all_reduce(STRATA_REDUCE_SUM, {&in}, {&in}, 1);
-          EXPECT_EQ(s.code, STRATA_OK) << s.message;
-          ip[size_t(rank)] = in.data_bytes();
-        });
-        outs.push_back(oop);
-        outs.push_back(ip);
-      }
-      for (const Outputs& o : outs)
-        for (int k = 0; k < n; ++k) ASSERT_EQ(o[size_t(k)], outs[0][0]) << "rank " << k << " differs";
-      for (size_t i = 0; i < size; ++i) {
-        double want = 0;
-        for (int k = 0; k < n; ++k) want += double(data[size_t(k)][i]);
-        ASSERT_NEAR(load(kFloat32, outs[0][0].data(), i), want, 1e-4) << i;
+// From 4 ranks, all-reduces up to direct_max_bytes (64 KiB) fold the n
+// values in recursive doubling's order whatever the algorithm: the direct
+// exchange in one round (shared memory's default), in log2 n rounds and
+// recursive doubling itself (tcp's default) give the same bits, so a job's
+// results do not depend on the transport. Random floats (SUM) and signed
+// zeros with NaNs (MIN, where the operand order shows), in place and out of
+// place; 5 ranks have no rounds, and fold one rank in and out.
+TEST_P(RingTest, SmallAllReducesGiveTheSameBitsInEveryAlgorithm) {
+  const json one_round = {{"direct_doubling", false}, {"doubling_max_bytes", 0}};
+  const json rounds = {{"direct_doubling", true}, {"doubling_max_bytes", 0}};
+  const json doubling = {{"doubling_max_bytes", 65536}};
+  for (int n : {4, 5, 8}) {
+    if (n != 4 && (kSanitized || transport() != "ring_test_inproc")) continue;
+    for (strata_reduce_op op : {STRATA_REDUCE_SUM, STRATA_REDUCE_MIN}) {
+      for (size_t size : {size_t(1), size_t(1001), size_t(16384)}) {
+        SCOPED_TRACE(std::to_string(n) + " ranks, op " + std::to_string(int(op)) + ", " + std::to_string(size) +
+                     " floats");
+        std::vector<std::vector<float>> data = random_floats(n, size, 99);
+        if (op == STRATA_REDUCE_MIN) mostly_signed_zeros_and_nans(data);
+        std::vector<json> variants = {one_round, doubling};
+        if (n != 5) variants.push_back(rounds);
+        std::vector<Outputs> outs;  // per variant: out of place, in place
+        for (const json& v : variants) {
+          Outputs oop(n), ip(n);
+          run_world(transport(), n, v, [&](int rank, Cdo& cdo) {
+            Tensor in(kFloat32, {int64_t(size)}), out(kFloat32, {int64_t(size)});
+            copy_bytes(in.bytes.data(), data[size_t(rank)].data(), size * 4);
+            Status s = cdo.all_reduce(op, {&in}, {&out}, 1);
+            EXPECT_EQ(s.code, STRATA_OK) << s.message;
+            oop[size_t(rank)] = out.data_bytes();
+            s = cdo.all_reduce(op, {&in}, {&in}, 1);
+            EXPECT_EQ(s.code, STRATA_OK) << s.message;
+            ip[size_t(rank)] = in.data_bytes();
+          });
+          outs.push_back(oop);
+          outs.push_back(ip);
+        }
+        for (size_t v = 0; v < outs.size(); ++v)
+          for (int k = 0; k < n; ++k)
+            ASSERT_EQ(outs[v][size_t(k)], outs[0][0]) << variants[v / 2].dump() << (v % 2 ? ", in place" : "")
+                                                      << ": rank " << k << " differs";
+        if (op != STRATA_REDUCE_SUM) continue;
+        for (size_t i = 0; i < size; ++i) {
+          double want = 0;
+          for (int k = 0; k < n; ++k) want += double(data[size_t(k)][i]);
+          ASSERT_NEAR(load(kFloat32, outs[0][0].data(), i), want, 1e-4) << i;
+        }
       }
     }
   }

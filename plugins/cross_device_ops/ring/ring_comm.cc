@@ -774,22 +774,64 @@ void RingComm::direct_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop, 
   Buffer own_view;
   const void* own = own_values(own_view).data();
   step0(op, peers, peers, own, bytes, 0);
-  // Every rank folds the same n buffers in rank order, so the results are
-  // bit-identical everywhere.
+  // Every rank folds the same n buffers in the same order (rank order up to
+  // 3 ranks, recursive doubling's from 4), so the results are bit-identical
+  // everywhere.
   const size_t slot = round_up(kHdr + opt_.direct_max_bytes, 64);
   std::vector<const void*>& ptrs = reduce_ptrs_;
   ptrs.resize(static_cast<size_t>(n));
   for (int32_t k = 0; k < n; ++k)
     ptrs[size_t(k)] = k == r ? own : static_cast<const char*>(hdr_recv_.mem.data()) + slot * size_t(k) + kHdr;
-  if (count != 0) sdk::kernels::reduce(rop, wire, size_t(n), ptrs.data(), work_.data(), count);
+  if (count == 0) {
+  } else if (n >= 4) {
+    fold_in_doubling_order(wire, rop, count, ptrs.data(), work_.data());
+  } else {
+    sdk::kernels::reduce(rop, wire, size_t(n), ptrs.data(), work_.data(), count);
+  }
   op.finish();
+}
+
+// Recursive doubling's order (see doubling_all_reduce): first each odd rank
+// r below 2 * rem combines op(v[r - 1], v[r]); then the p = n - rem values
+// sit at hypercube labels (virtual rank v at label v ^ v/2) and each round k
+// combines labels L and L + 2^k (L a multiple of 2^(k+1)), lower label
+// first. Each step is a two-input reduce() rounded to the wire type, as
+// doubling's messages are.
+void RingComm::fold_in_doubling_order(DLDataType wire, strata_reduce_op rop, size_t count,
+                                      const void* const* vals, void* out) {
+  const int32_t n = opt_.world_size;
+  const size_t bytes = count * sdk::dtype_size(wire);
+  int32_t p = 1;
+  while (p * 2 <= n) p *= 2;
+  const int32_t rem = n - p;
+  const size_t slot = round_up(bytes, 64);
+  ensure(fold_, slot * size_t(p));
+  // cur[L]: the value at label L so far; written ones live in fold_ slot L.
+  std::vector<const void*>& cur = fold_ptrs_;
+  cur.assign(size_t(p), nullptr);
+  auto combine = [&](const void* a, const void* b, int32_t label, bool last) {
+    const void* in[2] = {a, b};
+    void* dst = last ? out : static_cast<void*>(fold_.data() + slot * size_t(label));
+    sdk::kernels::reduce(rop, wire, 2, in, dst, count);
+    cur[size_t(label)] = dst;
+  };
+  for (int32_t v = 0; v < p; ++v) {
+    const int32_t label = v ^ (v >> 1);
+    if (v < rem)
+      combine(vals[2 * v], vals[2 * v + 1], label, false);
+    else
+      cur[size_t(label)] = vals[v + rem];
+  }
+  for (int32_t h = 1; h < p; h *= 2)
+    for (int32_t l = 0; l < p; l += 2 * h) combine(cur[size_t(l)], cur[size_t(l + h)], l, 2 * h == p);
 }
 
 // The direct exchange in log2 n rounds (n = 4, 8, 16): rank r swaps with
 // r ^ 1, r ^ 2, ... every value its group of ranks holds so far, so each
 // message is one contiguous run of blocks [fingerprint | value] in rank
 // order and after the last round every rank holds all n. Each then reduces
-// them in rank order, as direct_all_reduce does: the same bits. Like
+// them in recursive doubling's order, as direct_all_reduce does: the same
+// bits. Like
 // recursive doubling, every message travels with tag 0 and each block's
 // fingerprint is checked (aux kGatherAux), so there is no step 0.
 void RingComm::gather_doubling_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop, size_t count) {
@@ -827,7 +869,7 @@ void RingComm::gather_doubling_all_reduce(Op& op, DLDataType wire, strata_reduce
   std::vector<const void*>& ptrs = reduce_ptrs_;
   ptrs.resize(static_cast<size_t>(n));
   for (int32_t k = 0; k < n; ++k) ptrs[size_t(k)] = k == r ? own : g + block * size_t(k) + kHdr;
-  if (count != 0) sdk::kernels::reduce(rop, wire, size_t(n), ptrs.data(), work_.data(), count);
+  if (count != 0) fold_in_doubling_order(wire, rop, count, ptrs.data(), work_.data());
   op.finish();
 }
 

@@ -217,6 +217,13 @@ class RingComm {
   void halving_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop, size_t count);
   void gather_doubling_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop, size_t count);
   void pairwise_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop, size_t count);
+  // Reduces the n ranks' values vals[0..n) into `out` in the order recursive
+  // doubling combines them (doubling_all_reduce), so that the direct
+  // exchange, in one round or in rounds, gives doubling's bits: with 4 or
+  // more ranks every small all-reduce has one order whatever its algorithm
+  // and transport. `out` may be one of the values.
+  void fold_in_doubling_order(DLDataType wire, strata_reduce_op rop, size_t count, const void* const* vals,
+                              void* out);
 
   sdk::Host host_;
   const strata_transport_vtable* vt_;
@@ -242,6 +249,7 @@ class RingComm {
   std::vector<int32_t> everyone_;    // every other rank, ring neighbours first
   std::vector<size_t> step0_recvs_, step0_sends_;
   std::vector<const void*> reduce_ptrs_;
+  std::vector<const void*> fold_ptrs_;  // fold_in_doubling_order's values by hypercube label
   // describe() of the last collective, reused while the next one matches it.
   CollectiveDesc described_;
   std::string description_;
@@ -252,6 +260,7 @@ class RingComm {
   Buffer hdr_recv_;   // one step-0 slot per rank
   Buffer hdr_send_;   // the step-0 message this rank sends
   Buffer gather_;     // all_gather result
+  Buffer fold_;       // fold_in_doubling_order's partial results
 
   FlightRecorder recorder_;
   std::unique_ptr<Watcher> watcher_;  // world_size > 1 only
