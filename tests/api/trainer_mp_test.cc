@@ -22,7 +22,7 @@
 // paths there is no tolerance: the all-reduce gives every rank the same
 // bits, and the paths issue collectives that add the same numbers in the
 // same order (the model's gradients are 131 floats, which the ring reduces
-// on its direct path, folding the ranks in rank order whatever the packing).
+// on its direct path, folding the ranks in one fixed order whatever the packing).
 #include <sys/wait.h>
 
 #include <gtest/gtest.h>

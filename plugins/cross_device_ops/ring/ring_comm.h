@@ -79,8 +79,10 @@ struct RingCommOptions {
   int32_t direct_max_ranks = 16;
   // With 4 or more ranks, all-reduces up to this size use recursive doubling
   // (log2 n rounds of one message each, instead of n - 1 messages at once or
-  // 2 (n - 1) ring steps); 0 = never. It adds in another order than the
-  // direct exchange and the ring, so it is off unless asked for.
+  // 2 (n - 1) ring steps); 0 = never. Up to direct_max_bytes the direct
+  // exchange folds in its order (fold_in_doubling_order), so the bits are
+  // the same; above, it adds in another order than the ring. The plugin
+  // sets it to direct_max_bytes over tcp (ring.cc).
   uint64_t doubling_max_bytes = 0;
   // With a power of two of 4 or more ranks, larger all-reduces up to this
   // size use recursive halving then doubling (2 log2 n steps instead of the
@@ -89,9 +91,10 @@ struct RingCommOptions {
   uint64_t halving_max_bytes = 0;
   // With 4, 8 or 16 ranks, the direct all-reduce gathers every rank's value
   // in log2 n rounds of recursive doubling (one message per round) instead
-  // of n - 1 messages at once; each rank then reduces the n values in rank
-  // order as before, so the bits do not change. The plugin turns it on over
-  // tcp (ring.cc).
+  // of n - 1 messages at once; each rank then reduces the n values in the
+  // direct exchange's order, so the bits do not change. The plugin turns it
+  // on over tcp (ring.cc), where doubling_max_bytes takes these sizes by
+  // default.
   bool direct_doubling = false;
   // With 3 to direct_max_ranks ranks, all-reduces above direct_max_bytes and
   // pairwise_min_bytes up to pairwise_max_bytes run the ring's
