@@ -980,6 +980,27 @@ TEST_P(RingTest, AnotherAlgorithmOnOneRankIsReported) {
 // of 16 KiB (several per segment, a short last one); in place and out of
 // place; SUM against a float64 reference, and MIN over signed zeros and NaNs,
 // whose result depends on which operand comes first.
+// Every rank's result of an all-reduce of data[rank] among data.size()
+// ranks, out of place and then in place: two entries appended to `outs`.
+void all_reduce_both_ways(const std::string& transport, const json& options, strata_reduce_op op,
+                          const std::vector<std::vector<float>>& data, std::vector<Outputs>& outs) {
+  const int n = int(data.size());
+  const size_t size = data[0].size();
+  Outputs oop(n), ip(n);
+  run_world(transport, n, options, [&](int rank, Cdo& cdo) {
+    Tensor in(kFloat32, {int64_t(size)}), out(kFloat32, {int64_t(size)});
+    copy_bytes(in.bytes.data(), data[size_t(rank)].data(), size * 4);
+    Status s = cdo.all_reduce(op, {&in}, {&out}, 1);
+    EXPECT_EQ(s.code, STRATA_OK) << s.message;
+    oop[size_t(rank)] = out.data_bytes();
+    s = cdo.all_reduce(op, {&in}, {&in}, 1);
+    EXPECT_EQ(s.code, STRATA_OK) << s.message;
+    ip[size_t(rank)] = in.data_bytes();
+  });
+  outs.push_back(oop);
+  outs.push_back(ip);
+}
+
 // Where MIN's operand order shows: mostly zeros of either sign, some NaNs
 // (two payloads), some numbers.
 void mostly_signed_zeros_and_nans(std::vector<std::vector<float>>& data) {
@@ -1010,21 +1031,9 @@ TEST_P(RingTest, PairwiseExchangeGivesTheRingsBits) {
       if (c.op == STRATA_REDUCE_MIN) mostly_signed_zeros_and_nans(data);
       std::vector<Outputs> outs;  // the ring, then pairwise: out of place, in place
       for (uint64_t pairwise : {uint64_t(0), uint64_t(1) << 30}) {
-        Outputs oop(n), ip(n);
-        run_world(transport(), n,
-                  {{"pairwise_max_bytes", pairwise}, {"pairwise_min_bytes", 0}, {"chunk_bytes", c.chunk_bytes}},
-                  [&](int rank, Cdo& cdo) {
-                    Tensor in(kFloat32, {int64_t(c.size)}), out(kFloat32, {int64_t(c.size)});
-                    copy_bytes(in.bytes.data(), data[size_t(rank)].data(), c.size * 4);
-                    Status s = cdo.all_reduce(c.op, {&in}, {&out}, 1);
-                    EXPECT_EQ(s.code, STRATA_OK) << s.message;
-                    oop[size_t(rank)] = out.data_bytes();
-                    s = cdo.all_reduce(c.op, {&in}, {&in}, 1);
-                    EXPECT_EQ(s.code, STRATA_OK) << s.message;
-                    ip[size_t(rank)] = in.data_bytes();
-                  });
-        outs.push_back(oop);
-        outs.push_back(ip);
+        all_reduce_both_ways(
+            transport(), {{"pairwise_max_bytes", pairwise}, {"pairwise_min_bytes", 0}, {"chunk_bytes", c.chunk_bytes}},
+            c.op, data, outs);
       }
       for (size_t v = 0; v < outs.size(); ++v)
         for (int k = 0; k < n; ++k)
@@ -1063,19 +1072,7 @@ TEST_P(RingTest, SmallAllReducesGiveTheSameBitsInEveryAlgorithm) {
         if (n != 5) variants.push_back(rounds);
         std::vector<Outputs> outs;  // per variant: out of place, in place
         for (const json& v : variants) {
-          Outputs oop(n), ip(n);
-          run_world(transport(), n, v, [&](int rank, Cdo& cdo) {
-            Tensor in(kFloat32, {int64_t(size)}), out(kFloat32, {int64_t(size)});
-            copy_bytes(in.bytes.data(), data[size_t(rank)].data(), size * 4);
-            Status s = cdo.all_reduce(op, {&in}, {&out}, 1);
-            EXPECT_EQ(s.code, STRATA_OK) << s.message;
-            oop[size_t(rank)] = out.data_bytes();
-            s = cdo.all_reduce(op, {&in}, {&in}, 1);
-            EXPECT_EQ(s.code, STRATA_OK) << s.message;
-            ip[size_t(rank)] = in.data_bytes();
-          });
-          outs.push_back(oop);
-          outs.push_back(ip);
+          all_reduce_both_ways(transport(), v, op, data, outs);
         }
         for (size_t v = 0; v < outs.size(); ++v)
           for (int k = 0; k < n; ++k)
