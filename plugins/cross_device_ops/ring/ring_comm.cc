@@ -796,34 +796,43 @@ void RingComm::direct_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop, 
 // sit at hypercube labels (virtual rank v at label v ^ v/2) and each round k
 // combines labels L and L + 2^k (L a multiple of 2^(k+1)), lower label
 // first. Each step is a two-input reduce() rounded to the wire type, as
-// doubling's messages are.
+// doubling's messages are. It runs block by block, so that the partial
+// results stay in the L1 cache and the values are read once, as by the
+// n-input reduce() the direct exchange used before (the bits do not depend
+// on the blocks: every element is reduced on its own).
 void RingComm::fold_in_doubling_order(DLDataType wire, strata_reduce_op rop, size_t count,
                                       const void* const* vals, void* out) {
+  constexpr size_t kBlockBytes = 8 << 10;
   const int32_t n = opt_.world_size;
-  const size_t bytes = count * sdk::dtype_size(wire);
+  const size_t esize = sdk::dtype_size(wire);
   int32_t p = 1;
   while (p * 2 <= n) p *= 2;
   const int32_t rem = n - p;
-  const size_t slot = round_up(bytes, 64);
+  const size_t block = std::max<size_t>(1, kBlockBytes / esize);
+  const size_t slot = round_up(std::min(count, block) * esize, 64);
   ensure(fold_, slot * size_t(p));
   // cur[L]: the value at label L so far; written ones live in fold_ slot L.
   std::vector<const void*>& cur = fold_ptrs_;
   cur.assign(size_t(p), nullptr);
-  auto combine = [&](const void* a, const void* b, int32_t label, bool last) {
-    const void* in[2] = {a, b};
-    void* dst = last ? out : static_cast<void*>(fold_.data() + slot * size_t(label));
-    sdk::kernels::reduce(rop, wire, 2, in, dst, count);
-    cur[size_t(label)] = dst;
-  };
-  for (int32_t v = 0; v < p; ++v) {
-    const int32_t label = v ^ (v >> 1);
-    if (v < rem)
-      combine(vals[2 * v], vals[2 * v + 1], label, false);
-    else
-      cur[size_t(label)] = vals[v + rem];
+  for (size_t at = 0; at < count; at += block) {
+    const size_t len = std::min(block, count - at), off = at * esize;
+    auto value = [&](int32_t k) { return static_cast<const char*>(vals[k]) + off; };
+    auto combine = [&](const void* a, const void* b, int32_t label, bool last) {
+      const void* in[2] = {a, b};
+      void* dst = last ? static_cast<char*>(out) + off : static_cast<void*>(fold_.data() + slot * size_t(label));
+      sdk::kernels::reduce(rop, wire, 2, in, dst, len);
+      cur[size_t(label)] = dst;
+    };
+    for (int32_t v = 0; v < p; ++v) {
+      const int32_t label = v ^ (v >> 1);
+      if (v < rem)
+        combine(value(2 * v), value(2 * v + 1), label, false);
+      else
+        cur[size_t(label)] = value(v + rem);
+    }
+    for (int32_t h = 1; h < p; h *= 2)
+      for (int32_t l = 0; l < p; l += 2 * h) combine(cur[size_t(l)], cur[size_t(l + h)], l, 2 * h == p);
   }
-  for (int32_t h = 1; h < p; h *= 2)
-    for (int32_t l = 0; l < p; l += 2 * h) combine(cur[size_t(l)], cur[size_t(l + h)], l, 2 * h == p);
 }
 
 // The direct exchange in log2 n rounds (n = 4, 8, 16): rank r swaps with
