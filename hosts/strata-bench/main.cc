@@ -360,10 +360,11 @@ int main(int argc, char** argv) {
     if (sub != pingpong)
       sub->add_option("--ring-options", mp.ring_options,
                       "Extra options of the ring cross_device_ops, JSON (e.g. '{\"chunk_bytes\": 524288}', "
-                      "'{\"direct_doubling\": false}': the direct exchange in one round also over tcp, "
-                      "'{\"pairwise_max_bytes\": 0}': the ring instead of the pairwise exchange over tcp, or "
-                      "'{\"doubling_max_bytes\": 262144, \"halving_max_bytes\": 4194304}': recursive doubling "
-                      "and halving with 4+ ranks)")
+                      "'{\"doubling_max_bytes\": 0, \"direct_doubling\": false}': the direct exchange in one "
+                      "round also over tcp (the same bits as tcp's default, recursive doubling up to 64 KiB with "
+                      "4+ ranks), '{\"pairwise_max_bytes\": 0}': the ring instead of the pairwise exchange over "
+                      "tcp, or '{\"doubling_max_bytes\": 262144, \"halving_max_bytes\": 4194304}': recursive "
+                      "doubling and halving with 4+ ranks up to larger sizes, in another order than the ring)")
           ->capture_default_str();
     sub->add_option("--transport-options", mp.transport_options,
                     "Options of the transport, JSON (e.g. '{\"connections_per_peer\": 1}')")
