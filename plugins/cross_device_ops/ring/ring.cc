@@ -919,7 +919,7 @@ class RingCrossDeviceOps : public sdk::LocalCrossDeviceOps {
   // in recursive doubling's rounds). Over tcp all-reduces up to
   // direct_max_bytes therefore take recursive doubling, which also sends
   // log2 n values instead of n - 1 (8 ranks, 32-64 KiB: 0.53-0.59x the
-  // time of the direct exchange in rounds; 4 ranks, 64 KiB: 0.83x). From 4
+  // time of the direct exchange in rounds; 4 ranks, 64 KiB: 0.84x). From 4
   // ranks the direct exchange folds the values in doubling's order, so the
   // bits do not depend on the transport (a job may switch it). Halving,
   // which adds in another order than the ring, is the user's choice

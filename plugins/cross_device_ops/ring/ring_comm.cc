@@ -782,12 +782,10 @@ void RingComm::direct_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop, 
   ptrs.resize(static_cast<size_t>(n));
   for (int32_t k = 0; k < n; ++k)
     ptrs[size_t(k)] = k == r ? own : static_cast<const char*>(hdr_recv_.mem.data()) + slot * size_t(k) + kHdr;
-  if (count == 0) {
-  } else if (n >= 4) {
+  if (count != 0 && n >= 4)
     fold_in_doubling_order(wire, rop, count, ptrs.data(), work_.data());
-  } else {
+  else if (count != 0)
     sdk::kernels::reduce(rop, wire, size_t(n), ptrs.data(), work_.data(), count);
-  }
   op.finish();
 }
 
@@ -840,9 +838,8 @@ void RingComm::fold_in_doubling_order(DLDataType wire, strata_reduce_op rop, siz
 // message is one contiguous run of blocks [fingerprint | value] in rank
 // order and after the last round every rank holds all n. Each then reduces
 // them in recursive doubling's order, as direct_all_reduce does: the same
-// bits. Like
-// recursive doubling, every message travels with tag 0 and each block's
-// fingerprint is checked (aux kGatherAux), so there is no step 0.
+// bits. Like recursive doubling, every message travels with tag 0 and each
+// block's fingerprint is checked (aux kGatherAux), so there is no step 0.
 void RingComm::gather_doubling_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop, size_t count) {
   const int32_t n = opt_.world_size, r = opt_.rank;
   const size_t bytes = count * sdk::dtype_size(wire);
