@@ -209,10 +209,10 @@ class RingComm {
   void write_fingerprint(Op& op, size_t payload_bytes, uint64_t aux);
   // Compares rank p's fingerprint (the first `bytes` bytes at `got`) with
   // ours (hdr_send_) and raises a mismatch naming both collectives; with
-  // expect_aux >= 0 its aux must equal that too. `sends` (ours) are waited
-  // for first, so that the peer can report the mismatch too.
-  void check_fingerprint(Op& op, int32_t p, const char* got, uint64_t bytes,
-                         int64_t expect_aux = -1);
+  // expect_aux >= 0 its aux must equal that too. Before raising, our own
+  // sends get up to kDrainMs to leave (Op::drain_sends_to), so that the peer
+  // can report the mismatch too.
+  void check_fingerprint(Op& op, int32_t p, const char* got, uint64_t bytes, int64_t expect_aux = -1);
   void ring_reduce_scatter(Op& op, DLDataType wire, strata_reduce_op rop, size_t count, int shift);
   void ring_all_gather(Op& op, size_t esize, size_t count, int shift);
   void direct_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop, size_t count);
