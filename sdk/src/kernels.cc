@@ -5,9 +5,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <type_traits>
 #include <cstring>
 #include <sstream>
+#include <type_traits>
+#include <vector>
 
 #include "strata/error.hpp"
 
@@ -308,6 +309,139 @@ void reduce_16(strata_reduce_op op, size_t n, const void* const* in, size_t no, 
   }
 }
 
+// ------------------------------------------------------------ reduce_tree ---
+
+template <class C>
+C keep(C x) { return x; }
+// 16-bit floats combine in float32 and round to their own type after each op.
+template <float (*Load)(uint16_t), uint16_t (*Store)(float)>
+float round16(float x) { return Load(Store(x)); }
+
+template <class C, C (*Op)(C, C), C (*Round)(C)>
+void pair_pass(C* __restrict d, const C* __restrict a, const C* __restrict b, size_t n) {
+  for (size_t i = 0; i < n; ++i) d[i] = Round(Op(a[i], b[i]));
+}
+// Two levels of the tree in one pass: d = op(op(a, b), op(c, e)).
+template <class C, C (*Op)(C, C), C (*Round)(C)>
+void quad_pass(C* __restrict d, const C* __restrict a, const C* __restrict b, const C* __restrict c,
+               const C* __restrict e, size_t n) {
+  for (size_t i = 0; i < n; ++i) d[i] = Round(Op(Round(Op(a[i], b[i])), Round(Op(c[i], e[i]))));
+}
+
+// S: the stored type, C: the type ops compute in (S itself, or float for the
+// 16-bit floats, whose inputs are converted block by block first). Node
+// values of a block live in scratch: the leaves in one half, each next level
+// in the other, so no pass writes what it reads.
+template <class S, class C, C (*Load)(S), S (*Store)(C), C (*Op)(C, C), C (*Round)(C)>
+void tree_typed(size_t n_leaves, const void* const* pairs, void* output, size_t count, bool mean,
+                double divisor) {
+  constexpr bool kNative = std::is_same_v<S, C>;
+  constexpr size_t kScratchBytes = 32 << 10;
+  // Slots: n_leaves for the leaves, n_leaves / 2 for the next level, one
+  // for the result.
+  const size_t slots = n_leaves + n_leaves / 2 + 1;
+  const size_t block = std::max<size_t>(16, kScratchBytes / (slots * sizeof(C)) / 16 * 16);
+  alignas(64) unsigned char stack[kScratchBytes];
+  std::vector<C> heap;
+  C* scratch = reinterpret_cast<C*>(stack);
+  if (slots * block * sizeof(C) > sizeof(stack)) {
+    heap.resize(slots * block);
+    scratch = heap.data();
+  }
+  C* const leaf_area = scratch;
+  C* const next_area = scratch + n_leaves * block;
+  C* const result = next_area + n_leaves / 2 * block;
+  std::vector<const C*> node(n_leaves);
+  auto at = [&](size_t k, size_t off) { return static_cast<const S*>(pairs[k]) + off; };
+  for (size_t off = 0; off < count; off += block) {
+    const size_t n = std::min(block, count - off);
+    for (size_t g = 0; g < n_leaves; ++g) {
+      C* slot = leaf_area + g * block;
+      if constexpr (kNative) {
+        if (pairs[2 * g + 1] == nullptr) {
+          node[g] = at(2 * g, off);
+        } else {
+          pair_pass<C, Op, Round>(slot, at(2 * g, off), at(2 * g + 1, off), n);
+          node[g] = slot;
+        }
+      } else {
+        const S* a = at(2 * g, off);
+        if (pairs[2 * g + 1] == nullptr) {
+          for (size_t i = 0; i < n; ++i) slot[i] = Load(a[i]);
+        } else {
+          const S* b = at(2 * g + 1, off);
+          for (size_t i = 0; i < n; ++i) slot[i] = Round(Op(Load(a[i]), Load(b[i])));
+        }
+        node[g] = slot;
+      }
+    }
+    size_t m = n_leaves;
+    bool into_next = true;
+    while (m > 1) {
+      C* area = into_next ? next_area : leaf_area;
+      const size_t step = m >= 4 ? 4 : 2;
+      for (size_t q = 0; q < m / step; ++q) {
+        C* d = m == step ? result : area + q * block;
+        const C* const* v = node.data() + q * step;
+        if (step == 4)
+          quad_pass<C, Op, Round>(d, v[0], v[1], v[2], v[3], n);
+        else
+          pair_pass<C, Op, Round>(d, v[0], v[1], n);
+        node[q] = d;
+      }
+      m /= step;
+      into_next = !into_next;
+    }
+    const C* res = node[0];
+    S* out = static_cast<S*>(output) + off;
+    if (mean) {
+      if (res != result) std::memcpy(result, res, n * sizeof(C));
+      divide_n<C>(result, n, divisor);
+      res = result;
+    }
+    if constexpr (kNative) {
+      std::memmove(out, res, n * sizeof(S));
+    } else {
+      for (size_t i = 0; i < n; ++i) out[i] = Store(res[i]);
+    }
+  }
+}
+
+template <class T, T (*Op)(T, T)>
+void tree_native(size_t n_leaves, const void* const* pairs, void* output, size_t count, bool mean, double divisor) {
+  tree_typed<T, T, keep<T>, keep<T>, Op, keep<T>>(n_leaves, pairs, output, count, mean, divisor);
+}
+
+template <class T>
+void tree_dispatch(strata_reduce_op op, size_t n_leaves, const void* const* pairs, void* output, size_t count,
+                   double divisor) {
+  switch (op) {
+    case STRATA_REDUCE_SUM: return tree_native<T, op_add<T>>(n_leaves, pairs, output, count, false, 1);
+    case STRATA_REDUCE_MEAN: return tree_native<T, op_add<T>>(n_leaves, pairs, output, count, true, divisor);
+    case STRATA_REDUCE_MIN: return tree_native<T, op_min<T>>(n_leaves, pairs, output, count, false, 1);
+    case STRATA_REDUCE_MAX: return tree_native<T, op_max<T>>(n_leaves, pairs, output, count, false, 1);
+    case STRATA_REDUCE_PROD: return tree_native<T, op_mul<T>>(n_leaves, pairs, output, count, false, 1);
+  }
+}
+
+template <float (*Load)(uint16_t), uint16_t (*Store)(float), float (*Op)(float, float)>
+void tree_half(size_t n_leaves, const void* const* pairs, void* output, size_t count, bool mean, double divisor) {
+  tree_typed<uint16_t, float, Load, Store, Op, round16<Load, Store>>(n_leaves, pairs, output, count, mean, divisor);
+}
+
+template <float (*Load)(uint16_t), uint16_t (*Store)(float)>
+void tree_dispatch_16(strata_reduce_op op, size_t n_leaves, const void* const* pairs, void* output, size_t count,
+                      double divisor) {
+  switch (op) {
+    case STRATA_REDUCE_SUM: return tree_half<Load, Store, op_add<float>>(n_leaves, pairs, output, count, false, 1);
+    case STRATA_REDUCE_MEAN:
+      return tree_half<Load, Store, op_add<float>>(n_leaves, pairs, output, count, true, divisor);
+    case STRATA_REDUCE_MIN: return tree_half<Load, Store, op_min<float>>(n_leaves, pairs, output, count, false, 1);
+    case STRATA_REDUCE_MAX: return tree_half<Load, Store, op_max<float>>(n_leaves, pairs, output, count, false, 1);
+    case STRATA_REDUCE_PROD: return tree_half<Load, Store, op_mul<float>>(n_leaves, pairs, output, count, false, 1);
+  }
+}
+
 template <class T>
 void update_typed(strata_var_update_op op, void* dst, const void* src, size_t count) {
   T* __restrict d = static_cast<T*>(dst);
@@ -362,6 +496,33 @@ void reduce_broadcast(strata_reduce_op op, DLDataType dtype, size_t n_inputs, co
     case kDLInt:
       if (dtype.bits == 32) return reduce_typed<int32_t>(op, n_inputs, inputs, n_outputs, outputs, count, divisor);
       return reduce_typed<int64_t>(op, n_inputs, inputs, n_outputs, outputs, count, divisor);
+    default: break;
+  }
+}
+
+void reduce_tree(strata_reduce_op op, DLDataType dtype, size_t n_leaves, const void* const* pairs,
+                 void* output, size_t count, double divisor) {
+  check_reduce_op(op);
+  check_dtype_supported(dtype, "reduction input");
+  if (n_leaves == 0 || (n_leaves & (n_leaves - 1)) != 0)
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "reduce_tree needs a power of two of leaves; got ", n_leaves);
+  for (size_t g = 0; g < n_leaves; ++g)
+    if (pairs[2 * g] == nullptr)
+      STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "reduce_tree: leaf ", g, " has no first value (pairs[", 2 * g,
+                   "] is null)");
+  if (op == STRATA_REDUCE_MEAN && !(divisor > 0))
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "MEAN divisor must be > 0; got ", divisor);
+  if (count == 0) return;
+  switch (dtype.code) {
+    case kDLFloat:
+      if (dtype.bits == 32) return tree_dispatch<float>(op, n_leaves, pairs, output, count, divisor);
+      if (dtype.bits == 64) return tree_dispatch<double>(op, n_leaves, pairs, output, count, divisor);
+      return tree_dispatch_16<half_to_float, float_to_half>(op, n_leaves, pairs, output, count, divisor);
+    case kDLBfloat:
+      return tree_dispatch_16<bfloat16_to_float, float_to_bfloat16>(op, n_leaves, pairs, output, count, divisor);
+    case kDLInt:
+      if (dtype.bits == 32) return tree_dispatch<int32_t>(op, n_leaves, pairs, output, count, divisor);
+      return tree_dispatch<int64_t>(op, n_leaves, pairs, output, count, divisor);
     default: break;
   }
 }

@@ -165,6 +165,74 @@ TEST_P(KernelsTest, ReduceBroadcastGivesEveryOutputReducesBits) {
       }
 }
 
+// reduce_tree against the same tree as a chain of two-input reduce() calls:
+// the same bits (order and per-step rounding), out of place and in place,
+// across block edges, with pairs at any leaves, and nothing written past
+// `count`. Random values make the order show in the sums; MIN and MAX see
+// signed zeros and NaNs, whose result depends on operand order.
+TEST_P(KernelsTest, ReduceTreeEqualsItsChainOfTwoInputReduces) {
+  const Case c = GetParam();
+  const size_t esize = c.dtype.bits / 8;
+  const strata_reduce_op step = c.op == STRATA_REDUCE_MEAN ? STRATA_REDUCE_SUM : c.op;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> real(-4, 4), positive(0.5, 2);
+  std::uniform_int_distribution<int> small(-9, 9), pick(0, 9);
+  for (size_t leaves : {1u, 2u, 4u, 8u, 16u})
+    for (size_t count : {0u, 1u, 5u, 1000u, 4099u})  // 4099 crosses blocks in every case
+      for (int alias = -1; alias < 1; ++alias) {
+        std::vector<bool> paired(leaves);
+        for (size_t g = 0; g < leaves; ++g) paired[g] = pick(rng) < 5;
+        size_t n_values = 0;
+        for (size_t g = 0; g < leaves; ++g) n_values += paired[g] ? 2 : 1;
+        Arrays a(c.dtype, n_values, count);
+        for (size_t i = 0; i < n_values; ++i)
+          for (size_t k = 0; k < count; ++k) {
+            double v = c.op == STRATA_REDUCE_PROD ? positive(rng) : real(rng);
+            if (is_int(c.dtype)) v = small(rng);
+            const int special = pick(rng);
+            if (!is_int(c.dtype) && (c.op == STRATA_REDUCE_MIN || c.op == STRATA_REDUCE_MAX) && special < 3)
+              v = special == 0 ? 0.0 : special == 1 ? -0.0 : std::numeric_limits<double>::quiet_NaN();
+            a.set(i, k, v);
+          }
+        std::vector<const void*> pairs(2 * leaves, nullptr);
+        for (size_t g = 0, i = 0; g < leaves; ++g) {
+          pairs[2 * g] = a.data[i++].data();
+          if (paired[g]) pairs[2 * g + 1] = a.data[i++].data();
+        }
+        // The reference: each leaf, then each level, by reduce() of two inputs.
+        std::vector<std::vector<unsigned char>> level;
+        for (size_t g = 0; g < leaves; ++g) {
+          std::vector<unsigned char> v(count * esize + 1);
+          if (paired[g])
+            kernels::reduce(step, c.dtype, 2, &pairs[2 * g], v.data(), count);
+          else if (count != 0)
+            std::memcpy(v.data(), pairs[2 * g], count * esize);
+          level.push_back(std::move(v));
+        }
+        while (level.size() > 1) {
+          std::vector<std::vector<unsigned char>> next;
+          for (size_t i = 0; i < level.size(); i += 2) {
+            std::vector<unsigned char> v(count * esize + 1);
+            const void* in[2] = {level[i].data(), level[i + 1].data()};
+            kernels::reduce(step, c.dtype, 2, in, v.data(), count);
+            next.push_back(std::move(v));
+          }
+          level = std::move(next);
+        }
+        const double divisor = 3.0;
+        if (c.op == STRATA_REDUCE_MEAN) kernels::divide(c.dtype, level[0].data(), count, divisor);
+        std::vector<unsigned char> out(count * esize + 1, 0xEE);
+        void* dst = alias < 0 ? out.data() : a.data[a.data.size() - 1].data();
+        kernels::reduce_tree(c.op, c.dtype, leaves, pairs.data(), dst, count, divisor);
+        ASSERT_EQ(0, std::memcmp(level[0].data(), dst, count * esize))
+            << dtype_name(c.dtype) << " " << reduce_op_name(c.op) << " leaves=" << leaves << " count=" << count
+            << (alias < 0 ? "" : " into the last input");
+        if (alias < 0) {
+          EXPECT_EQ(out[count * esize], 0xEE) << "wrote past count " << count;
+        }
+      }
+}
+
 std::vector<Case> all_cases() {
   std::vector<Case> cases;
   for (DLDataType d : {kFloat32, kFloat64, kFloat16, kBFloat16, kInt32, kInt64})
@@ -254,6 +322,33 @@ TEST(KernelsTest, RejectsBadArguments) {
   EXPECT_THROW(kernels::reduce(STRATA_REDUCE_SUM, kFloat32, 0, in, &x, 1), InvalidArgumentError);
   EXPECT_THROW(kernels::reduce(static_cast<strata_reduce_op>(9), kFloat32, 1, in, &x, 1), InvalidArgumentError);
   EXPECT_THROW(kernels::reduce(STRATA_REDUCE_MEAN, kFloat32, 1, in, &x, 1, 0.0), InvalidArgumentError);
+}
+
+TEST(KernelsTest, ReduceTreeRejectsBadArguments) {
+  float x = 1, y = 2, out = 0;
+  const void* three[6] = {&x, nullptr, &y, nullptr, &x, nullptr};
+  try {
+    kernels::reduce_tree(STRATA_REDUCE_SUM, kFloat32, 3, three, &out, 1);
+    FAIL() << "3 leaves accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), STRATA_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(e.what()).find("power of two of leaves; got 3"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(kernels::reduce_tree(STRATA_REDUCE_SUM, kFloat32, 0, three, &out, 1), InvalidArgumentError);
+  const void* hole[4] = {&x, nullptr, nullptr, &y};
+  try {
+    kernels::reduce_tree(STRATA_REDUCE_SUM, kFloat32, 2, hole, &out, 1);
+    FAIL() << "a leaf without its first value accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("leaf 1 has no first value"), std::string::npos) << e.what();
+  }
+  const void* two[4] = {&x, nullptr, &y, nullptr};
+  EXPECT_THROW(kernels::reduce_tree(STRATA_REDUCE_MEAN, kFloat32, 2, two, &out, 1, 0.0), InvalidArgumentError);
+  EXPECT_THROW(kernels::reduce_tree(STRATA_REDUCE_SUM, DLDataType{kDLUInt, 8, 1}, 2, two, &out, 1),
+               InvalidArgumentError);
+  EXPECT_EQ(out, 0.0f);
+  kernels::reduce_tree(STRATA_REDUCE_SUM, kFloat32, 2, two, &out, 1);
+  EXPECT_EQ(out, 3.0f);
 }
 
 TEST(KernelsTest, UpdateAndDivide) {

@@ -802,44 +802,26 @@ void RingComm::direct_all_reduce(Op& op, DLDataType wire, strata_reduce_op rop, 
 // r below 2 * rem combines op(v[r - 1], v[r]); then the p = n - rem values
 // sit at hypercube labels (virtual rank v at label v ^ v/2) and each round k
 // combines labels L and L + 2^k (L a multiple of 2^(k+1)), lower label
-// first. Each step is a two-input reduce() rounded to the wire type, as
-// doubling's messages are. It runs block by block, which bounds the
-// scratch to p blocks of 8 KiB (the bits do not depend on the blocks: every
-// element is reduced on its own); over shmem it was no faster than whole
-// values (4 ranks, 16-64 KiB: 1.11-1.12x the n-input pass's time either
-// way).
+// first: the balanced pairwise tree over the labels, which
+// sdk::kernels::reduce_tree folds in one pass over memory, each step
+// rounded to the wire type as doubling's messages are.
 void RingComm::fold_in_doubling_order(DLDataType wire, strata_reduce_op rop, size_t count,
                                       const void* const* vals, void* out) {
-  constexpr size_t kBlockBytes = 8 << 10;
   const int32_t n = opt_.world_size;
-  const size_t esize = sdk::dtype_size(wire);
   const int32_t p = hypercube_size(n);
   const int32_t rem = n - p;
-  const size_t block = std::max<size_t>(1, kBlockBytes / esize);
-  const size_t slot = round_up(std::min(count, block) * esize, 64);
-  ensure(fold_, slot * size_t(p));
-  // cur[L]: the value at label L so far; written ones live in fold_ slot L.
-  std::vector<const void*>& cur = fold_ptrs_;
-  cur.assign(size_t(p), nullptr);
-  for (size_t at = 0; at < count; at += block) {
-    const size_t len = std::min(block, count - at), off = at * esize;
-    auto value = [&](int32_t k) { return static_cast<const char*>(vals[k]) + off; };
-    auto combine = [&](const void* a, const void* b, int32_t label, bool last) {
-      const void* in[2] = {a, b};
-      void* dst = last ? static_cast<char*>(out) + off : static_cast<void*>(fold_.data() + slot * size_t(label));
-      sdk::kernels::reduce(rop, wire, 2, in, dst, len);
-      cur[size_t(label)] = dst;
-    };
-    for (int32_t v = 0; v < p; ++v) {
-      const int32_t label = hypercube_label(v);
-      if (v < rem)
-        combine(value(2 * v), value(2 * v + 1), label, false);
-      else
-        cur[size_t(label)] = value(v + rem);
+  std::vector<const void*>& leaves = fold_ptrs_;
+  leaves.assign(2 * size_t(p), nullptr);
+  for (int32_t v = 0; v < p; ++v) {
+    const size_t label = size_t(hypercube_label(v));
+    if (v < rem) {
+      leaves[2 * label] = vals[2 * v];
+      leaves[2 * label + 1] = vals[2 * v + 1];
+    } else {
+      leaves[2 * label] = vals[v + rem];
     }
-    for (int32_t h = 1; h < p; h *= 2)
-      for (int32_t l = 0; l < p; l += 2 * h) combine(cur[size_t(l)], cur[size_t(l + h)], l, 2 * h == p);
   }
+  sdk::kernels::reduce_tree(rop, wire, size_t(p), leaves.data(), out, count);
 }
 
 // The direct exchange in log2 n rounds (n = 4, 8, 16): rank r swaps with

@@ -252,7 +252,7 @@ class RingComm {
   std::vector<int32_t> everyone_;    // every other rank, ring neighbours first
   std::vector<size_t> step0_recvs_, step0_sends_;
   std::vector<const void*> reduce_ptrs_;
-  std::vector<const void*> fold_ptrs_;  // fold_in_doubling_order's values by hypercube label
+  std::vector<const void*> fold_ptrs_;  // fold_in_doubling_order's leaves by hypercube label
   // describe() of the last collective, reused while the next one matches it.
   CollectiveDesc described_;
   std::string description_;
@@ -263,7 +263,6 @@ class RingComm {
   Buffer hdr_recv_;   // one step-0 slot per rank
   Buffer hdr_send_;   // the step-0 message this rank sends
   Buffer gather_;     // all_gather result
-  Buffer fold_;       // fold_in_doubling_order's partial results
 
   FlightRecorder recorder_;
   std::unique_ptr<Watcher> watcher_;  // world_size > 1 only

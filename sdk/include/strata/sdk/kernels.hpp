@@ -104,6 +104,23 @@ void reduce(strata_reduce_op op, DLDataType dtype, size_t n_inputs, const void* 
 void reduce_broadcast(strata_reduce_op op, DLDataType dtype, size_t n_inputs, const void* const* inputs,
                       size_t n_outputs, void* const* outputs, size_t count, double divisor = 1.0);
 
+/**
+ * The balanced pairwise tree of recursive doubling, in one pass over memory.
+ * There are n_leaves leaves (a power of two); leaf g is pairs[2g][i], or
+ * op(pairs[2g][i], pairs[2g + 1][i]) when pairs[2g + 1] is not null; then
+ * neighbouring values combine level by level, lower index first:
+ * op(op(leaf0, leaf1), op(leaf2, leaf3)) for four leaves. Every two-input
+ * op rounds to `dtype`, as each message of recursive doubling does, so
+ * float16 and bfloat16 results equal that chain of two-input reduce() calls
+ * (and not reduce()'s single float32 accumulation). Two levels go through
+ * the data per pass, in L1-sized blocks. MEAN combines as SUM and divides
+ * the result by `divisor`. `output` may alias any input (elementwise, same
+ * offset). Throws INVALID_ARGUMENT as reduce() does, and for n_leaves that
+ * is not a power of two or a null pairs[2g].
+ */
+void reduce_tree(strata_reduce_op op, DLDataType dtype, size_t n_leaves, const void* const* pairs,
+                 void* output, size_t count, double divisor = 1.0);
+
 /// dst = src (ASSIGN), dst += src (ASSIGN_ADD) or dst -= src (ASSIGN_SUB), elementwise.
 void apply_update(strata_var_update_op op, DLDataType dtype, void* dst, const void* src,
                   size_t count);
