@@ -56,6 +56,10 @@ constexpr int kMaxRendezvousRanks = 4096;
 constexpr const char* kReportFdEnv = "STRATA_BENCH_REPORT_FD";
 // How long the other workers get to report their own error once one failed.
 constexpr std::chrono::seconds kFailureGrace{15};
+// The same once rank 0 failed: it served the store, so a worker still
+// connecting to it only retries until its deadline, and one in a collective
+// sees rank 0's connections close at once.
+constexpr std::chrono::seconds kStoreHostGrace{2};
 
 struct DTypeInfo {
   const char* name;
@@ -200,16 +204,19 @@ std::string describe_status(int st) {
   return "stopped";
 }
 
-// Wait for every worker. Once one fails, the others get kFailureGrace to
-// report their own error (the ring aborts its communicator, so they usually
-// fail at once), then are killed. Every pid is reaped on every path.
+// Wait for every worker. Once one fails, the others get kFailureGrace
+// (kStoreHostGrace after rank 0) to report their own error (the ring aborts
+// its communicator, so they usually fail at once), then are killed. Every
+// pid is reaped on every path.
 int supervise(std::vector<pid_t>& pids, int first_rank_failed_to_start) {
   std::vector<int> status(pids.size(), 0);
   std::vector<bool> done(pids.size(), false);
   std::size_t left = 0;
   for (std::size_t i = 0; i < pids.size(); ++i) left += pids[i] > 0 ? 1 : 0;
   bool failed = first_rank_failed_to_start >= 0;
-  Clock::time_point kill_at = failed ? Clock::now() + kFailureGrace : Clock::time_point::max();
+  std::chrono::seconds grace = first_rank_failed_to_start == 0 ? kStoreHostGrace : kFailureGrace;
+  Clock::time_point kill_at = failed ? Clock::now() + grace : Clock::time_point::max();
+  std::size_t first_failed = failed ? std::size_t(first_rank_failed_to_start) : 0;
   while (left > 0) {
     bool progressed = false;
     for (std::size_t i = 0; i < pids.size(); ++i) {
@@ -223,7 +230,9 @@ int supervise(std::vector<pid_t>& pids, int first_rank_failed_to_start) {
         progressed = true;
         if (!(WIFEXITED(status[i]) && WEXITSTATUS(status[i]) == 0) && !failed) {
           failed = true;
-          kill_at = Clock::now() + kFailureGrace;
+          first_failed = i;
+          grace = i == 0 ? kStoreHostGrace : kFailureGrace;
+          kill_at = Clock::now() + grace;
         }
       }
     }
@@ -234,8 +243,8 @@ int supervise(std::vector<pid_t>& pids, int first_rank_failed_to_start) {
           ::kill(pids[i], SIGKILL);
           int st = 0;
           ::waitpid(pids[i], &st, 0);
-          std::fprintf(stderr, "strata-bench: killed rank %zu, still running %lld s after another rank failed\n", i,
-                       static_cast<long long>(kFailureGrace.count()));
+          std::fprintf(stderr, "strata-bench: killed rank %zu, still running %lld s after rank %zu failed\n", i,
+                       static_cast<long long>(grace.count()), first_failed);
           done[i] = true;
           status[i] = st;
           --left;
@@ -936,6 +945,17 @@ int worker_body(const MultiProcOptions& o, int rank) {
 
 int run_launcher(const MultiProcOptions& o, int argc, char** argv) {
   validate(o);
+  // A transport that is not installed would fail rank 0 and leave the others
+  // waiting for its store until they are killed: say so once, before any
+  // rank starts.
+  PluginHost& host = PluginHost::global();
+  if (!host.has_component(STRATA_KIND_TRANSPORT, o.transport)) {
+    std::string names;
+    for (const PluginInfo& p : host.discover())
+      if (p.ok && p.kind == "transport") names += (names.empty() ? "" : ", ") + p.name;
+    STRATA_THROW(STRATA_ERR_NOT_FOUND, "--transport ", o.transport, ": no such transport is installed; available: ",
+                 names.empty() ? "(none)" : names, " (strata-info lists them and where it looked)");
+  }
   const char* env_token = std::getenv("STRATA_AUTH_TOKEN");
   const std::string token = env_token != nullptr && *env_token != '\0' ? env_token : random_token();
   const std::string exe = self_exe();
