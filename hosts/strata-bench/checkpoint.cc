@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "strata/checkpoint.hpp"
 #include "strata/error.hpp"
 #include "strata/sdk/records.hpp"
@@ -38,27 +39,11 @@ using Clock = std::chrono::steady_clock;
 // count does not matter, small enough to stay in the L3 cache.
 constexpr std::size_t kPlainBlock = 8u << 20;
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 [[noreturn]] void fail_errno(const std::string& what, const std::string& path) {
   STRATA_THROW(STRATA_ERR_UNAVAILABLE, "strata-bench checkpoint: ", what, " ", path, ": ", std::strerror(errno));
 }
 
 // Removes the benchmark's directory on every path out.
-struct TempDirGuard {
-  fs::path path;
-  ~TempDirGuard() {
-    std::error_code ec;
-    if (!path.empty()) fs::remove_all(path, ec);
-  }
-};
-
 // "0.52, 0.61, 0.70": the 1, 5 and 15 minute load averages, as uptime(1)
 // prints them (it reads the same file).
 std::string load_average() {

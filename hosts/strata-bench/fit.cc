@@ -12,6 +12,7 @@
 #include <optional>
 #include <sstream>
 
+#include "bench_util.h"
 #include "mlp_model.h"
 #include "strata/strata.hpp"
 
@@ -21,11 +22,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using train::ModelShape;
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 Strategy make_strategy(const FitBenchOptions& o) {
   std::vector<std::string> devs;

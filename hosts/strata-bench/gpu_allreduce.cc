@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "gpu_allreduce.h"
 
+#include "bench_util.h"
 #include "strata/error.hpp"
 
 #if STRATA_BENCH_WITH_CUDA
@@ -256,11 +257,6 @@ class StrataComm {
   const strata_transport_vtable* vt_ = nullptr;
   strata_comm_t comm_ = nullptr;
 };
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 }  // namespace
 

@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_util.h"
 #include "strata/c/input.h"
 #include "strata/error.hpp"
 #include "strata/plugin_host.hpp"
@@ -35,23 +36,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 // Removes the temporary directory on every path out of the benchmark.
-struct TempDirGuard {
-  std::filesystem::path path;
-  ~TempDirGuard() {
-    std::error_code ec;
-    if (!path.empty()) std::filesystem::remove_all(path, ec);
-  }
-};
-
 std::uint64_t write_file(const std::string& path, std::uint64_t records, std::size_t record_bytes) {
   // Varied payloads (a sliding window over random bytes) so nothing is
   // trivially compressible or constant.

@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "checkpoint.h"
 #include "fit.h"
 #include "gpu_allreduce.h"
@@ -41,13 +42,9 @@
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using strata::bench::median;
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using Clock = std::chrono::steady_clock;
 
 // Median over `repeats` of the seconds one call of `body(iters)` takes per iteration.
 double time_per_iter(int repeats, std::int64_t iters, const std::function<void(std::int64_t)>& body) {

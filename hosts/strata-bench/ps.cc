@@ -23,6 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench_util.h"
 #include "sizes.h"
 #include "strata/config.hpp"
 #include "strata/coordinator.hpp"
@@ -59,11 +60,6 @@ int free_port() {
     throw std::runtime_error(std::string("strata-bench ps: cannot find a free TCP port on 127.0.0.1 (") +
                              std::strerror(err) + "); check that the loopback interface is up");
   return port;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
 }
 
 void load_config() {

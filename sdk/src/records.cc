@@ -794,14 +794,14 @@ size_t RecordReader::fill(size_t need, int64_t timeout_ms) {
 void RecordReader::corrupt(uint64_t at, bool rest_of_file, const std::string& what) {
   if (!options_.skip_corrupt) {
     // Sticky: a later next() must not quietly continue after the bad record.
-    failed_ = detail::str_cat("corrupt record in '", path_, "' at byte offset ", at, ": ", what,
+    failed_ = strata::detail::str_cat("corrupt record in '", path_, "' at byte offset ", at, ": ", what,
                               "; the file is damaged: write it again, or set skip_corrupt to skip ",
                               rest_of_file ? "the rest of the file" : "such records");
     STRATA_THROW(STRATA_ERR_DATA_LOSS, failed_);
   }
   ++skipped_;
   if (options_.warn && skipped_ <= 10)
-    options_.warn(detail::str_cat("skipping corrupt record in '", path_, "' at byte offset ", at, ": ", what,
+    options_.warn(strata::detail::str_cat("skipping corrupt record in '", path_, "' at byte offset ", at, ": ", what,
                                   rest_of_file ? " (and the rest of the file)" : ""));
   if (rest_of_file) {
     at_end_ = true;
@@ -812,7 +812,7 @@ void RecordReader::corrupt(uint64_t at, bool rest_of_file, const std::string& wh
 void RecordReader::finish_file() {
   at_end_ = true;
   if (!reported_ && skipped_ > 0 && options_.warn)
-    options_.warn(detail::str_cat("skipped ", skipped_, " corrupt record(s) in '", path_, "'"));
+    options_.warn(strata::detail::str_cat("skipped ", skipped_, " corrupt record(s) in '", path_, "'"));
   reported_ = true;
   st_->halt();  // nothing more to read: give the thread back now
 }
@@ -837,14 +837,14 @@ bool RecordReader::read_record(const uint8_t** data, size_t* len, int64_t timeou
     if (have == 0) break;
     if (have < kRecordHeaderBytes) {
       corrupt(at, true,
-              detail::str_cat("truncated header: the file ends after ", have, " of the 12 header bytes"));
+              strata::detail::str_cat("truncated header: the file ends after ", have, " of the 12 header bytes"));
       continue;
     }
     const uint8_t* h = s.data + s.begin;
     const uint64_t length = load_le64(h);
     const uint32_t stored = load_le32(h + 8);
     if (mask_crc(crc32c(h, 8)) != stored) {
-      corrupt(at, true, detail::str_cat("length CRC mismatch (length field reads ", length, ")"));
+      corrupt(at, true, strata::detail::str_cat("length CRC mismatch (length field reads ", length, ")"));
       continue;
     }
     // Check against the file size before allocating anything: a damaged
@@ -852,13 +852,13 @@ bool RecordReader::read_record(const uint8_t** data, size_t* len, int64_t timeou
     const uint64_t remaining = file_size_ > at + kRecordHeaderBytes ? file_size_ - at - kRecordHeaderBytes : 0;
     if (length > remaining || remaining - length < 4) {
       corrupt(at, true,
-              detail::str_cat("truncated payload: the record declares ", length, " payload bytes (+4 CRC) but only ",
+              strata::detail::str_cat("truncated payload: the record declares ", length, " payload bytes (+4 CRC) but only ",
                               remaining, " bytes remain in the file"));
       continue;
     }
     const size_t total = kRecordHeaderBytes + static_cast<size_t>(length) + 4;
     if (fill(total, timeout_ms) < total) {  // the file shrank while we read it
-      corrupt(at, true, detail::str_cat("truncated payload: the file ends inside the record's ", length,
+      corrupt(at, true, strata::detail::str_cat("truncated payload: the file ends inside the record's ", length,
                                         " payload bytes"));
       continue;
     }
@@ -869,7 +869,7 @@ bool RecordReader::read_record(const uint8_t** data, size_t* len, int64_t timeou
                              ? crc32c_copy(0, alloc(user, static_cast<size_t>(length)), payload, static_cast<size_t>(length))
                              : crc32c(payload, static_cast<size_t>(length));
     if (mask_crc(crc) != stored_payload) {
-      corrupt(at, false, detail::str_cat("payload CRC mismatch (", length, " payload bytes)"));
+      corrupt(at, false, strata::detail::str_cat("payload CRC mismatch (", length, " payload bytes)"));
       continue;
     }
     record_offset_ = at;

@@ -17,7 +17,7 @@
 namespace strata {
 namespace {
 
-struct UserError : std::runtime_error {
+struct ReplicaFailure : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
@@ -99,10 +99,10 @@ TEST_P(MirroredTest, UserExceptionPropagatesWithItsType) {
   // The failing replica throws before the collective; the others must be
   // released (ABORTED) rather than hang, and run rethrows the user's error.
   EXPECT_THROW(s().run([&](ReplicaContext& ctx) {
-    if (ctx.replica_id_in_sync_group() == n() - 1) throw UserError("replica failed");
+    if (ctx.replica_id_in_sync_group() == n() - 1) throw ReplicaFailure("replica failed");
     ctx.all_reduce(ReduceOp::SUM, Tensor::scalar(1.0f));
   }),
-               UserError);
+               ReplicaFailure);
   // Still usable.
   PerReplica ok = s().run([](ReplicaContext& ctx) { return ctx.all_reduce(ReduceOp::SUM, Tensor::scalar(1.0f)); });
   EXPECT_EQ(f(ok[0]), static_cast<float>(n()));
@@ -258,8 +258,8 @@ TEST_P(MirroredTest, MergeCall) {
 }
 
 TEST_P(MirroredTest, ExceptionInMergeCallPropagates) {
-  EXPECT_THROW(s().run([](ReplicaContext& ctx) { ctx.merge_call([](Strategy&) { throw UserError("merge"); }); }),
-               UserError);
+  EXPECT_THROW(s().run([](ReplicaContext& ctx) { ctx.merge_call([](Strategy&) { throw ReplicaFailure("merge"); }); }),
+               ReplicaFailure);
 }
 
 TEST_P(MirroredTest, RunWithPerReplicaArgsAndValuesFromFunction) {

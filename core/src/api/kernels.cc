@@ -13,6 +13,11 @@ std::int64_t numel(const DLTensor& t) { return sdk::element_count(t); }
 bool is_contiguous(const DLTensor& t) { return sdk::is_contiguous(t); }
 
 std::string shape_string(const DLTensor& t) { return sdk::shape_string(t); }
+std::string shape_string(const std::vector<std::int64_t>& shape) {
+  std::string r = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) r += (i ? ", " : "") + std::to_string(shape[i]);
+  return r + "]";
+}
 
 void check_host_compact(const DLTensor& t, const char* what) {
   dtype_from_dlpack(t.dtype);

@@ -25,6 +25,8 @@ void check_host_compact(const DLTensor& t, const char* what);
 /// Throws unless `a` and `b` have the same dtype and shape.
 void check_same_layout(const DLTensor& a, const DLTensor& b, const char* what);
 std::string shape_string(const DLTensor& t);
+/// "[2, 3]".
+std::string shape_string(const std::vector<std::int64_t>& shape);
 
 /// Element `i` of a compact host tensor as double, and the reverse
 /// (float16/bfloat16 round to nearest even, integers truncate).

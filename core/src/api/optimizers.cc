@@ -12,6 +12,7 @@
 #include <map>
 #include <sstream>
 
+#include "api/kernels.h"
 #include "strata/checkpoint.hpp"
 #include "strata/distribute.hpp"
 #include "strata/error.hpp"
@@ -94,12 +95,6 @@ LearningRate CosineDecay(double initial, std::int64_t decay_steps, double alpha,
 // ---------------------------------------------------------------- Optimizer
 
 namespace {
-
-std::string shape_str(const std::vector<std::int64_t>& s) {
-  std::string r = "[";
-  for (std::size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-  return r + "]";
-}
 
 // A variable's current value in cross-replica context (the primary copy).
 Tensor current(const Variable& v) { return v.value(); }
@@ -199,9 +194,9 @@ void Optimizer::apply_gradients(const std::vector<Tensor>& grads, const std::vec
     STRATA_ENFORCE(grads[i].defined() && grads[i].dtype() == vars[i]->dtype() &&
                        grads[i].shape() == vars[i]->shape(),
                    STRATA_ERR_INVALID_ARGUMENT, name(), ": the gradient of variable '", vars[i]->name(), "' is ",
-                   grads[i].defined() ? std::string(dtype_name(grads[i].dtype())) + shape_str(grads[i].shape())
+                   grads[i].defined() ? std::string(dtype_name(grads[i].dtype())) + detail::shape_string(grads[i].shape())
                                       : std::string("empty"),
-                   " but the variable is ", dtype_name(vars[i]->dtype()), shape_str(vars[i]->shape()));
+                   " but the variable is ", dtype_name(vars[i]->dtype()), detail::shape_string(vars[i]->shape()));
   }
   if (vars.empty()) return;
   ReplicaContext* ctx = get_replica_context();

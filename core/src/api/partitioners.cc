@@ -5,28 +5,20 @@
 #include "strata/partitioners.hpp"
 
 #include <algorithm>
-#include <sstream>
 #include <string>
 #include <utility>
 
+#include "api/kernels.h"
 #include "strata/error.hpp"
 
 namespace strata {
 namespace {
 
-std::string shape_str(const std::vector<std::int64_t>& shape) {
-  std::ostringstream os;
-  os << '[';
-  for (std::size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
-  os << ']';
-  return os.str();
-}
-
 // Strata shapes are always fully defined; a negative dimension is a caller
 // bug (TF's MaxSizePartitioner raises "shape is not fully defined").
 void check_dims(const char* who, const std::vector<std::int64_t>& shape) {
   for (std::int64_t d : shape)
-    STRATA_ENFORCE(d >= 0, STRATA_ERR_INVALID_ARGUMENT, who, ": argument `shape` ", shape_str(shape),
+    STRATA_ENFORCE(d >= 0, STRATA_ERR_INVALID_ARGUMENT, who, ": argument `shape` ", detail::shape_string(shape),
                    " has a negative dimension");
 }
 
@@ -47,7 +39,7 @@ std::int64_t checked_product(const char* who, const std::vector<std::int64_t>& s
   std::int64_t n = scale;
   for (std::size_t i = from; i < shape.size(); ++i)
     STRATA_ENFORCE(!__builtin_mul_overflow(n, shape[i], &n), STRATA_ERR_INVALID_ARGUMENT, who,
-                   ": argument `shape` ", shape_str(shape),
+                   ": argument `shape` ", detail::shape_string(shape),
                    " is too large (its size in bytes overflows int64)");
   return n;
 }
@@ -124,7 +116,7 @@ std::vector<std::int64_t> MaxSizePartitioner::operator()(const std::vector<std::
   // a ZeroDivisionError there.
   STRATA_ENFORCE(rows > 0 && row_bytes > 0, STRATA_ERR_INVALID_ARGUMENT,
                  "MaxSizePartitioner: can not partition a variable with no elements (shape ",
-                 shape_str(shape), "): its row size is undefined");
+                 detail::shape_string(shape), "): its row size is undefined");
   const std::int64_t rows_per_shard = std::max<std::int64_t>(1, max_shard_bytes_ / row_bytes);
   std::int64_t shards = ceil_div(rows, rows_per_shard);
   if (max_shards_ > 0) shards = std::min(shards, max_shards_);
@@ -138,22 +130,22 @@ void validate_partitions(const std::vector<std::int64_t>& partitions,
   STRATA_ENFORCE(ok, STRATA_ERR_INVALID_ARGUMENT,
                  "variable_partitioner must return one entry per axis whose elements are 1 besides the first "
                  "element (>= 1), got: ",
-                 shape_str(partitions), " for a variable of shape ", shape_str(shape));
+                 detail::shape_string(partitions), " for a variable of shape ", detail::shape_string(shape));
 }
 
 std::pair<std::int64_t, std::int64_t> ShardLayout::locate_row(std::int64_t row) const {
   const std::int64_t rows = shape.empty() ? 0 : shape[0];
   STRATA_ENFORCE(row >= 0 && row < rows, STRATA_ERR_OUT_OF_RANGE, "row ", row,
-                 " is out of range for a variable of shape ", shape_str(shape));
+                 " is out of range for a variable of shape ", detail::shape_string(shape));
   // The first shard whose offset is past `row`, minus one. Binary search
   // rather than TF's closed form so hand-built layouts work too.
   auto it = std::upper_bound(shards.begin(), shards.end(), row,
                              [](std::int64_t r, const ShardSpec& s) { return r < s.row_offset; });
-  STRATA_ENFORCE(it != shards.begin(), STRATA_ERR_INTERNAL, "layout of shape ", shape_str(shape),
+  STRATA_ENFORCE(it != shards.begin(), STRATA_ERR_INTERNAL, "layout of shape ", detail::shape_string(shape),
                  " does not start at row 0");
   const auto& shard = *(it - 1);
   STRATA_ENFORCE(row < shard.row_offset + shard.num_rows, STRATA_ERR_INTERNAL, "layout of shape ",
-                 shape_str(shape), " has a gap at row ", row);
+                 detail::shape_string(shape), " has a gap at row ", row);
   return {static_cast<std::int64_t>((it - 1) - shards.begin()), row - shard.row_offset};
 }
 
@@ -165,7 +157,7 @@ ShardLayout shard_layout(const std::vector<std::int64_t>& shape, std::int64_t nu
                  "shard_layout: argument `num_shards` must be positive. Received: ", num_shards);
   const std::int64_t rows = shape[0];
   STRATA_ENFORCE(rows > 0 || num_shards == 1, STRATA_ERR_INVALID_ARGUMENT, "shard_layout: can not split ",
-                 "a variable of 0 rows (shape ", shape_str(shape), ") into ", num_shards,
+                 "a variable of 0 rows (shape ", detail::shape_string(shape), ") into ", num_shards,
                  " shards; TF can not build a sharded variable of no shards");
   ShardLayout layout;
   layout.shape = shape;
@@ -208,7 +200,7 @@ VariablePartition partition_variable(const std::vector<std::int64_t>& shape, DTy
     return result;
   }
   STRATA_ENFORCE(shape[0] > 0, STRATA_ERR_INVALID_ARGUMENT, "partition_variable: the partitioner asked for ",
-                 partitions[0], " shards of a variable with 0 rows (shape ", shape_str(shape),
+                 partitions[0], " shards of a variable with 0 rows (shape ", detail::shape_string(shape),
                  "); TF can not build a sharded variable of no shards");
   result.sharded = true;
   result.layout = shard_layout(shape, partitions[0]);
