@@ -31,6 +31,9 @@
 
 namespace strata::test {
 
+/// Whether `part` occurs in `s` (error messages in assertions).
+inline bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
 /// A fresh directory under the system temp dir, removed at scope exit.
 class TempDir {
  public:

@@ -29,11 +29,12 @@
 #include "strata/sdk/kernels.hpp"
 #include "strata/sdk/local_strategy.hpp"
 #include "strata/strata.hpp"
+#include "test_support.h"
 
 namespace strata {
 namespace {
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using test::contains;
 
 // The message of the Error `fn` throws with status `code` ("" when it does
 // not throw, which fails the test).

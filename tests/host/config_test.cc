@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "strata/config.hpp"
+#include "test_support.h"
 #include "test_util.h"
 
 namespace strata {
@@ -23,7 +24,7 @@ std::string expect_throw(F&& f) {
   return "";
 }
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using test::contains;
 
 TEST(ConfigTest, ParsesAllPartsAndAccessors) {
   Config c = Config::from_json(R"({

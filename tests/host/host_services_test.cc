@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "strata/plugin_host.hpp"
+#include "test_support.h"
 #include "test_util.h"
 
 namespace strata {
@@ -18,7 +19,7 @@ using test::append_to_string;
 using test::fixture_dir;
 using test::ScopedEnv;
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using test::contains;
 
 class HostServicesTest : public ::testing::Test {
  protected:

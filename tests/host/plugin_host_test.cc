@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "strata/plugin_host.hpp"
+#include "test_support.h"
 #include "test_util.h"
 
 namespace strata {
@@ -14,7 +15,7 @@ namespace fs = std::filesystem;
 using test::fixture_dir;
 using test::ScopedEnv;
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using test::contains;
 
 std::string master_of(const PluginInstance& inst, const char* rpc_layer = nullptr) {
   std::string out;

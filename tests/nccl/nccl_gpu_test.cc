@@ -23,6 +23,7 @@
 
 #include "strata/error.hpp"
 #include "strata/plugin_host.hpp"
+#include "test_support.h"
 #include "transport_test_support.h"
 
 namespace strata {
@@ -39,7 +40,7 @@ using test::unique_name;
     ASSERT_EQ(e_, cudaSuccess) << #call << ": " << cudaGetErrorString(e_);           \
   } while (0)
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using test::contains;
 
 // Device memory, freed at scope exit.
 class DeviceBuffer {

@@ -21,6 +21,7 @@
 #include "strata/plugin_host.hpp"
 #include "strata/sdk/host.hpp"
 #include "strata/sdk/rendezvous.hpp"
+#include "test_support.h"
 #include "transport_test_support.h"
 
 namespace strata {
@@ -38,7 +39,7 @@ bool gpu_visible() {
   return e == cudaSuccess && n > 0;
 }
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using test::contains;
 
 TEST(NcclTest, LoadsAndReportsCaps) {
   PluginHost host;
