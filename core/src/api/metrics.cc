@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "api/kernels.h"
 #include "strata/checkpoint.hpp"
 #include "strata/distribute.hpp"
 #include "strata/error.hpp"
@@ -16,12 +17,6 @@
 namespace strata {
 
 namespace {
-
-std::string shape_str(const std::vector<std::int64_t>& s) {
-  std::string r = "[";
-  for (std::size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-  return r + "]";
-}
 
 std::vector<double> doubles(const TensorView& v) { return Tensor::copy_of(v).to_doubles(); }
 
@@ -39,7 +34,7 @@ std::vector<std::int64_t> labels(const std::string& metric, const TensorView& y_
   STRATA_ENFORCE(y_true.dtype() == DType::kInt32 || y_true.dtype() == DType::kInt64, STRATA_ERR_INVALID_ARGUMENT,
                  metric, ": labels must be int32 or int64; got ", dtype_name(y_true.dtype()));
   STRATA_ENFORCE((shape.size() == 1 && shape[0] == batch) || (shape.size() == 2 && shape[0] == batch && shape[1] == 1),
-                 STRATA_ERR_INVALID_ARGUMENT, metric, ": labels of shape ", shape_str(shape),
+                 STRATA_ERR_INVALID_ARGUMENT, metric, ": labels of shape ", detail::shape_string(shape),
                  " do not match predictions for ", batch, " examples (expected [", batch, "] or [", batch, ", 1])");
   std::vector<std::int64_t> out;
   for (double d : doubles(y_true)) {
@@ -56,7 +51,7 @@ std::vector<double> predictions(const std::string& metric, const TensorView& y_p
                                 std::int64_t* classes) {
   const std::vector<std::int64_t> shape = y_pred.shape();
   STRATA_ENFORCE(shape.size() == 2 && shape[1] > 0, STRATA_ERR_INVALID_ARGUMENT, metric,
-                 ": predictions must be [batch, classes]; got ", shape_str(shape));
+                 ": predictions must be [batch, classes]; got ", detail::shape_string(shape));
   *batch = shape[0];
   *classes = shape[1];
   return doubles(y_pred);
@@ -139,8 +134,8 @@ void Mean::update_state(const TensorView& values, const std::optional<TensorView
       count += w[i / per_row];
     }
   } else {
-    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, name(), ": sample_weight of shape ", shape_str(ws),
-                 " does not fit values of shape ", shape_str(vs), " (a scalar, the values' shape, or [",
+    STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, name(), ": sample_weight of shape ", detail::shape_string(ws),
+                 " does not fit values of shape ", detail::shape_string(vs), " (a scalar, the values' shape, or [",
                  vs.empty() ? 1 : vs[0], "])");
   }
   add(total, count);
@@ -158,7 +153,7 @@ Accuracy::Accuracy(std::string name) : Metric(std::move(name)) {}
 
 void Accuracy::update_state(const TensorView& y_true, const TensorView& y_pred) {
   STRATA_ENFORCE(y_true.shape() == y_pred.shape(), STRATA_ERR_INVALID_ARGUMENT, name(), ": y_true ",
-                 shape_str(y_true.shape()), " and y_pred ", shape_str(y_pred.shape()), " differ in shape");
+                 detail::shape_string(y_true.shape()), " and y_pred ", detail::shape_string(y_pred.shape()), " differ in shape");
   const std::vector<double> t = doubles(y_true), p = doubles(y_pred);
   double hits = 0;
   for (std::size_t i = 0; i < t.size(); ++i) hits += t[i] == p[i] ? 1 : 0;

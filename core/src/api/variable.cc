@@ -68,12 +68,6 @@ strata_replica_t replica_for(const detail::StrategyImpl& s, const std::string& n
 
 bool has_variable_ref(const detail::StrategyImpl& s);
 
-std::string shape_text(const std::vector<std::int64_t>& s) {
-  std::string r = "[";
-  for (std::size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-  return r + "]";
-}
-
 thread_local detail::VariableCapture* t_capture = nullptr;
 
 }  // namespace
@@ -96,7 +90,7 @@ void VariableCapture::check_all_bound() const {
   const RemoteVariable& r = (*remotes_)[next_];
   STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "this process's model and optimizer created ", next_,
                " variable(s) but the chief's created ", remotes_->size(), "; the first one missing here is '",
-               r.name(), "' ", dtype_name(r.dtype()), shape_text(r.shape()),
+               r.name(), "' ", dtype_name(r.dtype()), detail::shape_string(r.shape()),
                " (chief's); every role (chief and workers) must build the same model from the registered factory");
 }
 
@@ -108,7 +102,7 @@ Variable::Variable(const TensorView& initial, VariableOptions options) : state_(
     // A worker building the chief's model: attach to the chief's variable
     // in the same position instead of creating one.
     const std::size_t i = cap->take();
-    const std::string mine = "'" + options.name + "' " + dtype_name(initial.dtype()) + shape_text(initial.shape());
+    const std::string mine = "'" + options.name + "' " + dtype_name(initial.dtype()) + detail::shape_string(initial.shape());
     STRATA_ENFORCE(i < cap->remotes().size(), STRATA_ERR_INVALID_ARGUMENT, "variable ", mine, " (number ", i + 1,
                    " in creation order) has no counterpart: the chief's model and optimizer created only ",
                    cap->remotes().size(), " variable(s); every role (chief and workers) must build the same model "
@@ -117,7 +111,7 @@ Variable::Variable(const TensorView& initial, VariableOptions options) : state_(
     STRATA_ENFORCE(r.name() == options.name && r.dtype() == initial.dtype() && r.shape() == initial.shape(),
                    STRATA_ERR_INVALID_ARGUMENT, "variable number ", i + 1, " in creation order differs: this "
                    "process's is ", mine, ", the chief's is '", r.name(), "' ", dtype_name(r.dtype()),
-                   shape_text(r.shape()), "; every role (chief and workers) must build the same model from the "
+                   detail::shape_string(r.shape()), "; every role (chief and workers) must build the same model from the "
                    "registered factory");
     attach(r);
     return;

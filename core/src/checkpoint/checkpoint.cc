@@ -29,6 +29,7 @@
 #include <regex>
 #include <system_error>
 
+#include "api/kernels.h"
 #include "checkpoint/safetensors.h"
 #include "log.h"
 #include "strata/distribute.hpp"
@@ -760,15 +761,10 @@ RestoreStatus Checkpoint::restore(const std::string& dir, const RestoreOptions& 
       continue;
     }
     const TensorEntry& e = *it->second;
-    auto shape_str = [](const std::vector<std::int64_t>& s) {
-      std::string r = "[";
-      for (std::size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-      return r + "]";
-    };
     const std::optional<std::vector<std::int64_t>> shape = o.shape();
     STRATA_ENFORCE(o.matches(e), STRATA_ERR_INVALID_ARGUMENT, "checkpoint ", file, " holds ", o.label(), " as ",
-                   dtype_name(e.dtype), shape_str(e.shape), " but it is ", dtype_name(o.dtype()),
-                   shape ? shape_str(*shape) : std::string("[bytes]"));
+                   dtype_name(e.dtype), detail::shape_string(e.shape), " but it is ", dtype_name(o.dtype()),
+                   shape ? detail::shape_string(*shape) : std::string("[bytes]"));
     STRATA_ENFORCE(checked.staged.count(e.name) == 1, STRATA_ERR_INTERNAL, "checkpoint restore: ", o.label(),
                    " was not staged");
     plan.emplace_back(&o, &e);

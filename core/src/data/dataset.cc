@@ -27,6 +27,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "api/kernels.h"
 #include "data/dataset_internal.h"
 #include "log.h"
 #include "strata/plugin_host.hpp"
@@ -243,12 +244,6 @@ struct OpenCtx {
 };
 
 std::unique_ptr<ElementStream> open_node(const NodePtr& node, const OpenCtx& c, std::int64_t pass);
-
-std::string shape_str(const std::vector<std::int64_t>& s) {
-  std::string r = "[";
-  for (std::size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-  return r + "]";
-}
 
 void free_element(strata_element& e, std::uint32_t from) noexcept {
   for (std::uint32_t i = from; i < e.num_components && i < STRATA_ELEMENT_MAX_COMPONENTS; ++i)
@@ -511,8 +506,8 @@ class BatchStream : public ElementStream {
         const Tensor& tj = ej.tensors[k];
         if (tj.dtype() != dtype || tj.shape() != shape)
           STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, "batch(): component '", name, "' has ", dtype_name(dtype),
-                       shape_str(shape), " in element 0 of batch ", batch, " but ", dtype_name(tj.dtype()),
-                       shape_str(tj.shape()), " in element ", j,
+                       detail::shape_string(shape), " in element 0 of batch ", batch, " but ", dtype_name(tj.dtype()),
+                       detail::shape_string(tj.shape()), " in element ", j,
                        "; batch needs equal shapes and dtypes (reshape or pad the elements, e.g. with map())");
       }
       std::vector<std::int64_t> bshape;
@@ -1812,8 +1807,8 @@ Element RowQueue::take(std::int64_t n) {
       const std::vector<std::int64_t> ss = src.shape();
       if (!std::equal(ss.begin() + 1, ss.end(), shape.begin() + 1))
         STRATA_THROW(STRATA_ERR_INVALID_ARGUMENT, op_, ": component '", layout_->names[k], "' has rows of shape ",
-                     shape_str(std::vector<std::int64_t>(shape.begin() + 1, shape.end())), " in one batch and ",
-                     shape_str(std::vector<std::int64_t>(ss.begin() + 1, ss.end())),
+                     detail::shape_string(std::vector<std::int64_t>(shape.begin() + 1, shape.end())), " in one batch and ",
+                     detail::shape_string(std::vector<std::int64_t>(ss.begin() + 1, ss.end())),
                      " in the next, and a new batch takes rows from both; give every batch the same row shape "
                      "(pad to a fixed size)");
       const TensorView v(src);
@@ -1915,7 +1910,7 @@ Dataset Dataset::from_tensor_slices(Element components) {
   s.signature = "from_tensor_slices(" + std::to_string(rows) + " rows of";
   for (std::size_t i = 0; i < a->owned.tensors.size(); ++i)
     s.signature += (i ? ", " : " ") + a->owned.names[i] + ": " + dtype_name(a->owned.tensors[i].dtype()) +
-                   detail::shape_str(a->owned.tensors[i].shape());
+                   detail::shape_string(a->owned.tensors[i].shape());
   s.signature += ")";
   s.keep_alive = a;
   s.cardinality = rows;
@@ -2031,7 +2026,7 @@ std::string Dataset::file_name(const Element& e) {
     if (e.names[i] != detail::kFileNameComponent) continue;
     const Tensor& t = e.tensors[i];
     STRATA_ENFORCE(t.dtype() == DType::kUInt8 && t.ndim() == 1, STRATA_ERR_INVALID_ARGUMENT,
-                   "Dataset::file_name: component 'filename' is ", dtype_name(t.dtype()), detail::shape_str(t.shape()),
+                   "Dataset::file_name: component 'filename' is ", dtype_name(t.dtype()), detail::shape_string(t.shape()),
                    ", not a uint8 vector; pass an element of Dataset::list_files");
     const TensorView v(t);
     return std::string(static_cast<const char*>(v.raw_data()), t.nbytes());

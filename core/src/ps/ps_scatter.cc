@@ -8,21 +8,13 @@
 // most once per request key.
 #include <algorithm>
 #include <cstring>
-#include <sstream>
 
+#include "api/kernels.h"
 #include "ps/ps_internal.h"
 
 namespace strata {
 namespace ps_detail {
 namespace {
-
-std::string shape_str(const std::vector<std::int64_t>& s) {
-  std::ostringstream o;
-  o << '[';
-  for (std::size_t i = 0; i < s.size(); ++i) o << (i ? ", " : "") << s[i];
-  o << ']';
-  return o.str();
-}
 
 template <class T>
 void apply_row(char* dst, const char* src, std::int64_t n, std::uint32_t op) {
@@ -53,14 +45,14 @@ void apply_scatter(Tensor& shard, std::uint64_t shard_id, Reader& r, const std::
   for (auto& i : idx) {
     i = r.i64();
     STRATA_ENFORCE(i >= 0 && i < shape[0], STRATA_ERR_INVALID_ARGUMENT, who, ": ", op_name(op), " of shard ",
-                   shard_id, " (shape ", shape_str(shape), "): row ", i, " is not in [0, ", shape[0], ")");
+                   shard_id, " (shape ", detail::shape_string(shape), "): row ", i, " is not in [0, ", shape[0], ")");
   }
   const Reader::TensorBytes rows = r.tensor_bytes();
   std::vector<std::int64_t> want = shape;
   want[0] = static_cast<std::int64_t>(n);
   STRATA_ENFORCE(rows.dtype == shard.dtype() && rows.shape == want, STRATA_ERR_INVALID_ARGUMENT, who, ": ",
                  op_name(op), " of shard ", shard_id, ": rows of ", dtype_name(rows.dtype), " ",
-                 shape_str(rows.shape), " do not fit the shard's ", dtype_name(shard.dtype()), " ", shape_str(want));
+                 detail::shape_string(rows.shape), " do not fit the shard's ", dtype_name(shard.dtype()), " ", detail::shape_string(want));
   const std::size_t row_bytes = n == 0 ? 0 : rows.nbytes / static_cast<std::size_t>(n);
   const std::int64_t row_elems = static_cast<std::int64_t>(row_bytes / dtype_size(shard.dtype()));
   char* base = static_cast<char*>(shard.raw_data());
@@ -87,7 +79,6 @@ void apply_scatter(Tensor& shard, std::uint64_t shard_id, Reader& r, const std::
 }  // namespace ps_detail
 
 void RemoteVariable::scatter(std::uint32_t op, const IndexedSlices& slices) const {
-  using ps_detail::shape_str;
   STRATA_ENFORCE(info_ != nullptr, STRATA_ERR_FAILED_PRECONDITION,
                  "empty RemoteVariable; create it with ClusterCoordinator::create_variable");
   const ps_detail::VariableInfo& v = *info_;
@@ -102,21 +93,21 @@ void RemoteVariable::scatter(std::uint32_t op, const IndexedSlices& slices) cons
                  STRATA_ERR_INVALID_ARGUMENT, what, " of variable '", v.name,
                  "': IndexedSlices.indices must be an int64 vector [n]");
   STRATA_ENFORCE(slices.dense_shape.empty() || slices.dense_shape == v.shape, STRATA_ERR_INVALID_ARGUMENT, what,
-                 " of variable '", v.name, "' of shape ", shape_str(v.shape), ": IndexedSlices.dense_shape is ",
-                 shape_str(slices.dense_shape));
+                 " of variable '", v.name, "' of shape ", detail::shape_string(v.shape), ": IndexedSlices.dense_shape is ",
+                 detail::shape_string(slices.dense_shape));
   const std::vector<std::int64_t> indices = Tensor::copy_of(TensorView(slices.indices)).to_vector<std::int64_t>();
   const std::int64_t n = static_cast<std::int64_t>(indices.size());
   std::vector<std::int64_t> want = v.shape;
   want[0] = n;
   STRATA_ENFORCE(values.dtype() == v.dtype && values.shape() == want, STRATA_ERR_INVALID_ARGUMENT, what,
-                 " of variable '", v.name, "' of shape ", shape_str(v.shape), " and dtype ", dtype_name(v.dtype),
-                 ": values of shape ", shape_str(values.shape()), " and dtype ", dtype_name(values.dtype()),
-                 " do not match ", shape_str(want), " (the number of indices, ", n,
+                 " of variable '", v.name, "' of shape ", detail::shape_string(v.shape), " and dtype ", dtype_name(v.dtype),
+                 ": values of shape ", detail::shape_string(values.shape()), " and dtype ", dtype_name(values.dtype()),
+                 " do not match ", detail::shape_string(want), " (the number of indices, ", n,
                  ", followed by the variable's shape[1:])");
   for (std::int64_t i = 0; i < n; ++i) {
     const std::int64_t x = indices[static_cast<std::size_t>(i)];
     STRATA_ENFORCE(x >= 0 && x < v.shape[0], STRATA_ERR_INVALID_ARGUMENT, what, " of variable '", v.name,
-                   "' of shape ", shape_str(v.shape), ": indices[", i, "] = ", x, " is not in [0, ", v.shape[0],
+                   "' of shape ", detail::shape_string(v.shape), ": indices[", i, "] = ", x, " is not in [0, ", v.shape[0],
                    ")");
   }
   if (n == 0) return;
