@@ -1517,17 +1517,14 @@ TEST(RingProcessChild, Run) {
   // A rank leaves the barrier once its own messages are received and its
   // sends complete locally, which over libfabric's tcp provider can be
   // before a peer has received them: the crashing rank waits until every
-  // rank has counted itself past the barrier, so the fault lands in the
-  // all-reduce, not in a survivor's barrier.
+  // rank has marked itself past the barrier, so the fault lands in the
+  // all-reduce, not in a survivor's barrier (store_get waits for the key,
+  // up to 30 s, then throws naming it).
   const sdk::Host host(PluginHost::global().host_api());
-  const std::string past = std::string("ringtest-past-barrier/") + std::getenv("RING_CHILD_COMM");
-  host.store_add(past, 1, 30000);
+  const std::string past = std::string("ringtest-past-barrier/") + std::getenv("RING_CHILD_COMM") + "/";
+  host.store_set(past + std::to_string(rank), "1", 30000);
   if (rank == crash) {
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (host.store_add(past, 0, 30000) < world) {
-      ASSERT_LT(std::chrono::steady_clock::now(), until) << "the others did not pass the barrier";
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
+    for (int r = 0; r < world; ++r) host.store_get(past + std::to_string(r), 30000);
     if (stop) ::kill(::getpid(), SIGSTOP);  // silent from here on; the parent SIGKILLs it
     ::_exit(7);                             // dies without closing anything cleanly
   }
