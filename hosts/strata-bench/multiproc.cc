@@ -213,10 +213,10 @@ int supervise(std::vector<pid_t>& pids, int first_rank_failed_to_start) {
   std::vector<bool> done(pids.size(), false);
   std::size_t left = 0;
   for (std::size_t i = 0; i < pids.size(); ++i) left += pids[i] > 0 ? 1 : 0;
-  bool failed = first_rank_failed_to_start >= 0;
-  std::chrono::seconds grace = first_rank_failed_to_start == 0 ? kStoreHostGrace : kFailureGrace;
-  Clock::time_point kill_at = failed ? Clock::now() + grace : Clock::time_point::max();
-  std::size_t first_failed = failed ? std::size_t(first_rank_failed_to_start) : 0;
+  // The first rank that failed (-1: none yet) sets how long the others get.
+  int first_failed = first_rank_failed_to_start;
+  auto grace = [&] { return first_failed == 0 ? kStoreHostGrace : kFailureGrace; };
+  Clock::time_point kill_at = first_failed >= 0 ? Clock::now() + grace() : Clock::time_point::max();
   while (left > 0) {
     bool progressed = false;
     for (std::size_t i = 0; i < pids.size(); ++i) {
@@ -228,11 +228,9 @@ int supervise(std::vector<pid_t>& pids, int first_rank_failed_to_start) {
         status[i] = r == pids[i] ? st : 0;
         --left;
         progressed = true;
-        if (!(WIFEXITED(status[i]) && WEXITSTATUS(status[i]) == 0) && !failed) {
-          failed = true;
-          first_failed = i;
-          grace = i == 0 ? kStoreHostGrace : kFailureGrace;
-          kill_at = Clock::now() + grace;
+        if (!(WIFEXITED(status[i]) && WEXITSTATUS(status[i]) == 0) && first_failed < 0) {
+          first_failed = static_cast<int>(i);
+          kill_at = Clock::now() + grace();
         }
       }
     }
@@ -243,8 +241,8 @@ int supervise(std::vector<pid_t>& pids, int first_rank_failed_to_start) {
           ::kill(pids[i], SIGKILL);
           int st = 0;
           ::waitpid(pids[i], &st, 0);
-          std::fprintf(stderr, "strata-bench: killed rank %zu, still running %lld s after rank %zu failed\n", i,
-                       static_cast<long long>(grace.count()), first_failed);
+          std::fprintf(stderr, "strata-bench: killed rank %zu, still running %lld s after rank %d failed\n", i,
+                       static_cast<long long>(grace().count()), first_failed);
           done[i] = true;
           status[i] = st;
           --left;
@@ -253,7 +251,7 @@ int supervise(std::vector<pid_t>& pids, int first_rank_failed_to_start) {
     }
     if (!progressed) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  int rc = failed ? 1 : 0;
+  int rc = first_failed >= 0 ? 1 : 0;
   for (std::size_t i = 0; i < pids.size(); ++i) {
     if (pids[i] <= 0) continue;
     const int st = status[i];
