@@ -351,7 +351,11 @@ void tree_typed(size_t n_leaves, const void* const* pairs, void* output, size_t 
   C* const leaf_area = scratch;
   C* const next_area = scratch + n_leaves * block;
   C* const result = next_area + n_leaves / 2 * block;
-  std::vector<const C*> node(n_leaves);
+  // Each node's block so far (no allocation up to 64 leaves: this runs once
+  // per small all-reduce).
+  const C* node_stack[64];
+  std::vector<const C*> node_heap(n_leaves > 64 ? n_leaves : 0);
+  const C** const node = n_leaves > 64 ? node_heap.data() : node_stack;
   auto at = [&](size_t k, size_t off) { return static_cast<const S*>(pairs[k]) + off; };
   for (size_t off = 0; off < count; off += block) {
     const size_t n = std::min(block, count - off);
@@ -382,7 +386,7 @@ void tree_typed(size_t n_leaves, const void* const* pairs, void* output, size_t 
       const size_t step = m >= 4 ? 4 : 2;
       for (size_t q = 0; q < m / step; ++q) {
         C* d = m == step ? result : area + q * block;
-        const C* const* v = node.data() + q * step;
+        const C* const* v = node + q * step;
         if (step == 4)
           quad_pass<C, Op, Round>(d, v[0], v[1], v[2], v[3], n);
         else

@@ -177,9 +177,11 @@ TEST_P(KernelsTest, ReduceTreeEqualsItsChainOfTwoInputReduces) {
   std::mt19937 rng(7);
   std::uniform_real_distribution<double> real(-4, 4), positive(0.5, 2);
   std::uniform_int_distribution<int> small(-9, 9), pick(0, 9);
-  for (size_t leaves : {1u, 2u, 4u, 8u, 16u})
-    for (size_t count : {0u, 1u, 5u, 1000u, 4099u})  // 4099 crosses blocks in every case
+  // 512 leaves: node pointers and scratch on the heap, 16-element blocks.
+  for (size_t leaves : {1u, 2u, 4u, 8u, 16u, 512u})
+    for (size_t count : {0u, 1u, 5u, 100u, 1000u, 4099u})  // 4099 crosses blocks in every case
       for (int alias = -1; alias < 1; ++alias) {
+        if (leaves > 16 && count > 100) continue;
         std::vector<bool> paired(leaves);
         for (size_t g = 0; g < leaves; ++g) paired[g] = pick(rng) < 5;
         size_t n_values = 0;
